@@ -1,0 +1,63 @@
+"""Names every component agrees on: API group, labels, images, ports, signer.
+
+Change a value here and every renderer, agent and test follows; never repeat these literals.
+"""
+
+from typing import Final
+
+# --- the FederatedLearning API -------------------------------------------------------------
+GROUP: Final = "federation-ai.open-cluster-management.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "FederatedLearning"
+PLURAL: Final = "federatedlearnings"
+SHORT_NAME: Final = "fl"
+
+# --- OCM -----------------------------------------------------------------------------------
+CLUSTER_GROUP: Final = "cluster.open-cluster-management.io"
+WORK_GROUP: Final = "work.open-cluster-management.io"
+ADDON_GROUP: Final = "addon.open-cluster-management.io"
+ADDON_NAME: Final = "federated-learning"
+# Namespace on each managed cluster where the addon agent runs (OCM's default for addons).
+AGENT_NAMESPACE: Final = "open-cluster-management-agent-addon"
+HUB_NAMESPACE: Final = "open-cluster-management-hub"
+
+# --- labels and annotations set on everything we create ------------------------------------
+LABEL_PREFIX: Final = "federated-learning.open-cluster-management.io"
+LABEL_OWNER_NAME: Final = f"{LABEL_PREFIX}/name"
+LABEL_OWNER_NAMESPACE: Final = f"{LABEL_PREFIX}/namespace"
+LABEL_OWNER_UID: Final = f"{LABEL_PREFIX}/uid"
+LABEL_COMPONENT: Final = f"{LABEL_PREFIX}/component"  # "server" | "client" | "proxy"
+LABEL_CLUSTER: Final = f"{LABEL_PREFIX}/cluster"
+FINALIZER: Final = f"{LABEL_PREFIX}/cleanup"
+
+# --- identities ----------------------------------------------------------------------------
+# Signer name for agent client certificates (OCM CustomSigner registration and our own CSR
+# signer use the same name). Subject CN = cluster name, O = CERT_ORGANIZATION, so a
+# certificate maps to exactly one cluster.
+SIGNER_NAME: Final = "federated-learning.open-cluster-management.io/agent"
+CERT_ORGANIZATION: Final = "federated-learning:agents"
+CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
+
+# --- images (the local node maps these repositories to local entry points) -----------------
+IMAGE_REGISTRY: Final = "quay.io/ocm-fl"
+WORKLOAD_IMAGE: Final = f"{IMAGE_REGISTRY}/workload:0.1.0"  # Flower + torch: server and client
+ADDON_IMAGE: Final = f"{IMAGE_REGISTRY}/addon:0.1.0"  # hub controller, aggregator and agent
+PROXY_IMAGE: Final = f"{IMAGE_REGISTRY}/proxy:0.1.0"  # nginx mTLS terminator for the Fleet API
+
+# --- ports ---------------------------------------------------------------------------------
+AGGREGATOR_PORT: Final = 9443  # hub: agent -> aggregator gRPC over mTLS
+HUB_METRICS_PORT: Final = 9090  # hub: Prometheus /metrics
+AGENT_LOCAL_PORT: Final = 8088  # cluster: FL client -> agent, HTTP JSON (POST /v1/metrics)
+AGENT_HEALTH_PORT: Final = 8089  # cluster: agent /healthz
+SUPERLINK_PORT: Final = 9092  # hub server pod: SuperLink, loopback only (all three APIs)
+FLEET_PROXY_PORT: Final = 9443  # hub server pod: mTLS proxy exposing only /v1/fleet/
+SUPERNODE_PORT: Final = 9094  # cluster client pod: SuperNode local runtime API
+
+# --- env vars passed to workloads ----------------------------------------------------------
+ENV_AGENT_ENDPOINT: Final = "OCMFL_AGENT_ENDPOINT"  # e.g. http://127.0.0.1:8088
+ENV_CLUSTER_NAME: Final = "OCMFL_CLUSTER_NAME"
+ENV_DATA_DIR: Final = "OCMFL_DATA_DIR"
+ENV_FL_NAME: Final = "OCMFL_FL_NAME"
+ENV_FL_NAMESPACE: Final = "OCMFL_FL_NAMESPACE"
+ENV_FL_UID: Final = "OCMFL_FL_UID"
