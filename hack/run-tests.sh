@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Runs the whole suite: unit, integration (real local control plane), federation and e2e.
+# pytest's exit code 5 ("no tests collected") is a failure here, as it should be.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+.venv/bin/pytest -p no:cacheprovider --timeout=900 "$@" tests
+rc=$?
+if [ "$rc" -eq 5 ]; then
+  echo "pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"

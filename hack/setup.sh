@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One-time (idempotent) set-up of a fresh machine: Debian packages, the Python environment,
+# the Go-built control plane binaries (cached under ~/.cache/ocm-fl, so a second run is fast).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+bash hack/install-system-deps.sh
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install -q -U pip setuptools wheel
+  .venv/bin/pip install -q -e '.[hub,agent,workloads,cli,dev]'
+  rm -f .venv/.installed-*
+  touch "$stamp"
+fi
+.venv/bin/python -m hack.controlplane build
+if [ -f hack/tools/build-helm.sh ]; then
+  bash hack/tools/build-helm.sh
+fi
