@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Builds the helm CLI from the Go module registry at the version pinned in
+# hack/tools/gomod/helm/go.mod, into ~/.cache/ocm-fl/bin/helm-<version>/helm.
+# Skips the build when that binary already exists. Prints the binary's path on stdout.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+mod="$root/hack/tools/gomod/helm"
+version=$(awk '$1 == "helm.sh/helm/v3" {print $2; exit}' "$mod/go.mod")
+if [ -z "$version" ]; then
+  echo "build-helm.sh: no helm.sh/helm/v3 version in $mod/go.mod" >&2
+  exit 1
+fi
+out="${OCMFL_CACHE:-$HOME/.cache/ocm-fl}/bin/helm-$version"
+if [ -x "$out/helm" ]; then
+  echo "$out/helm"
+  exit 0
+fi
+mkdir -p "$out"
+cd "$mod"
+# -mod=mod: the wrapper's go.sum is the pin; a fresh module cache downloads what it lists.
+echo "building helm $version into $out (first time only)" >&2
+GOFLAGS=-mod=mod go build -trimpath \
+  -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$version" \
+  -o "$out/helm.tmp" helm.sh/helm/v3/cmd/helm
+mv "$out/helm.tmp" "$out/helm"
+echo "$out/helm"
