@@ -61,3 +61,21 @@ ENV_DATA_DIR: Final = "OCMFL_DATA_DIR"
 ENV_FL_NAME: Final = "OCMFL_FL_NAME"
 ENV_FL_NAMESPACE: Final = "OCMFL_FL_NAMESPACE"
 ENV_FL_UID: Final = "OCMFL_FL_UID"
+
+# --- deployment: Helm chart (hub) and AddOnTemplate (agent) --------------------------------
+# OCM's template addon mounts the CustomSigner client cert (tls.crt, tls.key; no CA) here.
+AGENT_CERT_DIR: Final = "/managed/" + SIGNER_NAME.replace("/", "-")
+AGENT_HUB_CA_DIR: Final = "/etc/ocm-fl/hub-ca"  # agent: ca.crt (public) to verify the hub
+HUB_CA_DIR: Final = "/etc/ocm-fl/ca"  # hub: the CA Secret (tls.crt, tls.key) as mounted
+# AddOnDeploymentConfig customizedVariables used as {{NAME}} in the AddOnTemplate.
+ADDON_VAR_HUB_AGGREGATOR_ADDRESS: Final = "HUB_AGGREGATOR_ADDRESS"  # host:port agents dial
+ADDON_VAR_HUB_CA_BUNDLE: Final = "HUB_CA_BUNDLE"  # base64 of the CA certificate PEM
+ADDON_VAR_IMAGE: Final = "IMAGE"
+ADDON_VAR_LOG_LEVEL: Final = "LOG_LEVEL"
+ENV_HUB_AGGREGATOR_ADDRESS: Final = "OCMFL_HUB_AGGREGATOR_ADDRESS"  # hub (cert SAN) and agent
+ENV_LOG_LEVEL: Final = "OCMFL_LOG_LEVEL"
+ENV_AGENT_CERT_DIR: Final = "OCMFL_AGENT_CERT_DIR"
+ENV_HUB_CA_FILE: Final = "OCMFL_HUB_CA_FILE"  # agent: PEM file of the hub CA
+ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the CA tls.crt/tls.key
+ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
+ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all
