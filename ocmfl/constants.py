@@ -69,7 +69,11 @@ AGENT_HUB_CA_DIR: Final = "/etc/ocm-fl/hub-ca"  # agent: ca.crt (public) to veri
 HUB_CA_DIR: Final = "/etc/ocm-fl/ca"  # hub: the CA Secret (tls.crt, tls.key) as mounted
 # AddOnDeploymentConfig customizedVariables used as {{NAME}} in the AddOnTemplate.
 ADDON_VAR_HUB_AGGREGATOR_ADDRESS: Final = "HUB_AGGREGATOR_ADDRESS"  # host:port agents dial
-ADDON_VAR_HUB_CA_BUNDLE: Final = "HUB_CA_BUNDLE"  # base64 of the CA certificate PEM
+# base64 of the CA certificate PEM, split over HUB_CA_BUNDLE_0.._3: an ADC value holds at
+# most 1024 characters and an RSA CA certificate is longer. The template concatenates them.
+ADDON_VAR_HUB_CA_BUNDLE_PREFIX: Final = "HUB_CA_BUNDLE_"
+ADDON_VAR_HUB_CA_BUNDLE_CHUNKS: Final = 4
+ADDON_VAR_MAX_LENGTH: Final = 1024
 ADDON_VAR_IMAGE: Final = "IMAGE"
 ADDON_VAR_LOG_LEVEL: Final = "LOG_LEVEL"
 ENV_HUB_AGGREGATOR_ADDRESS: Final = "OCMFL_HUB_AGGREGATOR_ADDRESS"  # hub (cert SAN) and agent
