@@ -1,0 +1,217 @@
+"""In-memory store of the latest report per (FederatedLearning, cluster).
+
+Keyed by (fl namespace, fl name) -> cluster -> `ClusterReport` (latest state plus the
+per-round metrics). Thread-safe: the aggregator writes from its event loop while the
+controller may read from another thread. Subscribers are told which resource changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ocmfl.reports import CLIENT_PHASE_NAMES, ROUND_PHASE_NAMES
+from ocmfl.status.v1 import report_pb2
+
+ResourceKey = tuple[str, str]  # (namespace, name)
+ChangeCallback = Callable[[str, str], None]
+
+_PHASE_ORDER = {"fit": 0, "evaluate": 1}
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """Local metrics of one step (fit or evaluate) of one round on one cluster."""
+
+    round: int
+    phase: str
+    loss: float | None
+    accuracy: float | None
+    samples: int
+    duration_s: float
+
+
+@dataclass
+class ClusterReport:
+    """What the hub knows about one cluster's client of one FederatedLearning run."""
+
+    cluster: str
+    fl_uid: str
+    phase: str  # Pending | Running | Succeeded | Failed
+    round: int
+    last_report_time: dt.datetime
+    agent_version: str = ""
+    final: bool = False
+    sample_count: int | None = None
+    label_histogram: dict[str, int] = field(default_factory=dict)
+    rounds: dict[tuple[int, str], RoundRow] = field(default_factory=dict)
+    reports: int = 0
+
+    def latest(self, what: str) -> float | None:
+        """Latest loss or accuracy: the last round's evaluate value, else its fit value."""
+        for key in sorted(
+            self.rounds, key=lambda k: (k[0], _PHASE_ORDER.get(k[1], 9)), reverse=True
+        ):
+            value: float | None = getattr(self.rounds[key], what)
+            if value is not None:
+                return value
+        return None
+
+    @property
+    def loss(self) -> float | None:
+        return self.latest("loss")
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.latest("accuracy")
+
+    @property
+    def samples(self) -> int | None:
+        """Local training samples: the data summary when sent, else the last fit row's."""
+        if self.sample_count is not None:
+            return self.sample_count
+        fits = [r for r in self.rounds.values() if r.phase == "fit"]
+        return max(fits, key=lambda r: r.round).samples if fits else None
+
+    def status_row(self) -> dict[str, Any]:
+        """This cluster's row for FederatedLearning status.clusters (camelCase JSON)."""
+        row: dict[str, Any] = {
+            "name": self.cluster,
+            "phase": self.phase,
+            "round": self.round,
+            "lastReportTime": self.last_report_time.astimezone(dt.UTC)
+            .replace(microsecond=0)
+            .strftime("%Y-%m-%dT%H:%M:%SZ"),
+        }
+        for key, value in (
+            ("samples", self.samples),
+            ("loss", self.loss),
+            ("accuracy", self.accuracy),
+        ):
+            if value is not None:
+                row[key] = value
+        return row
+
+
+def fold_report(
+    current: ClusterReport | None, cluster: str, report: report_pb2.Report
+) -> ClusterReport:
+    """Pure: the state after `report` (already validated) from `cluster` arrives.
+
+    A report for a new resource UID replaces the old state; older reports (by timestamp) only
+    add round rows they carry; a final report stays final.
+    """
+    ts = report.timestamp.ToDatetime(tzinfo=dt.UTC)
+    if current is not None and report.fl_uid and current.fl_uid and report.fl_uid != current.fl_uid:
+        current = None
+    new = (
+        copy.deepcopy(current)
+        if current is not None
+        else ClusterReport(
+            cluster=cluster, fl_uid=report.fl_uid, phase="Pending", round=0, last_report_time=ts
+        )
+    )
+    for m in report.metrics:
+        phase = ROUND_PHASE_NAMES[m.phase]
+        new.rounds[(m.round, phase)] = RoundRow(
+            round=m.round,
+            phase=phase,
+            loss=m.loss if m.HasField("loss") else None,
+            accuracy=m.accuracy if m.HasField("accuracy") else None,
+            samples=m.samples,
+            duration_s=m.duration_s,
+        )
+    new.reports += 1
+    newer = current is None or ts >= current.last_report_time
+    if newer:
+        new.last_report_time = ts
+        new.phase = CLIENT_PHASE_NAMES[report.client_phase]
+        new.round = max(report.round, max((r for r, _ in new.rounds), default=0))
+        new.agent_version = report.agent_version
+        new.fl_uid = report.fl_uid or new.fl_uid
+        if report.HasField("data"):
+            new.sample_count = report.data.sample_count
+            new.label_histogram = dict(report.data.label_histogram)
+    new.final = new.final or report.final
+    return new
+
+
+class ReportStore:
+    """Latest state per (fl namespace, fl name) -> cluster, with change notification."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._data: dict[ResourceKey, dict[str, ClusterReport]] = {}
+        self._subscribers: list[ChangeCallback] = []
+
+    def apply(self, cluster: str, report: report_pb2.Report) -> ClusterReport:
+        """Fold a validated report from the authenticated `cluster`; notify subscribers."""
+        key = (report.fl_namespace, report.fl_name)
+        with self._lock:
+            rows = self._data.setdefault(key, {})
+            state = fold_report(rows.get(cluster), cluster, report)
+            rows[cluster] = state
+            result = copy.deepcopy(state)
+            subscribers = list(self._subscribers)
+        for cb in subscribers:
+            cb(*key)
+        return result
+
+    def snapshot(self, namespace: str, name: str) -> dict[str, ClusterReport]:
+        """A copy of every cluster's state for one resource (empty when none reported)."""
+        with self._lock:
+            return copy.deepcopy(self._data.get((namespace, name), {}))
+
+    def resources(self) -> list[ResourceKey]:
+        with self._lock:
+            return sorted(self._data)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop a resource's reports (call when the FederatedLearning is deleted)."""
+        with self._lock:
+            self._data.pop((namespace, name), None)
+
+    def subscribe(self, callback: ChangeCallback) -> Callable[[], None]:
+        """Call `callback(namespace, name)` after every change; returns an unsubscriber.
+
+        Callbacks run on the writer's thread and must be quick and thread-safe.
+        """
+        with self._lock:
+            self._subscribers.append(callback)
+
+        def unsubscribe() -> None:
+            with self._lock:
+                if callback in self._subscribers:
+                    self._subscribers.remove(callback)
+
+        return unsubscribe
+
+
+def status_rows(snapshot: Mapping[str, ClusterReport]) -> list[dict[str, Any]]:
+    """status.clusters rows for a snapshot, sorted by cluster name."""
+    return [snapshot[c].status_row() for c in sorted(snapshot)]
+
+
+def merge_cluster_rows(
+    existing: list[dict[str, Any]] | None, snapshot: Mapping[str, ClusterReport]
+) -> list[dict[str, Any]]:
+    """Pure: status.clusters with report fields folded in, other fields kept.
+
+    Rows other writers own (dataPath, reason, workApplied, ...) are preserved; clusters
+    that reported but have no row yet get one. Order: existing rows first, new ones sorted.
+    """
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for row in existing or []:
+        name = row.get("name")
+        merged = dict(row)
+        if isinstance(name, str) and name in snapshot:
+            merged.update(snapshot[name].status_row())
+            seen.add(name)
+        out.append(merged)
+    out.extend(snapshot[c].status_row() for c in sorted(snapshot) if c not in seen)
+    return out
