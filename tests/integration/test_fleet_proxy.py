@@ -1,0 +1,236 @@
+"""The Fleet API gateway and tunnel, as real nginx processes with certificates from ocmfl.pki.
+
+The upstream here is a small HTTPS echo server standing in for the SuperLink, so each rule of
+the gateway can be checked on its own; the federation and e2e tests run the real SuperLink
+behind the same configuration.
+"""
+
+from __future__ import annotations
+
+import http.server
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from hub_controller.fleet_proxy import TLSFiles, fleet_gateway_conf, fleet_tunnel_conf, nginx_command
+from ocmfl import pki
+
+pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _write(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+@dataclass
+class Pki:
+    ca: pki.CertAndKey
+    ca_file: str
+    dir: Path
+
+    def client(self, name: str, cluster: str, ca: pki.CertAndKey | None = None) -> tuple[str, str]:
+        pair = pki.issue_client_cert(cluster, ca or self.ca)
+        return (
+            _write(self.dir / f"{name}.crt", pair.cert_pem),
+            _write(self.dir / f"{name}.key", pair.key_pem),
+        )
+
+    def server(self, name: str) -> TLSFiles:
+        pair = pki.issue_server_cert(self.ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+        return TLSFiles(
+            cert=_write(self.dir / f"{name}.crt", pair.cert_pem),
+            key=_write(self.dir / f"{name}.key", pair.key_pem),
+            ca=self.ca_file,
+        )
+
+
+@pytest.fixture
+def certs(tmp_path: Path) -> Pki:
+    ca = pki.create_ca("test-fl-ca")
+    return Pki(ca=ca, ca_file=_write(tmp_path / "ca.crt", ca.cert_pem), dir=tmp_path)
+
+
+class _Echo(http.server.BaseHTTPRequestHandler):
+    def _reply(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        payload = f"upstream {self.command} {self.path} {len(body)}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    do_GET = _reply
+    do_POST = _reply
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def upstream(certs: Pki) -> Iterator[str]:
+    """An HTTPS server on 127.0.0.1 with a certificate from the test CA (like the SuperLink)."""
+    tls = certs.server("upstream")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Echo)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(tls.cert, tls.key)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _start_nginx(conf: str, workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    run_dir = workdir / "run"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    conf_path = workdir / "nginx.conf"
+    conf_path.write_text(conf)
+    test = subprocess.run(
+        [*nginx_command(str(conf_path))[:3], "-t"], capture_output=True, text=True, check=False
+    )
+    assert test.returncode == 0, test.stderr
+    proc = subprocess.Popen(nginx_command(str(conf_path)), stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return proc
+        assert proc.poll() is None, "nginx exited at start"
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("nginx did not listen in time")
+
+
+@pytest.fixture
+def gateway(certs: Pki, upstream: str, tmp_path: Path) -> Iterator[str]:
+    port = _free_port()
+    conf = fleet_gateway_conf(
+        listen=f"127.0.0.1:{port}",
+        server_tls=certs.server("gateway"),
+        superlink_address=upstream,
+        superlink_ca=certs.ca_file,
+        run_dir=str(tmp_path / "gw" / "run"),
+    )
+    proc = _start_nginx(conf, tmp_path / "gw", port)
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(10)
+
+
+def _get(gateway: str, path: str, certs: Pki, cert: tuple[str, str] | None) -> httpx.Response:
+    ctx = ssl.create_default_context(cafile=certs.ca_file)
+    if cert:
+        ctx.load_cert_chain(*cert)
+    with httpx.Client(verify=ctx, timeout=5) as client:
+        return client.post(f"https://{gateway}{path}", content=b"x" * 10)
+
+
+def test_gateway_forwards_fleet_api_for_a_cluster_certificate(certs: Pki, gateway: str) -> None:
+    r = _get(gateway, "/v1/fleet/pull-messages", certs, certs.client("c1", "cluster1"))
+    assert r.status_code == 200
+    assert r.text == "upstream POST /v1/fleet/pull-messages 10"
+
+
+def test_gateway_refuses_control_and_runtime_apis_even_with_a_valid_certificate(
+    certs: Pki, gateway: str
+) -> None:
+    cert = certs.client("c1", "cluster1")
+    for path in ("/v1/control/start-run", "/v1/runtime/pull-messages", "/health", "/"):
+        r = _get(gateway, path, certs, cert)
+        assert r.status_code == 403, path
+        assert not r.text.startswith("upstream")
+
+
+def test_gateway_refuses_clients_without_a_certificate(certs: Pki, gateway: str) -> None:
+    # nginx answers 400 "No required SSL certificate was sent" and never forwards.
+    r = _get(gateway, "/v1/fleet/pull-messages", certs, None)
+    assert r.status_code == 400
+    assert not r.text.startswith("upstream")
+
+
+def test_gateway_refuses_a_certificate_from_another_ca(certs: Pki, gateway: str) -> None:
+    other = pki.create_ca("someone-else")
+    r = _get(gateway, "/v1/fleet/pull-messages", certs, certs.client("x", "cluster1", ca=other))
+    assert r.status_code == 400
+    assert not r.text.startswith("upstream")
+
+
+def test_gateway_refuses_a_project_certificate_that_names_no_cluster(
+    certs: Pki, gateway: str
+) -> None:
+    # A server certificate of the same CA (CN=localhost) is not a cluster identity.
+    tls = certs.server("not-a-cluster")
+    ctx = ssl.create_default_context(cafile=certs.ca_file)
+    ctx.load_cert_chain(tls.cert, tls.key)
+    with httpx.Client(verify=ctx, timeout=5) as client:
+        r = client.post(f"https://{gateway}/v1/fleet/pull-messages", content=b"x")
+    # The server certificate has no clientAuth usage: refused at the handshake (400) or by
+    # the subject rule (403); either way it never reaches the SuperLink.
+    assert r.status_code in (400, 403)
+    assert not r.text.startswith("upstream")
+
+
+def test_tunnel_carries_plain_fleet_calls_over_mtls_with_the_cluster_identity(
+    certs: Pki, gateway: str, tmp_path: Path
+) -> None:
+    cert, key = certs.client("c2", "cluster2")
+    port = _free_port()
+    conf = fleet_tunnel_conf(
+        listen=f"127.0.0.1:{port}",
+        gateway_address=gateway,
+        gateway_server_name="localhost",
+        client_tls=TLSFiles(cert=cert, key=key, ca=certs.ca_file),
+        run_dir=str(tmp_path / "tun" / "run"),
+    )
+    proc = _start_nginx(conf, tmp_path / "tun", port)
+    try:
+        with httpx.Client(timeout=5) as client:
+            fleet = client.post(f"http://127.0.0.1:{port}/v1/fleet/push-messages", content=b"abc")
+            control = client.post(f"http://127.0.0.1:{port}/v1/control/list-runs", content=b"")
+        assert fleet.status_code == 200
+        assert fleet.text == "upstream POST /v1/fleet/push-messages 3"
+        assert control.status_code == 403
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_tunnel_fails_closed_when_the_gateway_certificate_is_not_trusted(
+    certs: Pki, gateway: str, tmp_path: Path
+) -> None:
+    other = pki.create_ca("impostor-trust")
+    other_ca = _write(tmp_path / "other-ca.crt", other.cert_pem)
+    cert, key = certs.client("c3", "cluster3")
+    port = _free_port()
+    conf = fleet_tunnel_conf(
+        listen=f"127.0.0.1:{port}",
+        gateway_address=gateway,
+        gateway_server_name="localhost",
+        client_tls=TLSFiles(cert=cert, key=key, ca=other_ca),
+        run_dir=str(tmp_path / "tun2" / "run"),
+    )
+    proc = _start_nginx(conf, tmp_path / "tun2", port)
+    try:
+        with httpx.Client(timeout=5) as client:
+            r = client.post(f"http://127.0.0.1:{port}/v1/fleet/push-messages", content=b"abc")
+        assert r.status_code == 502
+    finally:
+        proc.terminate()
+        proc.wait(10)
