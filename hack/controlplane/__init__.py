@@ -1,0 +1,12 @@
+"""Local OCM control plane for integration tests and the demo (TEST INFRASTRUCTURE).
+
+Real etcd, kube-apiservers, kube-controller-managers, OCM placement controller and work agents
+built from the Go module registry; a supervisor process stands in for kubelet (local nodes) and
+the registration agent (ClusterClaim mirror). Entry points: `up`, `down`, `status_report`.
+"""
+
+from hack.controlplane.plane import PlaneError, down, kubeconfig_env, status_report, up
+from hack.controlplane.processes import ComponentFailed, State
+
+__all__ = ["ComponentFailed", "PlaneError", "State", "down", "kubeconfig_env", "status_report",
+           "up"]

@@ -1,0 +1,5 @@
+"""CLI: ``python -m hack.controlplane build|up|down|status|supervise``."""
+
+from hack.controlplane.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,569 @@
+"""The local node: TEST INFRASTRUCTURE standing in for kubelet + container runtime.
+
+One per apiserver, inside the supervisor. It registers a Ready Node, binds pending pods to it,
+runs each container as a local process (see podplan for the image mapping) in a private mount
+namespace, gives every pod its own loopback address, reports pod status back, and acts as a
+LoadBalancer controller (ingress IP = the address of a ready selected pod).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hack.controlplane import podplan
+from hack.controlplane.bootstrap import now
+from hack.controlplane.kube import Informer, Kube, KubeError, Obj
+
+log = logging.getLogger(__name__)
+
+NODE_LABEL = "ocmfl.local/test-infrastructure"
+MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
+
+
+def _which(program: str, path: str) -> str | None:
+    return shutil.which(program, path=path)
+
+
+def node_name(cluster: str) -> str:
+    return f"ocmfl-local-{cluster}"
+
+
+@dataclass
+class Ctr:
+    """Runtime state of one container."""
+
+    name: str
+    image: str
+    log: Path
+    plan: podplan.ContainerPlan | None = None
+    popen: subprocess.Popen[bytes] | None = None
+    restart_count: int = 0
+    started_at: str | None = None
+    terminated: Obj | None = None
+    last_state: Obj | None = None
+    waiting: tuple[str, str] | None = ("ContainerCreating", "")
+    fatal: bool = False  # can never run (e.g. unknown image)
+    next_start: float = 0.0
+    done: bool = False  # exited and will not be restarted
+
+    @property
+    def running(self) -> bool:
+        return self.popen is not None and self.popen.returncode is None
+
+
+@dataclass
+class PodRun:
+    """Runtime state of one pod on this node."""
+
+    uid: str
+    ns: str
+    name: str
+    ip: str
+    dir: Path
+    init: list[Ctr]
+    main: list[Ctr]
+    restart_policy: str
+    start_time: str = field(default_factory=now)
+    prepared: bool = False
+    next_prepare: float = 0.0
+    kill_deadline: float | None = None
+    transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
+    last_status: Obj | None = None
+
+    def all(self) -> list[Ctr]:
+        return self.init + self.main
+
+    @property
+    def init_done(self) -> bool:
+        return all(c.done and c.terminated and c.terminated["exitCode"] == 0 for c in self.init)
+
+    @property
+    def ready(self) -> bool:
+        return self.init_done and bool(self.main) and all(c.running for c in self.main)
+
+
+def _exit_info(rc: int) -> tuple[int, str]:
+    if rc < 0:
+        return 128 - rc, "Error" if -rc != signal.SIGKILL else "Killed"
+    return rc, "Completed" if rc == 0 else "Error"
+
+
+class LocalNode:
+    """Kubelet stand-in for one apiserver (see module docstring)."""
+
+    def __init__(self, cluster: str, index: int, kube: Kube, apiserver_port: int,
+                 state_dir: Path, stop: threading.Event) -> None:
+        self.cluster = cluster
+        self.index = index
+        self.kube = kube
+        self.port = apiserver_port
+        self.name = node_name(cluster)
+        self.stop = stop
+        self.root = state_dir / "pods" / cluster
+        self.pid_dir = state_dir / "pod-pids"
+        self.created_file = state_dir / "created-mountpoints"
+        self.wake = threading.Event()
+        self.pods = Informer(kube, "/api/v1/pods", self.wake, stop, f"pods-{cluster}")
+        self.services = Informer(kube, "/api/v1/services", self.wake, stop, f"svc-{cluster}")
+        self.runs: dict[str, PodRun] = {}
+        self.next_ip = 0
+        self.tools = {t: shutil.which(t) or t for t in ("setpriv", "unshare")}
+        self.thread = threading.Thread(target=self._loop, name=f"node-{cluster}", daemon=True)
+        self.ready = threading.Event()
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
+        self.register_node()
+        self.pods.start()
+        self.services.start()
+        self.thread.start()
+
+    def register_node(self) -> None:
+        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", NODE_LABEL: "true"}
+        self.kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
+                                           "metadata": {"name": self.name, "labels": labels}})
+        self.kube.patch(f"/api/v1/nodes/{self.name}/status", {"status": {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "ocm-fl local node (test infrastructure)",
+                            "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
+            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                          {"type": "Hostname", "address": self.name}],
+            "capacity": {"cpu": "2", "memory": "8Gi", "pods": "250"},
+            "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "250"},
+        }})
+
+    def _loop(self) -> None:
+        self.pods.synced.wait()
+        self.services.synced.wait()
+        self.ready.set()
+        while not self.stop.is_set():
+            self.wake.wait(0.5)
+            self.wake.clear()
+            try:
+                self.reconcile()
+            except Exception:
+                log.exception("local node %s: reconcile failed", self.name)
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Kill every pod process (SIGTERM, then SIGKILL after 3 s)."""
+        ctrs = [c for r in self.runs.values() for c in r.all() if c.running]
+        for c in ctrs:
+            self._signal(c, signal.SIGTERM)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and any(c.popen and c.popen.poll() is None
+                                                  for c in ctrs):
+            time.sleep(0.05)
+        for c in ctrs:
+            self._signal(c, signal.SIGKILL)
+            if c.popen:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    c.popen.wait(2)
+                self._forget_pid(c.popen.pid)
+
+    # --- reconcile ---------------------------------------------------------------------------
+    def reconcile(self) -> None:
+        services = self.services.snapshot()
+        pods = self.pods.snapshot()
+        seen: set[str] = set()
+        for pod in pods:
+            meta, spec = pod["metadata"], pod.get("spec", {})
+            deleting = bool(meta.get("deletionTimestamp"))
+            if not spec.get("nodeName"):
+                if not deleting:
+                    self._bind(pod)
+                continue
+            if spec["nodeName"] != self.name:
+                continue
+            uid = meta["uid"]
+            seen.add(uid)
+            run = self.runs.get(uid)
+            if deleting:
+                self._terminate(pod, run)
+                continue
+            if run is None:
+                if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
+                    continue
+                run = self._new_run(pod)
+            self._step(pod, run, services, pods)
+            self._report(pod, run)
+        for uid in set(self.runs) - seen:
+            run = self.runs[uid]
+            for c in run.all():
+                self._signal(c, signal.SIGKILL)
+            self._drop(run)
+        self._reconcile_lb(services, pods)
+
+    def _bind(self, pod: Obj) -> None:
+        meta = pod["metadata"]
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}
+        try:
+            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/pods/"
+                              f"{meta['name']}/binding", body)
+        except KubeError as e:
+            if e.status not in (404, 409):
+                log.warning("bind %s/%s: %s", meta["namespace"], meta["name"], e)
+
+    def _new_run(self, pod: Obj) -> PodRun:
+        meta, spec = pod["metadata"], pod["spec"]
+        ip = podplan.pod_ip(self.index, self.next_ip)
+        self.next_ip += 1
+        d = self.root / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+        (d / "logs").mkdir(parents=True, exist_ok=True)
+
+        def ctrs(key: str) -> list[Ctr]:
+            return [Ctr(c["name"], c.get("image", ""), d / "logs" / f"{c['name']}.log")
+                    for c in spec.get(key) or []]
+
+        run = PodRun(meta["uid"], meta["namespace"], meta["name"], ip, d,
+                     ctrs("initContainers"), ctrs("containers"),
+                     spec.get("restartPolicy", "Always"))
+        self.runs[run.uid] = run
+        log.info("pod %s/%s -> %s (%s)", run.ns, run.name, ip, d)
+        return run
+
+    # --- preparing containers ----------------------------------------------------------------
+    def _lookup(self, kind: str, ns: str, name: str) -> dict[str, str] | None:
+        plural = "configmaps" if kind == "configmap" else "secrets"
+        obj = self.kube.get(f"/api/v1/namespaces/{ns}/{plural}/{name}")
+        if obj is None:
+            return None
+        if kind == "secret":
+            out = podplan.decode_secret(obj.get("data"))
+            out.update(obj.get("stringData") or {})
+            return out
+        return {**(obj.get("data") or {}), **(obj.get("binaryData") or {})}
+
+    def _token(self, ns: str, sa: str, audience: str | None, seconds: int) -> str | None:
+        body: Obj = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                     "spec": {"expirationSeconds": max(seconds, 600)}}
+        if audience:
+            body["spec"]["audiences"] = [audience]
+        try:
+            got = self.kube.request(
+                "POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", body)
+        except KubeError:
+            return None
+        return str(got.get("status", {}).get("token") or "") or None
+
+    def _ready_ip(self, svc: Obj, pods: list[Obj]) -> tuple[str, Obj] | None:
+        sel = svc.get("spec", {}).get("selector")
+        ns = svc["metadata"]["namespace"]
+        cands = []
+        for p in pods:
+            run = self.runs.get(p["metadata"]["uid"])
+            if (p["metadata"]["namespace"] == ns and run and run.ready
+                    and not p["metadata"].get("deletionTimestamp")
+                    and podplan.selects(sel, p["metadata"].get("labels"))):
+                cands.append((p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"],
+                              run.ip, p))
+        if not cands:
+            return None
+        _, _, ip, pod = sorted(cands)[0]
+        return ip, pod
+
+    def _prepare(self, pod: Obj, run: PodRun, services: list[Obj], pods: list[Obj]) -> None:
+        """Materialise volumes and plan every container; NotYet retries, NotRunnable sticks."""
+        spec = pod["spec"]
+        ns = run.ns
+        svc_here = [s for s in services if s["metadata"]["namespace"] == ns]
+
+        def resolve(svc: Obj) -> tuple[str, dict[str, int]] | None:
+            got = self._ready_ip(svc, pods)
+            return None if got is None else (got[0], podplan.target_ports(svc, got[1]))
+
+        base = {"HOME": "/root", "HOSTNAME": run.name, "POD_IP": run.ip, "LANG": "C.UTF-8",
+                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+                "KUBERNETES_SERVICE_PORT": str(self.port)}
+        if spec.get("enableServiceLinks", True):
+            base.update(podplan.service_env(svc_here, resolve))
+        names: dict[str, str] = {}
+        for s in services:
+            got = self._ready_ip(s, pods)
+            if got:
+                sname, sns = s["metadata"]["name"], s["metadata"]["namespace"]
+                for suffix in ("", ".svc", ".svc.cluster.local"):
+                    names[f"{sname}.{sns}{suffix}"] = got[0]
+                if sns == ns:
+                    names[sname] = got[0]
+        (run.dir / "hosts").write_text(podplan.hosts_file_text(run.name, run.ip, names))
+        volumes = podplan.materialise_volumes(pod, run.dir, self._lookup, run.ip, self._token)
+        by_name = {c["name"]: c for c in (spec.get("initContainers") or []) + spec["containers"]}
+        for ctr in run.all():
+            c = by_name[ctr.name]
+            try:
+                rt = podplan.resolve_image(c.get("image", ""), _which)
+                env = podplan.container_env(pod, c, {**base, "PATH": rt.path}, self._lookup,
+                                            run.ip)
+                argv = podplan.argv_for(c, rt, env)
+                mounts = podplan.container_mounts(c, volumes)
+            except podplan.NotRunnable as e:
+                ctr.waiting, ctr.fatal = (e.reason, e.message), True
+                continue
+            ctr.plan = podplan.ContainerPlan(ctr.name, ctr.image, argv, env, mounts,
+                                             c.get("workingDir") or "/")
+            ctr.waiting = ("ContainerCreating", "")
+            for m in mounts:
+                self._ensure_mountpoint(Path(m.source), Path(m.target))
+        run.prepared = True
+
+    def _ensure_mountpoint(self, source: Path, target: Path) -> None:
+        """Create a missing mount target (recorded so `down` can remove it)."""
+        if target.exists():
+            return
+        missing = []
+        p = target
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        if source.is_dir():
+            target.mkdir(parents=True, exist_ok=True)
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.touch()
+        with self.created_file.open("a") as fh:
+            fh.writelines(f"{m}\n" for m in missing)
+
+    # --- running -----------------------------------------------------------------------------
+    def _step(self, pod: Obj, run: PodRun, services: list[Obj], pods: list[Obj]) -> None:
+        if not run.prepared:
+            if time.monotonic() < run.next_prepare:
+                return
+            try:
+                self._prepare(pod, run, services, pods)
+            except podplan.NotYet as e:
+                for c in run.all():
+                    c.waiting = ("ContainerCreating", f"{e.reason}: {e.message}")
+                run.next_prepare = time.monotonic() + 1.0
+                return
+            except podplan.NotRunnable as e:
+                for c in run.all():
+                    c.waiting, c.fatal = (e.reason, e.message), True
+                run.prepared = True
+                return
+        for c in run.all():
+            self._poll(run, c)
+        if not run.init_done:
+            for c in run.init:
+                if c.done and c.terminated and c.terminated["exitCode"] == 0:
+                    continue
+                if not c.running and not c.done:
+                    self._maybe_start(run, c)
+                break
+            return
+        for c in run.main:
+            if not c.running and not c.done:
+                self._maybe_start(run, c)
+
+    def _poll(self, run: PodRun, c: Ctr) -> None:
+        if c.popen is None or (c.popen.returncode is not None and c.terminated is not None):
+            return
+        rc = c.popen.poll()
+        if rc is None:
+            return
+        self._forget_pid(c.popen.pid)
+        code, reason = _exit_info(rc)
+        c.terminated = {"exitCode": code, "reason": reason, "startedAt": c.started_at,
+                        "finishedAt": now(), "containerID": f"local://{c.popen.pid}"}
+        policy = run.restart_policy
+        is_init = c in run.init
+        restart = policy == "Always" or (policy == "OnFailure" and code != 0) or (
+            is_init and policy != "Never" and code != 0)
+        if restart:
+            delay = min(MAX_BACKOFF, 1.0 * 2 ** min(c.restart_count, 6))
+            c.next_start = time.monotonic() + delay
+            c.waiting = ("CrashLoopBackOff" if code != 0 else "Restarting",
+                         f"back-off {delay:.0f}s restarting container {c.name}")
+        else:
+            c.done = True
+        log.info("pod %s/%s container %s exited %d (%s)", run.ns, run.name, c.name, code,
+                 "restart" if restart else "done")
+
+    def _maybe_start(self, run: PodRun, c: Ctr) -> None:
+        if c.plan is None or c.fatal or time.monotonic() < c.next_start:
+            return
+        if c.terminated is not None:
+            c.last_state = {"terminated": c.terminated}
+            c.terminated = None
+            c.restart_count += 1
+        argv = podplan.launcher_argv(c.plan, str(run.dir / "hosts"))
+        argv[0] = self.tools["setpriv"]
+        argv[argv.index("unshare")] = self.tools["unshare"]
+        with c.log.open("ab") as fh:
+            try:
+                c.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh,
+                                           stderr=subprocess.STDOUT, env=c.plan.env, cwd="/",
+                                           start_new_session=True, close_fds=True)
+            except OSError as e:
+                c.waiting, c.fatal = ("RunContainerError", str(e)), True
+                return
+        (self.pid_dir / str(c.popen.pid)).touch()
+        c.started_at = now()
+        c.waiting = None
+
+    def _signal(self, c: Ctr, sig: int) -> None:
+        if c.popen is not None and c.popen.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(c.popen.pid, sig)
+
+    def _forget_pid(self, pid: int) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.pid_dir / str(pid)).unlink()
+
+    def _terminate(self, pod: Obj, run: PodRun | None) -> None:
+        """Graceful deletion: SIGTERM, SIGKILL after the grace period, then remove the pod."""
+        if run is not None:
+            live = [c for c in run.all() if c.popen is not None and c.popen.poll() is None]
+            if live:
+                if run.kill_deadline is None:
+                    grace = pod["metadata"].get("deletionGracePeriodSeconds")
+                    if grace is None:
+                        grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
+                    run.kill_deadline = time.monotonic() + float(grace)
+                    for c in live:
+                        self._signal(c, signal.SIGTERM)
+                if time.monotonic() < run.kill_deadline:
+                    return
+                for c in live:
+                    self._signal(c, signal.SIGKILL)
+                    if c.popen:
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            c.popen.wait(2)
+            for c in run.all():
+                self._poll(run, c)
+        meta = pod["metadata"]
+        try:
+            self.kube.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                             body={"apiVersion": "v1", "kind": "DeleteOptions",
+                                   "gracePeriodSeconds": 0,
+                                   "preconditions": {"uid": meta["uid"]}})
+        except KubeError as e:
+            if e.status != 409:
+                raise
+        if run is not None:
+            self._drop(run)
+
+    def _drop(self, run: PodRun) -> None:
+        self.runs.pop(run.uid, None)
+        for c in run.all():
+            if c.popen is not None:
+                self._forget_pid(c.popen.pid)
+        # Keep the pod directory (logs) until the plane goes down; volumes may be large, though.
+        shutil.rmtree(run.dir / "volumes", ignore_errors=True)
+
+    # --- status ------------------------------------------------------------------------------
+    @staticmethod
+    def _ctr_status(c: Ctr, ready: bool) -> Obj:
+        if c.running:
+            state: Obj = {"running": {"startedAt": c.started_at}}
+        elif c.waiting is not None and not (c.done and c.terminated):
+            state = {"waiting": {"reason": c.waiting[0], "message": c.waiting[1]}
+                     if c.waiting[1] else {"reason": c.waiting[0]}}
+        elif c.terminated is not None:
+            state = {"terminated": c.terminated}
+        else:
+            state = {"waiting": {"reason": "ContainerCreating"}}
+        st: Obj = {"name": c.name, "image": c.image, "imageID": f"local://{c.image}",
+                   "ready": ready and c.running, "started": c.running,
+                   "restartCount": c.restart_count, "state": state}
+        if c.popen is not None:
+            st["containerID"] = f"local://{c.popen.pid}"
+        if c.last_state:
+            st["lastState"] = c.last_state
+        return st
+
+    def _phase(self, run: PodRun) -> str:
+        if any(c.fatal for c in run.all()) or not run.prepared:
+            return "Pending"
+        if not run.init_done:
+            if run.restart_policy == "Never" and any(
+                    c.done and c.terminated and c.terminated["exitCode"] != 0 for c in run.init):
+                return "Failed"
+            return "Pending"
+        if all(c.done for c in run.main):
+            ok = all(c.terminated and c.terminated["exitCode"] == 0 for c in run.main)
+            return "Succeeded" if ok else "Failed"
+        if any(c.running or c.terminated or c.last_state for c in run.main):
+            return "Running"
+        return "Pending"
+
+    def _cond(self, run: PodRun, ctype: str, ok: bool, reason: str = "") -> Obj:
+        status = "True" if ok else "False"
+        prev = run.transitions.get(ctype)
+        if prev is None or prev[0] != status:
+            run.transitions[ctype] = (status, now())
+        cond: Obj = {"type": ctype, "status": status,
+                     "lastTransitionTime": run.transitions[ctype][1], "lastProbeTime": None}
+        if reason and not ok:
+            cond["reason"] = reason
+        return cond
+
+    def pod_status(self, run: PodRun) -> Obj:
+        phase = self._phase(run)
+        ready = run.ready and phase == "Running"
+        reason = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
+        status: Obj = {
+            "phase": phase,
+            "conditions": [
+                self._cond(run, "PodScheduled", True),
+                self._cond(run, "Initialized", run.init_done, "ContainersNotInitialized"),
+                self._cond(run, "ContainersReady", ready, reason),
+                self._cond(run, "Ready", ready, reason),
+            ],
+            "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+            "podIP": run.ip, "podIPs": [{"ip": run.ip}],
+            "startTime": run.start_time,
+            "containerStatuses": [self._ctr_status(c, ready) for c in run.main],
+        }
+        if run.init:
+            status["initContainerStatuses"] = [self._ctr_status(c, False) for c in run.init]
+        if any(c.fatal for c in run.all()):
+            bad = next(c for c in run.all() if c.fatal)
+            status["message"] = f"container {bad.name}: {bad.waiting[1] if bad.waiting else ''}"
+            status["reason"] = bad.waiting[0] if bad.waiting else "Error"
+        return status
+
+    def _report(self, pod: Obj, run: PodRun) -> None:
+        status = self.pod_status(run)
+        if status == run.last_status:
+            return
+        meta = pod["metadata"]
+        try:
+            self.kube.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                            {"status": status})
+            run.last_status = status
+        except KubeError as e:
+            if e.status != 404:
+                log.warning("status %s/%s: %s", meta["namespace"], meta["name"], e)
+
+    # --- LoadBalancer ------------------------------------------------------------------------
+    def _reconcile_lb(self, services: list[Obj], pods: list[Obj]) -> None:
+        for svc in services:
+            if svc.get("spec", {}).get("type") != "LoadBalancer":
+                continue
+            got = self._ready_ip(svc, pods)
+            want: Obj = {"ingress": [{"ip": got[0], "ipMode": "VIP"}]} if got else {}
+            have = svc.get("status", {}).get("loadBalancer") or {}
+            if have == want:
+                continue
+            meta = svc["metadata"]
+            try:
+                self.kube.patch(
+                    f"/api/v1/namespaces/{meta['namespace']}/services/{meta['name']}/status",
+                    {"status": {"loadBalancer": want or {"ingress": None}}})
+            except KubeError as e:
+                log.warning("lb %s/%s: %s", meta["namespace"], meta["name"], e)

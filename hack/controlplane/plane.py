@@ -1,0 +1,348 @@
+"""Bring the local control plane up and down; report what runs (TEST INFRASTRUCTURE harness).
+
+Real components: one etcd, a hub kube-apiserver and one kube-apiserver per managed cluster (all
+on that etcd, distinct --etcd-prefix), a kube-controller-manager per apiserver, the OCM
+placement controller on the hub and one OCM work agent per managed cluster. Stand-ins: the
+supervisor's local nodes (kubelet) and ClusterClaim mirror (registration agent).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import shutil
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from hack.controlplane import bootstrap, build, certs, processes
+from hack.controlplane.kube import Kube
+from hack.controlplane.processes import ComponentFailed, Proc, State
+from hack.controlplane.supervisor import READY_FILE
+from ocmfl.constants import HUB_NAMESPACE
+
+AGENT_NAMESPACE = "open-cluster-management-agent"
+KCM_CONTROLLERS = ("namespace-controller,garbage-collector-controller,job-controller,"
+                   "deployment-controller,replicaset-controller,serviceaccount-controller,"
+                   "root-ca-certificate-publisher-controller")
+
+
+class PlaneError(RuntimeError):
+    """The plane cannot be brought up (or reused) as asked."""
+
+
+def cluster_names(n: int) -> list[str]:
+    return [f"cluster{i}" for i in range(1, n + 1)]
+
+
+@contextlib.contextmanager
+def _locked(d: Path) -> Iterator[None]:
+    """Serialise up/down across processes sharing a state dir."""
+    lock = Path(str(d) + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def etcd_data_dir(d: Path) -> Path:
+    """etcd data lives on /dev/shm: inside the state dir when that is there, else beside it."""
+    if str(d.resolve()).startswith("/dev/shm/"):
+        return d / "etcd-data"
+    return Path("/dev/shm") / f"ocm-fl-etcd-{hashlib.sha256(str(d).encode()).hexdigest()[:8]}"
+
+
+def write_kubeconfig(path: Path, server: str, ca: bytes, kp: certs.KeyPair, user: str) -> None:
+    def b64(b: bytes) -> str:
+        return base64.b64encode(b).decode()
+
+    cfg = {
+        "apiVersion": "v1", "kind": "Config", "current-context": user,
+        "clusters": [{"name": "local", "cluster": {"server": server,
+                                                   "certificate-authority-data": b64(ca)}}],
+        "users": [{"name": user, "user": {"client-certificate-data": b64(kp.cert_pem),
+                                          "client-key-data": b64(kp.key_pem)}}],
+        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+
+
+def healthy(state: State) -> bool:
+    """Every recorded process alive and the hub apiserver ready."""
+    if not all(processes.alive(p.pid) for p in state.procs):
+        return False
+    if not (Path(state.dir) / READY_FILE).exists():
+        return False
+    pki = Path(state.dir) / "pki"
+    ctx = processes.client_tls(pki / "ca.crt", pki / "admin.crt", pki / "admin.key")
+    return processes.http_ok(state.apiservers["hub"] + "/readyz", ctx)
+
+
+def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
+       timeout: float = 120.0) -> State:
+    """Start the plane (or reuse a healthy one with the same clusters); return its state."""
+    d = state_dir or processes.state_dir()
+    with _locked(d):
+        existing = State.load(d)
+        if existing is not None:
+            if healthy(existing):
+                if existing.clusters == cluster_names(clusters):
+                    return existing
+                raise PlaneError(
+                    f"a plane with clusters {existing.clusters} already runs in {d}; run "
+                    "`python -m hack.controlplane down` or use another OCMFL_CP_DIR")
+            _down_locked(d)
+        missing = build.missing_binaries()
+        if missing:
+            if echo:
+                print(f"building missing binaries {missing}", flush=True)
+            build.build_all(echo=echo)
+        try:
+            return _start(d, cluster_names(clusters), echo, timeout)
+        except BaseException:
+            _down_locked(d)
+            raise
+
+
+def _say(echo: bool, msg: str) -> None:
+    if echo:
+        print(msg, flush=True)
+
+
+def _start(d: Path, clusters: list[str], echo: bool, timeout: float) -> State:
+    t0 = time.monotonic()
+    for sub in ("logs", "pods"):
+        shutil.rmtree(d / sub, ignore_errors=True)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "logs").mkdir()
+    logs, pki, kcfg = d / "logs", d / "pki", d / "kubeconfig"
+    kcfg.mkdir(exist_ok=True)
+    names = ["hub", *clusters]
+
+    # --- certificates -------------------------------------------------------------------------
+    ca = certs.make_ca()
+    ca_crt, _ = ca.write(pki, "ca")
+    serving = certs.issue(ca, "kube-apiserver", server=True, ip_addresses=("127.0.0.1",),
+                          dns_names=("localhost", "kubernetes", "kubernetes.default",
+                                     "kubernetes.default.svc",
+                                     "kubernetes.default.svc.cluster.local"))
+    srv_crt, srv_key = serving.write(pki, "apiserver")
+    admin = certs.issue(ca, "ocmfl-admin", orgs=("system:masters",), client=True)
+    admin.write(pki, "admin")
+    sa_key, sa_pub = certs.make_signing_key()
+    (pki / "sa.key").write_bytes(sa_key)
+    (pki / "sa.pub").write_bytes(sa_pub)
+
+    state = State(dir=str(d), clusters=clusters, etcd_data=str(etcd_data_dir(d)),
+                  started_at=time.time())
+    state.save()
+
+    def track(p: Proc) -> Proc:
+        state.procs.append(p)
+        state.save()
+        return p
+
+    # --- etcd -----------------------------------------------------------------------------------
+    shutil.rmtree(state.etcd_data, ignore_errors=True)
+    ep, pp = processes.free_port(), processes.free_port()
+    etcd = track(processes.spawn("etcd", [
+        str(build.binary("etcd")), "--name=default", f"--data-dir={state.etcd_data}",
+        f"--listen-client-urls=http://127.0.0.1:{ep}",
+        f"--advertise-client-urls=http://127.0.0.1:{ep}",
+        f"--listen-peer-urls=http://127.0.0.1:{pp}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
+        f"--initial-cluster=default=http://127.0.0.1:{pp}",
+        "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296",
+    ], logs / "etcd.log"))
+    etcd.port = ep
+    processes.wait_until(etcd, lambda: processes.http_ok(f"http://127.0.0.1:{ep}/health"), 30)
+    _say(echo, f"etcd ready on :{ep} ({time.monotonic() - t0:.1f}s)")
+
+    # --- apiservers -----------------------------------------------------------------------------
+    apis: dict[str, Proc] = {}
+    for n in names:
+        port = processes.free_port()
+        p = track(processes.spawn(f"kube-apiserver-{n}", [
+            str(build.binary("kube-apiserver")),
+            f"--etcd-servers=http://127.0.0.1:{ep}", f"--etcd-prefix=/{n}/registry",
+            "--bind-address=127.0.0.1", f"--secure-port={port}", "--advertise-address=127.0.0.1",
+            f"--tls-cert-file={srv_crt}", f"--tls-private-key-file={srv_key}",
+            f"--client-ca-file={ca_crt}", "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki / 'sa.pub'}",
+            f"--service-account-signing-key-file={pki / 'sa.key'}",
+            "--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none",
+            "--enable-priority-and-fairness=false", "--profiling=false",
+            f"--cert-dir={d / 'certs' / n}",
+        ], logs / f"kube-apiserver-{n}.log"))
+        p.port = port
+        apis[n] = p
+        state.apiservers[n] = f"https://127.0.0.1:{port}"
+        path = kcfg / f"{n}.kubeconfig"
+        write_kubeconfig(path, state.apiservers[n], ca.cert_pem, admin, "ocmfl-admin")
+        state.kubeconfigs[n] = str(path)
+    state.save()
+    admin_ctx = processes.client_tls(ca_crt, pki / "admin.crt", pki / "admin.key")
+    for n, p in apis.items():
+        url = state.apiservers[n] + "/readyz"
+        processes.wait_until(p, lambda u=url: processes.http_ok(u, admin_ctx), timeout)  # type: ignore[misc]
+    _say(echo, f"{len(apis)} apiservers ready ({time.monotonic() - t0:.1f}s)")
+
+    # --- hub access for each work agent -----------------------------------------------------------
+    for c in clusters:
+        kp = certs.issue(ca, bootstrap.work_agent_user(c), client=True)
+        path = kcfg / f"{c}-hub-access.kubeconfig"
+        write_kubeconfig(path, state.apiservers["hub"], ca.cert_pem, kp, f"{c}-work-agent")
+        state.hub_access[c] = str(path)
+
+    # --- CRDs, namespaces, ManagedClusters --------------------------------------------------------
+    hub_crds, cluster_crds = build.crd_files(hub=True), build.crd_files(hub=False)
+    kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
+    with ThreadPoolExecutor(len(names)) as pool:
+        futs = [pool.submit(bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters,
+                            build.KUBERNETES_VERSION)]
+        futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds)
+                 for c in clusters]
+        for f in futs:
+            f.result()
+    for k in kubes.values():
+        k.close()
+    _say(echo, f"CRDs and ManagedClusters in place ({time.monotonic() - t0:.1f}s)")
+
+    # --- controller managers and OCM controllers ------------------------------------------------
+    waits: list[tuple[Proc, str]] = []
+    for n in names:
+        port = processes.free_port()
+        kc = state.kubeconfigs[n]
+        p = track(processes.spawn(f"kube-controller-manager-{n}", [
+            str(build.binary("kube-controller-manager")), f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
+            f"--controllers={KCM_CONTROLLERS}", "--leader-elect=false",
+            "--bind-address=127.0.0.1", f"--secure-port={port}",
+            f"--cert-dir={d / 'certs' / ('kcm-' + n)}", f"--root-ca-file={ca_crt}",
+            "--use-service-account-credentials=false", "--profiling=false",
+        ], logs / f"kube-controller-manager-{n}.log"))
+        p.port = port
+        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+    port = processes.free_port()
+    p = track(processes.spawn("placement", [
+        str(build.binary("placement")), "controller", f"--kubeconfig={state.kubeconfigs['hub']}",
+        f"--listen=127.0.0.1:{port}", "--disable-leader-election", f"--namespace={HUB_NAMESPACE}",
+    ], logs / "placement.log"))
+    p.port = port
+    waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+    for c in clusters:
+        port = processes.free_port()
+        p = track(processes.spawn(f"work-agent-{c}", [
+            str(build.binary("work")), "agent", f"--spoke-cluster-name={c}", f"--agent-id={c}",
+            "--workload-source-driver=kube", f"--workload-source-config={state.hub_access[c]}",
+            f"--spoke-kubeconfig={state.kubeconfigs[c]}", f"--kubeconfig={state.kubeconfigs[c]}",
+            "--status-sync-interval=2s", f"--listen=127.0.0.1:{port}",
+            "--disable-leader-election", f"--namespace={AGENT_NAMESPACE}",
+        ], logs / f"work-agent-{c}.log"))
+        p.port = port
+        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+    state.save()
+
+    # --- supervisor: local nodes + claim mirrors ------------------------------------------------
+    (d / READY_FILE).unlink(missing_ok=True)
+    sup = track(processes.spawn("supervisor", [
+        sys.executable, "-m", "hack.controlplane", "supervise", f"--state-dir={d}",
+    ], logs / "supervisor.log", env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])}))
+    insecure = processes.insecure_tls()
+    for p, url in waits:
+        processes.wait_until(p, lambda u=url: processes.http_ok(u, insecure), timeout,  # type: ignore[misc]
+                             "did not answer /healthz")
+    processes.wait_until(sup, lambda: (d / READY_FILE).exists(), timeout)
+    state.startup_seconds = round(time.monotonic() - t0, 2)
+    state.save()
+    _say(echo, f"control plane up in {state.startup_seconds:.1f}s ({d / processes.STATE_FILE})")
+    return state
+
+
+def down(state_dir: Path | None = None) -> bool:
+    """Stop everything recorded in the state dir; True if something was running."""
+    d = state_dir or processes.state_dir()
+    with _locked(d):
+        return _down_locked(d)
+
+
+def _down_locked(d: Path) -> bool:
+    state = State.load(d)
+    found = False
+    if state is not None:
+        for p in reversed(state.procs):  # supervisor first (it stops its pods), etcd last
+            found = found or processes.alive(p.pid)
+            processes.kill_group(p.pid, grace=10.0 if p.name == "supervisor" else 5.0)
+    pid_dir = d / "pod-pids"
+    if pid_dir.is_dir():
+        for f in pid_dir.iterdir():
+            if f.name.isdigit():
+                processes.kill_group(int(f.name), grace=1.0)
+            f.unlink(missing_ok=True)
+    created = d / "created-mountpoints"
+    if created.exists():
+        for line in sorted(set(created.read_text().split()), key=len, reverse=True):
+            made = Path(line)
+            with contextlib.suppress(OSError):
+                if made.is_dir() and not made.is_symlink():
+                    made.rmdir()
+                elif made.is_file() and made.stat().st_size == 0:
+                    made.unlink()
+        created.unlink()
+    if state is not None and state.etcd_data:
+        shutil.rmtree(state.etcd_data, ignore_errors=True)
+    for sub in ("pods", "pod-pids", "certs", "pki", "kubeconfig", "etcd-data"):
+        shutil.rmtree(d / sub, ignore_errors=True)
+    for fname in (processes.STATE_FILE, READY_FILE):
+        (d / fname).unlink(missing_ok=True)
+    return found
+
+
+def status_report(state_dir: Path | None = None) -> tuple[bool, str]:
+    """(running?, human-readable table of components, ports, RSS and kubeconfigs)."""
+    d = state_dir or processes.state_dir()
+    state = State.load(d)
+    if state is None:
+        return False, f"no control plane recorded in {d}"
+    lines = [f"state dir {d}; clusters {', '.join(state.clusters)}; "
+             f"startup {state.startup_seconds:.1f}s"]
+    total = 0
+    for p in state.procs:
+        rss = processes.rss_bytes(p.pid) if processes.alive(p.pid) else 0
+        total += rss
+        lines.append(f"  {p.name:34} pid {p.pid:>7}  port {p.port:>5}  "
+                     f"{'running' if rss else 'DEAD':7}  {rss / 2**20:7.1f} MiB")
+    lines.append(f"  {'total RSS':34} {'':26} {total / 2**20:7.1f} MiB")
+    for n, k in state.kubeconfigs.items():
+        lines.append(f"  kubeconfig {n:10} {k}")
+    ok = healthy(state)
+    lines.append("healthy" if ok else "NOT healthy (run `down` then `up`)")
+    return ok, "\n".join(lines)
+
+
+def total_rss(state: State) -> dict[str, int]:
+    """RSS in bytes per component (descendants included) of a running plane."""
+    return {p.name: processes.rss_bytes(p.pid) for p in state.procs}
+
+
+def kubeconfig_env(state: State) -> dict[str, str]:
+    """Handy environment for shells: KUBECONFIG of the hub and each cluster."""
+    env = {"KUBECONFIG": state.kubeconfigs["hub"]}
+    env.update({f"KUBECONFIG_{c.upper()}": state.kubeconfigs[c] for c in state.clusters})
+    return env
+
+
+__all__ = ["ComponentFailed", "PlaneError", "State", "down", "kubeconfig_env", "status_report",
+           "total_rss", "up"]

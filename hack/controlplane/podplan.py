@@ -1,0 +1,431 @@
+"""Pure part of the local node (TEST INFRASTRUCTURE): pod spec -> what to run, with which env.
+
+No kubelet or container runtime exists here. The local node maps a few known images to local
+programs, materialises volumes into per-pod directories and runs each container as a process in
+a private mount namespace so that every volumeMount appears at its real mountPath.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ocmfl.constants import ADDON_IMAGE, PROXY_IMAGE, WORKLOAD_IMAGE
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = REPO_ROOT / ".venv" / "bin"
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+Obj = dict[str, Any]
+# (kind "configmap" | "secret", namespace, name) -> data (secret values already decoded) or None
+Lookup = Callable[[str, str, str], dict[str, str] | None]
+
+
+class NotRunnable(Exception):
+    """The container can never run here (unknown image, no command): a terminal waiting state."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class NotYet(Exception):
+    """A dependency (ConfigMap, Secret, token) is missing; retry later, like ContainerCreating."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """How an image runs locally: PATH to use and the default command when none is given."""
+
+    path: str
+    default_command: tuple[str, ...] = ()
+
+
+def _repository(image: str) -> str:
+    """Image reference without tag or digest."""
+    name = image.split("@", 1)[0]
+    last = name.rsplit("/", 1)[-1]
+    if ":" in last:
+        name = name[: len(name) - len(last)] + last.split(":", 1)[0]
+    return name
+
+
+PROJECT_REPOS = {_repository(WORKLOAD_IMAGE), _repository(ADDON_IMAGE)}
+PROXY_REPO = _repository(PROXY_IMAGE)
+
+
+def resolve_image(image: str, which: Callable[[str, str], str | None]) -> Runtime:
+    """Map an image to a local runtime; raise NotRunnable for anything else.
+
+    `which(program, path)` finds a program on a PATH (shutil.which in production).
+    """
+    repo = _repository(image)
+    if repo in PROJECT_REPOS:
+        if not (VENV_BIN / "python").exists():
+            raise NotRunnable("ImageNotRunnableLocally",
+                              f"{image}: project venv {VENV_BIN} is missing")
+        return Runtime(f"{VENV_BIN}:{SYSTEM_PATH}")
+    if repo == PROXY_REPO:
+        if which("nginx", SYSTEM_PATH) is None:
+            raise NotRunnable("ImageNotRunnableLocally",
+                              f"{image} runs nginx from the system PATH; nginx is not installed")
+        return Runtime(SYSTEM_PATH, ("nginx", "-g", "daemon off;"))
+    if repo.rsplit("/", 1)[-1] == "busybox":
+        return Runtime(SYSTEM_PATH, ("sh",))
+    raise NotRunnable(
+        "ImageNotRunnableLocally",
+        f"image {image!r} has no local mapping (local node runs only {sorted(PROJECT_REPOS)}, "
+        f"{PROXY_REPO} and busybox)",
+    )
+
+
+_VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes `$(VAR)` expansion: known names replaced, `$$` -> `$`, unknown left as is."""
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        return env.get(m.group(1), m.group(0))
+
+    return _VAR_REF.sub(sub, text)
+
+
+def service_env(services: list[Obj], resolve: Callable[[Obj], tuple[str, dict[str, int]] | None]
+                ) -> dict[str, str]:
+    """Kubelet-style `<SVC>_SERVICE_HOST/_PORT` (+ docker link) variables.
+
+    `resolve(service)` returns (address of a ready selected pod, service port name/number ->
+    target port) or None when no pod is ready; such services are left out.
+    """
+    env: dict[str, str] = {}
+    for svc in sorted(services, key=lambda s: s["metadata"]["name"]):
+        got = resolve(svc)
+        if got is None:
+            continue
+        host, ports = got
+        prefix = svc["metadata"]["name"].upper().replace("-", "_")
+        env[f"{prefix}_SERVICE_HOST"] = host
+        svc_ports = svc.get("spec", {}).get("ports") or []
+        for i, p in enumerate(svc_ports):
+            target = ports.get(str(p.get("port")), int(p.get("port", 0)))
+            proto = str(p.get("protocol", "TCP"))
+            if i == 0:
+                env[f"{prefix}_SERVICE_PORT"] = str(target)
+                env[f"{prefix}_PORT"] = f"{proto.lower()}://{host}:{target}"
+            if p.get("name"):
+                env[f"{prefix}_SERVICE_PORT_{p['name'].upper().replace('-', '_')}"] = str(target)
+            link = f"{prefix}_PORT_{p.get('port')}_{proto.upper()}"
+            env[link] = f"{proto.lower()}://{host}:{target}"
+            env[f"{link}_PROTO"] = proto.lower()
+            env[f"{link}_PORT"] = str(target)
+            env[f"{link}_ADDR"] = host
+    return env
+
+
+def target_ports(svc: Obj, pod: Obj) -> dict[str, int]:
+    """Service port -> the pod's port (targetPort number or named container port)."""
+    named: dict[str, int] = {}
+    for c in pod.get("spec", {}).get("containers", []):
+        for cp in c.get("ports") or []:
+            if cp.get("name"):
+                named[cp["name"]] = int(cp["containerPort"])
+    out: dict[str, int] = {}
+    for p in svc.get("spec", {}).get("ports") or []:
+        tp = p.get("targetPort", p.get("port"))
+        if isinstance(tp, str) and not tp.isdigit():
+            if tp not in named:
+                continue
+            out[str(p["port"])] = named[tp]
+        else:
+            out[str(p["port"])] = int(tp)
+    return out
+
+
+def selects(selector: Mapping[str, str] | None, labels: Mapping[str, str] | None) -> bool:
+    """Service-style equality selector; an empty/missing selector selects nothing."""
+    if not selector:
+        return False
+    labels = labels or {}
+    return all(labels.get(k) == v for k, v in selector.items())
+
+
+def _field_ref(pod: Obj, path: str, pod_ip: str) -> str:
+    meta = pod.get("metadata", {})
+    simple = {
+        "metadata.name": meta.get("name", ""),
+        "metadata.namespace": meta.get("namespace", ""),
+        "metadata.uid": meta.get("uid", ""),
+        "spec.nodeName": pod.get("spec", {}).get("nodeName", ""),
+        "spec.serviceAccountName": pod.get("spec", {}).get("serviceAccountName", "default"),
+        "status.podIP": pod_ip,
+        "status.hostIP": "127.0.0.1",
+    }
+    if path in simple:
+        return str(simple[path])
+    m = re.fullmatch(r"metadata\.(labels|annotations)\['([^']+)'\]", path)
+    if m:
+        return str((meta.get(m.group(1)) or {}).get(m.group(2), ""))
+    raise NotRunnable("CreateContainerConfigError", f"unsupported fieldRef {path!r}")
+
+
+def _lookup_key(lookup: Lookup, kind: str, ns: str, ref: Obj) -> str | None:
+    data = lookup(kind, ns, ref["name"])
+    optional = bool(ref.get("optional"))
+    if data is None:
+        if optional:
+            return None
+        raise NotYet("CreateContainerConfigError", f"{kind} {ns}/{ref['name']} not found")
+    if ref["key"] not in data:
+        if optional:
+            return None
+        raise NotYet("CreateContainerConfigError",
+                     f"key {ref['key']!r} not found in {kind} {ns}/{ref['name']}")
+    return data[ref["key"]]
+
+
+def container_env(pod: Obj, container: Obj, base: Mapping[str, str], lookup: Lookup,
+                  pod_ip: str) -> dict[str, str]:
+    """The process environment: base (PATH, service vars, POD_IP...) then envFrom then env."""
+    ns = pod["metadata"]["namespace"]
+    env = dict(base)
+    for src in container.get("envFrom") or []:
+        prefix = src.get("prefix", "")
+        for kind, key in (("configmap", "configMapRef"), ("secret", "secretRef")):
+            if key in src:
+                data = lookup(kind, ns, src[key]["name"])
+                if data is None:
+                    if src[key].get("optional"):
+                        continue
+                    raise NotYet("CreateContainerConfigError",
+                                 f"{kind} {ns}/{src[key]['name']} not found")
+                env.update({prefix + k: v for k, v in data.items()})
+    for item in container.get("env") or []:
+        name = item["name"]
+        if "value" in item:
+            env[name] = expand(str(item["value"]), env)
+        elif "valueFrom" in item:
+            vf = item["valueFrom"]
+            val: str | None
+            if "fieldRef" in vf:
+                val = _field_ref(pod, vf["fieldRef"]["fieldPath"], pod_ip)
+            elif "configMapKeyRef" in vf:
+                val = _lookup_key(lookup, "configmap", ns, vf["configMapKeyRef"])
+            elif "secretKeyRef" in vf:
+                val = _lookup_key(lookup, "secret", ns, vf["secretKeyRef"])
+            elif "resourceFieldRef" in vf:
+                val = "0"
+            else:
+                raise NotRunnable("CreateContainerConfigError", f"unsupported valueFrom in {name}")
+            if val is not None:
+                env[name] = val
+        else:
+            env[name] = ""
+    return env
+
+
+def argv_for(container: Obj, runtime: Runtime, env: Mapping[str, str]) -> list[str]:
+    """command+args with $(VAR) expansion; the image default command when none is given."""
+    command = [expand(str(c), env) for c in container.get("command") or []]
+    args = [expand(str(a), env) for a in container.get("args") or []]
+    if not command:
+        if not runtime.default_command:
+            raise NotRunnable(
+                "ImageNotRunnableLocally",
+                f"container {container['name']!r}: image {container.get('image')} has no local "
+                "entrypoint; set `command`",
+            )
+        command = list(runtime.default_command)
+    return command + args
+
+
+def _write_files(directory: Path, data: Mapping[str, str | bytes], items: list[Obj] | None,
+                 what: str) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    if items:
+        pairs = []
+        for it in items:
+            if it["key"] not in data:
+                raise NotYet("FailedMount", f"key {it['key']!r} not in {what}")
+            pairs.append((it["path"], data[it["key"]], it.get("mode")))
+    else:
+        pairs = [(k, v, None) for k, v in data.items()]
+    for rel, value, mode in pairs:
+        dst = directory / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(value.encode() if isinstance(value, str) else value)
+        dst.chmod(int(mode) if mode is not None else 0o644)
+
+
+def _source_data(kind: str, ns: str, ref: Obj, lookup: Lookup) -> dict[str, str] | None:
+    name = ref.get("name") or ref.get("secretName") or ""
+    data = lookup(kind, ns, name)
+    if data is None and not ref.get("optional"):
+        raise NotYet("FailedMount", f"{kind} {ns}/{name} not found")
+    return data
+
+
+# serviceAccountToken source: (namespace, serviceaccount, audience, seconds) -> token or None
+TokenSource = Callable[[str, str, str | None, int], str | None]
+
+
+def materialise_volumes(pod: Obj, pod_dir: Path, lookup: Lookup, pod_ip: str,
+                        token: TokenSource | None = None) -> dict[str, Path]:
+    """Write every pod volume under `pod_dir/volumes/`; return volume name -> host path."""
+    ns = pod["metadata"]["namespace"]
+    out: dict[str, Path] = {}
+    for vol in pod.get("spec", {}).get("volumes") or []:
+        name = vol["name"]
+        vdir = pod_dir / "volumes" / name
+        if "emptyDir" in vol:
+            vdir.mkdir(parents=True, exist_ok=True)
+            out[name] = vdir
+        elif "hostPath" in vol:
+            hp = Path(vol["hostPath"]["path"])
+            kind = vol["hostPath"].get("type", "")
+            if kind == "DirectoryOrCreate":
+                hp.mkdir(parents=True, exist_ok=True)
+            elif kind == "FileOrCreate" and not hp.exists():
+                hp.parent.mkdir(parents=True, exist_ok=True)
+                hp.touch()
+            elif not hp.exists():
+                raise NotYet("FailedMount", f"hostPath {hp} does not exist")
+            out[name] = hp
+        elif "configMap" in vol or "secret" in vol:
+            kind = "configmap" if "configMap" in vol else "secret"
+            ref = vol.get("configMap") or vol.get("secret") or {}
+            data = _source_data(kind, ns, ref, lookup) or {}
+            _write_files(vdir, data, ref.get("items"), f"{kind} {ns}")
+            out[name] = vdir
+        elif "projected" in vol:
+            vdir.mkdir(parents=True, exist_ok=True)
+            for src in vol["projected"].get("sources") or []:
+                if "configMap" in src or "secret" in src:
+                    kind = "configmap" if "configMap" in src else "secret"
+                    ref = src.get("configMap") or src.get("secret") or {}
+                    data = _source_data(kind, ns, ref, lookup) or {}
+                    _write_files(vdir, data, ref.get("items"), f"{kind} {ns}")
+                elif "downwardAPI" in src:
+                    _write_downward(vdir, pod, src["downwardAPI"].get("items") or [], pod_ip)
+                elif "serviceAccountToken" in src:
+                    sat = src["serviceAccountToken"]
+                    sa = pod.get("spec", {}).get("serviceAccountName") or "default"
+                    tok = token(ns, sa, sat.get("audience"),
+                                int(sat.get("expirationSeconds", 3600))) if token else None
+                    if tok is None:
+                        raise NotYet("FailedMount", f"no token for serviceaccount {ns}/{sa}")
+                    _write_files(vdir, {sat["path"]: tok}, None, "token")
+                else:
+                    raise NotRunnable("FailedMount", f"unsupported projected source in {name}")
+            out[name] = vdir
+        elif "downwardAPI" in vol:
+            _write_downward(vdir, pod, vol["downwardAPI"].get("items") or [], pod_ip)
+            out[name] = vdir
+        else:
+            kinds = sorted(k for k in vol if k != "name")
+            raise NotRunnable("FailedMount", f"volume {name}: unsupported type {kinds}")
+    return out
+
+
+def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str) -> None:
+    data: dict[str, str] = {}
+    for it in items:
+        if "fieldRef" in it:
+            path = it["fieldRef"]["fieldPath"]
+            meta = pod.get("metadata", {})
+            if path in ("metadata.labels", "metadata.annotations"):
+                kv = meta.get(path.split(".")[1]) or {}
+                data[it["path"]] = "\n".join(f'{k}="{v}"' for k, v in sorted(kv.items()))
+            else:
+                data[it["path"]] = _field_ref(pod, path, pod_ip)
+    _write_files(vdir, data, None, "downwardAPI")
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A bind mount inside the container's private mount namespace."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass
+class ContainerPlan:
+    """Everything needed to start one container process."""
+
+    name: str
+    image: str
+    argv: list[str]
+    env: dict[str, str]
+    mounts: list[Mount] = field(default_factory=list)
+    workdir: str = "/"
+
+
+def container_mounts(container: Obj, volumes: Mapping[str, Path]) -> list[Mount]:
+    """volumeMounts -> bind mounts (subPath supported)."""
+    mounts = []
+    for vm in container.get("volumeMounts") or []:
+        if vm["name"] not in volumes:
+            raise NotRunnable("CreateContainerConfigError", f"volume {vm['name']!r} not defined")
+        src = volumes[vm["name"]]
+        if vm.get("subPath"):
+            src = src / vm["subPath"]
+            if not src.exists():
+                src.mkdir(parents=True, exist_ok=True)
+        mounts.append(Mount(str(src), vm["mountPath"], bool(vm.get("readOnly"))))
+    return mounts
+
+
+def launcher_argv(plan: ContainerPlan, hosts_file: str | None = None) -> list[str]:
+    """argv that runs `plan` in a private mount namespace with its bind mounts in place.
+
+    Parent-death SIGKILL (setpriv) makes the process die with the local node. Mount targets must
+    exist beforehand (the local node creates and records them).
+    """
+    lines = ["set -e"]
+    for m in plan.mounts:
+        src, dst = shlex.quote(m.source), shlex.quote(m.target)
+        lines.append(f"mount --bind {src} {dst}")
+        if m.read_only:
+            lines.append(f"mount -o remount,bind,ro {dst}")
+    if hosts_file:
+        lines.append(f"mount --bind {shlex.quote(hosts_file)} /etc/hosts")
+    lines.append(f"cd {shlex.quote(plan.workdir)}")
+    lines.append('exec "$@"')
+    return ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--mount", "--propagation",
+            "private", "--", "/bin/sh", "-c", "\n".join(lines), plan.name, *plan.argv]
+
+
+def hosts_file_text(pod_name: str, pod_ip: str, names: Mapping[str, str]) -> str:
+    """/etc/hosts for a pod: localhost, its own name, and service names -> pod addresses."""
+    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
+             f"{pod_ip}\t{pod_name}"]
+    lines += [f"{ip}\t{name}" for name, ip in sorted(names.items())]
+    return "\n".join(lines) + "\n"
+
+
+def decode_secret(data: Mapping[str, str] | None) -> dict[str, str]:
+    """Secret .data (base64) -> text values (undecodable bytes replaced)."""
+    return {k: base64.b64decode(v).decode(errors="replace") for k, v in (data or {}).items()}
+
+
+def pod_ip(node_index: int, n: int) -> str:
+    """The n-th pod address on node `node_index`: 127.<20+index>.<hi>.<lo>, lo in 1..254."""
+    hi, lo = divmod(n, 254)
+    if hi > 255:
+        raise ValueError("pod address space exhausted")
+    return f"127.{20 + node_index}.{hi}.{lo + 1}"

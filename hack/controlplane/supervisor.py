@@ -1,0 +1,60 @@
+"""The supervisor process: local nodes (one per apiserver) and the ClusterClaim mirrors.
+
+Started detached by `up` (``python -m hack.controlplane supervise``); reads the state file,
+writes ``supervisor.ready`` once every node has synced, runs until SIGTERM, then kills its pods.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+from hack.controlplane.claims_mirror import ClaimsMirror
+from hack.controlplane.kube import Kube
+from hack.controlplane.localnode import LocalNode
+from hack.controlplane.processes import State
+
+READY_FILE = "supervisor.ready"
+
+
+def run(state_dir: Path) -> int:
+    """Run until SIGTERM/SIGINT; returns the exit code."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
+    state = State.load(state_dir)
+    if state is None:
+        logging.error("no state file in %s", state_dir)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    names = ["hub", *state.clusters]
+    kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
+    nodes = []
+    for i, n in enumerate(names):
+        port = int(state.apiservers[n].rsplit(":", 1)[1])
+        nodes.append(LocalNode(n, i, kubes[n], port, state_dir, stop))
+    mirrors = [ClaimsMirror(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
+               for c in state.clusters]
+    for node in nodes:
+        node.start()
+    for m in mirrors:
+        m.start()
+    for node in nodes:
+        while not node.ready.wait(0.5):
+            if stop.is_set():
+                return 1
+    (state_dir / READY_FILE).write_text("ok\n")
+    logging.info("supervisor ready: %d local nodes, %d claim mirrors", len(nodes), len(mirrors))
+    stop.wait()
+    logging.info("stopping: terminating pods")
+    for node in nodes:
+        node.thread.join(timeout=10)
+    return 0
