@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
-from typing import Final
+from typing import Final, TypeAlias
 
 from ocmfl.pki import is_valid_cluster_name
 from ocmfl.status.v1 import report_pb2
@@ -25,18 +25,21 @@ _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _UID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
 _LABEL = re.compile(r"^[^\x00-\x1f]{1,63}$")
 
-CLIENT_PHASE_NAMES: Final[dict[int, str]] = {
+ClientPhase: TypeAlias = report_pb2.ClientPhase.ValueType
+RoundPhase: TypeAlias = report_pb2.RoundPhase.ValueType
+
+CLIENT_PHASE_NAMES: Final[dict[ClientPhase, str]] = {
     report_pb2.CLIENT_PHASE_UNSPECIFIED: "Unknown",
     report_pb2.CLIENT_PHASE_PENDING: "Pending",
     report_pb2.CLIENT_PHASE_RUNNING: "Running",
     report_pb2.CLIENT_PHASE_SUCCEEDED: "Succeeded",
     report_pb2.CLIENT_PHASE_FAILED: "Failed",
 }
-ROUND_PHASE_NAMES: Final[dict[int, str]] = {
+ROUND_PHASE_NAMES: Final[dict[RoundPhase, str]] = {
     report_pb2.ROUND_PHASE_FIT: "fit",
     report_pb2.ROUND_PHASE_EVALUATE: "evaluate",
 }
-ROUND_PHASES_BY_NAME: Final[dict[str, int]] = {v: k for k, v in ROUND_PHASE_NAMES.items()}
+ROUND_PHASES_BY_NAME: Final[dict[str, RoundPhase]] = {v: k for k, v in ROUND_PHASE_NAMES.items()}
 
 
 class ReportInvalid(ValueError):

@@ -1,0 +1,151 @@
+"""The agent process: local API + client watcher -> buffer -> hub stream."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from agent_addon.buffer import ReportBuffer
+from agent_addon.hub_client import ClientTLSFiles, HubStreamer
+from agent_addon.local_api import make_app
+from agent_addon.state import AgentState
+from agent_addon.watcher import ClientWatcher, PhaseView
+from ocmfl import constants
+
+log = logging.getLogger(__name__)
+
+AGENT_VERSION = "0.1.0"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    cluster: str
+    hub_address: str
+    cert_dir: Path
+    ca_file: Path | None = None
+    kubeconfig: str | None = None
+    watch: bool = True
+    watch_namespace: str | None = None
+    listen_host: str = "0.0.0.0"
+    port: int = constants.AGENT_LOCAL_PORT
+    health_port: int | None = constants.AGENT_HEALTH_PORT
+    buffer_size: int = 1000
+    server_name: str | None = None
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    cert_check_interval_s: float = 2.0
+
+
+def _env(*names: str, default: str | None = None) -> str | None:
+    for n in names:
+        v = os.environ.get(n)
+        if v:
+            return v
+    return default
+
+
+def parse_args(argv: list[str] | None = None) -> AgentConfig:
+    """AgentConfig from flags, falling back to OCMFL_* env vars (and OCM's CLUSTER_NAME)."""
+    p = argparse.ArgumentParser(prog="ocm-fl-agent", description=__doc__)
+    p.add_argument("--cluster", default=_env(constants.ENV_CLUSTER_NAME, "CLUSTER_NAME"))
+    p.add_argument("--hub-address", default=_env(constants.ENV_HUB_AGGREGATOR_ADDRESS),
+                   help="host:port of the hub aggregator")
+    p.add_argument("--cert-dir", default=_env(constants.ENV_AGENT_CERT_DIR,
+                                              default=constants.AGENT_CERT_DIR),
+                   help="directory with tls.crt and tls.key (and ca.crt)")
+    p.add_argument("--ca-file", default=_env(constants.ENV_HUB_CA_FILE),
+                   help="hub CA PEM (default: <cert-dir>/ca.crt)")
+    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"),
+                   help="kubeconfig of this cluster (default: in-cluster)")
+    p.add_argument("--no-watch", action="store_true", help="do not watch client pods/jobs")
+    p.add_argument("--watch-namespace", default=None)
+    p.add_argument("--listen-host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=constants.AGENT_LOCAL_PORT)
+    p.add_argument("--health-port", type=int, default=constants.AGENT_HEALTH_PORT)
+    p.add_argument("--buffer-size", type=int, default=1000)
+    p.add_argument("--server-name", default=None, help="TLS name expected on the hub cert")
+    p.add_argument("--log-level", default=_env(constants.ENV_LOG_LEVEL, default="INFO"))
+    a = p.parse_args(argv)
+    logging.basicConfig(level=str(a.log_level).upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not a.cluster or not a.hub_address:
+        p.error("--cluster and --hub-address (or their env vars) are required")
+    return AgentConfig(
+        cluster=a.cluster, hub_address=a.hub_address, cert_dir=Path(a.cert_dir),
+        ca_file=Path(a.ca_file) if a.ca_file else None, kubeconfig=a.kubeconfig,
+        watch=not a.no_watch, watch_namespace=a.watch_namespace, listen_host=a.listen_host,
+        port=a.port, health_port=a.health_port or None, buffer_size=a.buffer_size,
+        server_name=a.server_name,
+    )
+
+
+class Agent:
+    """Wires the pieces; `start()` returns once the local API listens."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        self.config = config
+        self.buffer = ReportBuffer(config.buffer_size)
+        self.state = AgentState(config.cluster, self.buffer, agent_version=AGENT_VERSION)
+        self.streamer = HubStreamer(
+            config.hub_address,
+            ClientTLSFiles.from_dir(config.cert_dir, config.ca_file),
+            self.buffer,
+            backoff_initial_s=config.backoff_initial_s,
+            backoff_max_s=config.backoff_max_s,
+            cert_check_interval_s=config.cert_check_interval_s,
+            server_name=config.server_name,
+        )
+        self.port = 0
+        self._runner: web.AppRunner | None = None
+        self._watcher: ClientWatcher | None = None
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "cluster": self.config.cluster,
+            "hubConnected": self.streamer.connected.is_set(),
+            "pending": len(self.buffer),
+            "dropped": self.buffer.dropped,
+            "delivered": self.buffer.acked,
+            "lastError": self.streamer.last_error,
+        }
+
+    def on_phases(self, view: PhaseView) -> None:
+        self.state.on_phases(view)
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(make_app(self.state, self.health))
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.listen_host, self.config.port)
+        await site.start()
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        if self.config.health_port:
+            await web.TCPSite(self._runner, self.config.listen_host,
+                              self.config.health_port).start()
+        if self.config.watch:
+            from ocmfl.kubeclient import api_client
+
+            self._watcher = ClientWatcher(
+                api_client(self.config.kubeconfig), asyncio.get_running_loop(),
+                self.on_phases, namespace=self.config.watch_namespace,
+            )
+            self._watcher.start()
+        self.streamer.start()
+        log.info("agent for cluster %s: local API on port %d, hub %s",
+                 self.config.cluster, self.port, self.config.hub_address)
+
+    async def stop(self, drain_s: float = 0.0) -> None:
+        """Stop; first wait up to `drain_s` for pending reports to be delivered."""
+        if drain_s > 0:
+            await self.buffer.wait_empty(drain_s)
+        if self._watcher is not None:
+            self._watcher.stop()
+        await self.streamer.stop()
+        if self._runner is not None:
+            await self._runner.cleanup()

@@ -1,0 +1,266 @@
+"""The hub aggregator over real mTLS gRPC on 127.0.0.1 with real certificates."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import grpc
+import grpc.aio
+import pytest
+from google.protobuf.timestamp_pb2 import Timestamp
+
+from hub_controller.aggregator import (
+    AggregatorServer,
+    InMemoryClusterRegistry,
+    ReloadingServerCredentials,
+    ReportStore,
+)
+from ocmfl import pki
+from ocmfl.status.v1 import report_pb2, report_pb2_grpc
+from ocmfl.testing import TestPKI
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def make_report(cluster: str, seq: int = 1, **kw: object) -> report_pb2.Report:
+    ts = Timestamp()
+    ts.FromDatetime(dt.datetime.now(dt.UTC))
+    fields: dict[str, object] = dict(
+        cluster=cluster, fl_namespace="fl", fl_name="mnist", fl_uid="1234-abcd",
+        client_phase=report_pb2.CLIENT_PHASE_RUNNING, round=1, timestamp=ts, sequence=seq,
+        metrics=[report_pb2.RoundMetrics(round=1, phase=report_pb2.ROUND_PHASE_FIT,
+                                         loss=0.5, accuracy=0.8, samples=100, duration_s=1.5)],
+    )
+    fields.update(kw)
+    return report_pb2.Report(**fields)  # type: ignore[arg-type]
+
+
+def channel_for(port: int, client_dir: Path | None, ca: bytes) -> grpc.aio.Channel:
+    if client_dir is None:
+        creds = grpc.ssl_channel_credentials(root_certificates=ca)
+    else:
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=ca,
+            private_key=(client_dir / pki.KEY_FILE).read_bytes(),
+            certificate_chain=(client_dir / pki.CERT_FILE).read_bytes(),
+        )
+    return grpc.aio.secure_channel(f"127.0.0.1:{port}", creds)
+
+
+@pytest.fixture
+def tpki(tmp_path: Path) -> TestPKI:
+    return TestPKI(tmp_path)
+
+
+@pytest.fixture
+def registry() -> InMemoryClusterRegistry:
+    return InMemoryClusterRegistry(["cluster-a", "cluster-b"])
+
+
+@pytest.fixture
+async def hub(
+    tpki: TestPKI, registry: InMemoryClusterRegistry
+) -> AsyncIterator[AggregatorServer]:
+    creds = ReloadingServerCredentials.from_dir(tpki.server_dir())
+    server = AggregatorServer(ReportStore(), registry, credentials=creds,
+                              max_message_bytes=16 * 1024)
+    await server.start()
+    yield server
+    await server.stop(None)
+
+
+async def send(
+    hub: AggregatorServer, tpki: TestPKI, client_dir: Path | None, *reports: report_pb2.Report
+) -> list[int]:
+    """Send reports on one stream; the acked sequence numbers (raises AioRpcError)."""
+    ca = pki.cert_to_pem(tpki.ca.cert)
+    async with channel_for(hub.port, client_dir, ca) as channel:
+        call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+        acks = []
+        for r in reports:
+            await call.write(r)
+            acks.append((await call.read()).sequence)
+        await call.done_writing()
+        return acks
+
+
+async def test_report_from_registered_cluster_is_stored_and_acked(
+    hub: AggregatorServer, tpki: TestPKI
+) -> None:
+    acks = await send(hub, tpki, tpki.client_dir("cluster-a"),
+                      make_report("cluster-a", 1), make_report("cluster-a", 2, round=2))
+    assert acks == [1, 2]
+    snap = hub.store.snapshot("fl", "mnist")
+    assert snap["cluster-a"].phase == "Running"
+    assert snap["cluster-a"].accuracy == 0.8
+    assert snap["cluster-a"].round == 2
+    metric = hub.metrics.registry.get_sample_value(
+        "ocmfl_reports_received_total",
+        {"cluster": "cluster-a", "namespace": "fl", "name": "mnist"},
+    )
+    assert metric == 2
+
+
+async def test_certificate_for_a_sending_as_b_is_refused(
+    hub: AggregatorServer, tpki: TestPKI
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await send(hub, tpki, tpki.client_dir("cluster-a"), make_report("cluster-b"))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "cluster-b" in (err.value.details() or "")
+    assert hub.store.snapshot("fl", "mnist") == {}
+    assert hub.metrics.registry.get_sample_value(
+        "ocmfl_reports_rejected_total", {"reason": "cluster_mismatch"}) == 1
+
+
+async def test_unregistered_cluster_is_refused(hub: AggregatorServer, tpki: TestPKI) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await send(hub, tpki, tpki.client_dir("cluster-x"), make_report("cluster-x"))
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    assert "not an accepted ManagedCluster" in (err.value.details() or "")
+
+
+async def test_cluster_removed_from_registry_is_refused_mid_stream(
+    hub: AggregatorServer, tpki: TestPKI, registry: InMemoryClusterRegistry
+) -> None:
+    ca = pki.cert_to_pem(tpki.ca.cert)
+    async with channel_for(hub.port, tpki.client_dir("cluster-a"), ca) as channel:
+        call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+        await call.write(make_report("cluster-a", 1))
+        assert (await call.read()).sequence == 1
+        registry.remove("cluster-a")
+        await call.write(make_report("cluster-a", 2))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+@pytest.mark.parametrize("case", ["expired", "other_ca", "no_cert", "bad_subject"])
+async def test_bad_client_certificates_are_refused(
+    hub: AggregatorServer, tpki: TestPKI, tmp_path: Path, case: str
+) -> None:
+    if case == "expired":
+        past = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
+        client: Path | None = tpki.client_dir("cluster-a", lifetime=dt.timedelta(hours=1),
+                                              now=past)
+    elif case == "other_ca":
+        client = TestPKI(tmp_path / "other").client_dir("cluster-a")
+    elif case == "bad_subject":  # signed by our CA, but the CN names no cluster
+        from cryptography import x509
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.x509.oid import NameOID
+
+        key = pki.generate_key()
+        cert = (x509.CertificateBuilder()
+                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin")]))
+                .issuer_name(tpki.ca.cert.subject).public_key(key.public_key())
+                .serial_number(1).not_valid_before(dt.datetime.now(dt.UTC))
+                .not_valid_after(dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+                .sign(tpki.ca.key, hashes.SHA256()))
+        client = pki.save_tls_dir(tmp_path / "bad", pki.CertAndKey(cert, key), tpki.ca.cert)
+    else:
+        client = None
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await send(hub, tpki, client, make_report("cluster-a"))
+    expected = (grpc.StatusCode.UNAUTHENTICATED if case == "bad_subject"
+                else grpc.StatusCode.UNAVAILABLE)  # refused in the TLS handshake
+    assert err.value.code() == expected
+    assert hub.store.snapshot("fl", "mnist") == {}
+
+
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        ("fl_namespace", {"fl_namespace": "Not_A_Namespace"}),
+        ("client_phase", {"client_phase": report_pb2.CLIENT_PHASE_UNSPECIFIED}),
+        ("metrics[0].accuracy", {"metrics": [report_pb2.RoundMetrics(
+            round=1, phase=report_pb2.ROUND_PHASE_EVALUATE, accuracy=1.5)]}),
+        ("metrics[0].phase", {"metrics": [report_pb2.RoundMetrics(round=1)]}),
+        ("timestamp", {"timestamp": None}),
+        ("sequence", {"sequence": 0}),
+    ],
+)
+async def test_malformed_report_is_refused_naming_the_field(
+    hub: AggregatorServer, tpki: TestPKI, field: str, change: dict[str, object]
+) -> None:
+    report = make_report("cluster-a", 1)
+    for k, v in change.items():
+        if v is None:
+            report.ClearField(k)
+        elif k == "metrics":
+            del report.metrics[:]
+            report.metrics.extend(v)  # type: ignore[arg-type]
+        else:
+            setattr(report, k, v)
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await send(hub, tpki, tpki.client_dir("cluster-a"), report)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert (err.value.details() or "").startswith(field + ":")
+
+
+async def test_bad_streams_do_not_harm_another_stream(
+    hub: AggregatorServer, tpki: TestPKI
+) -> None:
+    ca = pki.cert_to_pem(tpki.ca.cert)
+    async with channel_for(hub.port, tpki.client_dir("cluster-b"), ca) as good_channel:
+        good = report_pb2_grpc.StatusServiceStub(good_channel).StreamReports()
+        await good.write(make_report("cluster-b", 1))
+        assert (await good.read()).sequence == 1
+
+        # an oversized message on another stream of the same kind
+        huge = make_report("cluster-a", 1, agent_version="x" * 40_000)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await send(hub, tpki, tpki.client_dir("cluster-a"), huge)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # a malformed one
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await send(hub, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a", 0))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+        await good.write(make_report("cluster-b", 2, round=2))
+        assert (await good.read()).sequence == 2
+        await good.done_writing()
+    assert hub.store.snapshot("fl", "mnist")["cluster-b"].round == 2
+    assert "cluster-a" not in hub.store.snapshot("fl", "mnist")
+
+
+async def test_server_certificate_rotation_without_restart(
+    hub: AggregatorServer, tpki: TestPKI
+) -> None:
+    client = tpki.client_dir("cluster-a")
+    assert await send(hub, tpki, client, make_report("cluster-a", 1)) == [1]
+    server_dir = tpki.root / "server"
+    old = pki.load_tls_dir(server_dir)[0].cert
+    # rotate: a new key and certificate from a new CA the clients already trust
+    new = tpki.rotate_server(server_dir)
+    assert new.cert.serial_number != old.serial_number
+    assert await send(hub, tpki, client, make_report("cluster-a", 2)) == [2]
+    assert hub.credentials is not None and hub.credentials.reloads == 1
+
+
+async def test_server_credentials_reload_only_a_consistent_pair(tpki: TestPKI) -> None:
+    d = tpki.server_dir()
+    creds = ReloadingServerCredentials.from_dir(d)
+    creds.credentials()
+    assert creds.fetch() is None  # unchanged
+    other = pki.issue_server_cert(tpki.ca)
+    pki.write_atomic(d / pki.CERT_FILE, other.cert_pem)  # key not yet written: mismatch
+    assert creds.fetch() is None and creds.reloads == 0
+    pki.write_atomic(d / pki.KEY_FILE, other.key_pem)
+    assert creds.fetch() is not None and creds.reloads == 1
+
+
+async def test_concurrent_streams_from_many_clusters(
+    hub: AggregatorServer, tpki: TestPKI, registry: InMemoryClusterRegistry
+) -> None:
+    names = [f"c{i}" for i in range(8)]
+    for n in names:
+        registry.add(n)
+    dirs = {n: tpki.client_dir(n) for n in names}
+    results = await asyncio.gather(*(
+        send(hub, tpki, dirs[n], *(make_report(n, s) for s in range(1, 6))) for n in names))
+    assert all(r == [1, 2, 3, 4, 5] for r in results)
+    assert sorted(hub.store.snapshot("fl", "mnist")) == names
