@@ -8,7 +8,6 @@ behind the same configuration.
 from __future__ import annotations
 
 import http.server
-import shutil
 import socket
 import ssl
 import subprocess
@@ -21,10 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hub_controller.fleet_proxy import TLSFiles, fleet_gateway_conf, fleet_tunnel_conf, nginx_command
+from hub_controller.fleet_proxy import (
+    TLSFiles,
+    fleet_gateway_conf,
+    fleet_tunnel_conf,
+    nginx_command,
+)
 from ocmfl import pki
-
-pytestmark = pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
 
 
 def _free_port() -> int:

@@ -1,0 +1,147 @@
+"""Per-FederatedLearning credentials: what the server pod and each cluster's client need.
+
+Everything is issued on the hub by the project's CA and kept in one hub Secret owned by the
+FederatedLearning resource, so a reconcile reuses what exists and only issues what is missing,
+expiring, or no longer matches (a new cluster, a new gateway address, a new CA):
+
+* ``ca.crt``: the project's CA certificate (public);
+* ``superlink.crt/.key``: the SuperLink's TLS certificate, loopback only (DNS ``localhost``);
+* ``gateway.crt/.key``: the Fleet gateway's server certificate for the names clusters dial;
+* per cluster ``<c>.tls.crt/.key``: the cluster's client identity for the Fleet tunnel
+  (CN ``cluster:<c>``), and ``<c>.node.key/.node.pub``: its SuperNode authentication key pair
+  (Flower's second factor; the server registers the public key under the cluster's name).
+
+`reconcile_credentials` is pure apart from key generation; the operator stores its result.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from cryptography import x509
+
+from ocmfl import pki
+from workloads import nodekeys
+
+CA = "ca.crt"
+SUPERLINK_CERT, SUPERLINK_KEY = "superlink.crt", "superlink.key"
+GATEWAY_CERT, GATEWAY_KEY = "gateway.crt", "gateway.key"
+# Renew anything with less than this share of its lifetime left.
+RENEW_BELOW = 0.3
+
+
+def cluster_keys(cluster: str) -> tuple[str, str, str, str]:
+    """Secret keys of one cluster's material: (tls.crt, tls.key, node.key, node.pub)."""
+    return (
+        f"{cluster}.tls.crt",
+        f"{cluster}.tls.key",
+        f"{cluster}.node.key",
+        f"{cluster}.node.pub",
+    )
+
+
+@dataclass(frozen=True)
+class GatewayNames:
+    """Names and addresses clusters use to reach the Fleet gateway (its certificate's SANs)."""
+
+    dns: tuple[str, ...]
+    ips: tuple[str, ...] = ()
+
+
+def _fresh(
+    data: Mapping[str, bytes], cert_key: str, ca: pki.CertAndKey, now: dt.datetime
+) -> x509.Certificate | None:
+    """The stored certificate if it is ours, valid and not due for renewal, else None."""
+    pem = data.get(cert_key)
+    if not pem:
+        return None
+    try:
+        cert = pki.load_cert_pem(pem)
+    except ValueError:
+        return None
+    if not pki.verify_issued_by(cert, ca.cert):
+        return None
+    if pki.remaining_fraction(cert, now) < RENEW_BELOW:
+        return None
+    return cert
+
+
+def _san_matches(cert: x509.Certificate, names: GatewayNames) -> bool:
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    dns = set(san.get_values_for_type(x509.DNSName))
+    ips = {str(ip) for ip in san.get_values_for_type(x509.IPAddress)}
+    return dns == set(names.dns) and ips == set(names.ips)
+
+
+def reconcile_credentials(
+    current: Mapping[str, bytes],
+    *,
+    clusters: Sequence[str],
+    gateway: GatewayNames,
+    ca: pki.CertAndKey,
+    now: dt.datetime | None = None,
+) -> dict[str, bytes]:
+    """The Secret data to store: `current` where still good, newly issued where not.
+
+    Clusters no longer in `clusters` lose their material (their identity for this resource
+    ends with their membership).
+    """
+    now = now or pki.utcnow()
+    out: dict[str, bytes] = {CA: pki.cert_to_pem(ca.cert)}
+
+    if _fresh(current, SUPERLINK_CERT, ca, now) and current.get(SUPERLINK_KEY):
+        out[SUPERLINK_CERT], out[SUPERLINK_KEY] = current[SUPERLINK_CERT], current[SUPERLINK_KEY]
+    else:
+        pair = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+        out[SUPERLINK_CERT], out[SUPERLINK_KEY] = pair.cert_pem, pair.key_pem
+
+    gw = _fresh(current, GATEWAY_CERT, ca, now)
+    if gw is not None and _san_matches(gw, gateway) and current.get(GATEWAY_KEY):
+        out[GATEWAY_CERT], out[GATEWAY_KEY] = current[GATEWAY_CERT], current[GATEWAY_KEY]
+    else:
+        pair = pki.issue_server_cert(
+            ca, dns_names=list(gateway.dns), ip_addresses=list(gateway.ips)
+        )
+        out[GATEWAY_CERT], out[GATEWAY_KEY] = pair.cert_pem, pair.key_pem
+
+    for cluster in sorted(set(clusters)):
+        crt, key, node_key, node_pub = cluster_keys(cluster)
+        if _fresh(current, crt, ca, now) and current.get(key):
+            out[crt], out[key] = current[crt], current[key]
+        else:
+            pair = pki.issue_client_cert(cluster, ca)
+            out[crt], out[key] = pair.cert_pem, pair.key_pem
+        if current.get(node_key) and current.get(node_pub):
+            out[node_key], out[node_pub] = current[node_key], current[node_pub]
+        else:
+            out[node_key], out[node_pub] = nodekeys.generate_keypair(comment=cluster)
+    return out
+
+
+def client_bundle(data: Mapping[str, bytes], cluster: str) -> dict[str, bytes]:
+    """What one cluster's client pod mounts: its identity, the CA and its SuperNode key."""
+    crt, key, node_key, _ = cluster_keys(cluster)
+    return {
+        pki.CERT_FILE: data[crt],
+        pki.KEY_FILE: data[key],
+        pki.CA_FILE: data[CA],
+        "node.key": data[node_key],
+    }
+
+
+def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
+    """Public SuperNode keys as ``<cluster>.pub`` (the server launcher's key directory)."""
+    suffix = ".node.pub"
+    return {
+        k[: -len(suffix)] + nodekeys.PUBLIC_SUFFIX: v for k, v in data.items() if k.endswith(suffix)
+    }
+
+
+def server_tls_bundle(data: Mapping[str, bytes]) -> dict[str, bytes]:
+    """What the server pod's containers mount: SuperLink and gateway certificates and the CA."""
+    return {k: data[k] for k in (CA, SUPERLINK_CERT, SUPERLINK_KEY, GATEWAY_CERT, GATEWAY_KEY)}
