@@ -1,0 +1,51 @@
+"""`ocm-fl-hub`: run the FederatedLearning controller (kopf) on the hub.
+
+Cluster-wide by default. `--namespace` (repeatable, globs allowed) limits the namespaced
+watches, which include the ManifestWorks in the cluster namespaces: list those too (or a glob
+that matches them), or run cluster-wide.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+
+from ocmfl import constants
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="ocm-fl-hub", description=__doc__)
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch only these namespaces (repeatable); default: all",
+    )
+    parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.add_argument(
+        "--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    args = parser.parse_args(argv)
+    namespaces = list(args.namespace)
+    env_namespaces = os.environ.get(constants.ENV_WATCH_NAMESPACES, "")
+    namespaces += [n.strip() for n in env_namespaces.split(",") if n.strip()]
+
+    import kopf
+
+    import hub_controller.operator  # noqa: F401  (registers the handlers)
+
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    kopf.run(
+        standalone=True,
+        clusterwide=not namespaces,
+        namespaces=namespaces,
+        liveness_endpoint=args.liveness,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,440 @@
+"""kopf handlers for FederatedLearning: they only read indexes, apply objects and patch status.
+
+Desired state comes from the pure modules (placement, clusters, works, server, status).
+
+How related objects wake a resource up (watch, not poll):
+- `@kopf.index` keeps PlacementDecisions, Placements, ManagedClusters, ManifestWorks and the
+  server Job/Service/Pod in memory, keyed by the owning resource.
+- An `@kopf.on.event` handler per related kind computes, from the indexes, a digest of
+  everything the resource's desired state and status depend on, and when it differs from the
+  resource's `INPUTS_ANNOTATION`, patches that annotation. kopf sees an annotation change as
+  an update, so the one reconcile handler runs with kopf's retries, patch and finalizer
+  machinery; unchanged inputs (e.g. a ManagedCluster heartbeat) write nothing.
+- A slow timer re-folds status from the indexes and the agents' reports (in memory, no API
+  reads): it picks up new reports and turns "too few clients for too long" into Failed.
+kopf's own bookkeeping annotations use PERSISTENCE_PREFIX, a different prefix from
+INPUTS_ANNOTATION, because kopf ignores changes to annotations under its own prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import kopf
+
+from hub_controller import placement as placement_mod
+from hub_controller import server as server_mod
+from hub_controller import works as works_mod
+from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, SpecError, parse_spec
+from hub_controller.clusters import (
+    ClusterInfo,
+    cluster_info,
+    decided_clusters,
+    decision_clusters,
+    resolve_clusters,
+)
+from hub_controller.kube import Kube, KubeError
+from hub_controller.placement import PlacementState, placement_state
+from hub_controller.reports import NoReports, ReportSource
+from hub_controller.server import JobState, job_state, model_from_termination_message
+from hub_controller.status import (
+    Observations,
+    WorkState,
+    fold,
+    invalid_status,
+    observation_digest,
+    parse_status,
+    should_start_server,
+    status_patch,
+    work_state,
+)
+from ocmfl import constants
+
+GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
+PERSISTENCE_PREFIX: Final = f"kopf.{constants.LABEL_PREFIX}"
+INPUTS_ANNOTATION: Final = f"{constants.LABEL_PREFIX}/inputs"
+REFOLD_INTERVAL_S: Final = 10.0
+CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
+OWNED: Final[dict[str, Any]] = {
+    constants.LABEL_OWNER_NAME: kopf.PRESENT,
+    constants.LABEL_OWNER_NAMESPACE: kopf.PRESENT,
+}
+SERVER_OWNED: Final[dict[str, Any]] = {**OWNED, constants.LABEL_COMPONENT: server_mod.COMPONENT}
+
+Key = tuple[str, str]  # (namespace, name) of a FederatedLearning
+
+
+@dataclass(frozen=True)
+class FLEntry:
+    """A FederatedLearning as indexed: its uid, parsed spec (None if invalid), inputs digest."""
+
+    uid: str
+    spec: FederatedLearningSpec | None
+    inputs: str
+
+
+@dataclass(frozen=True)
+class Owned:
+    """An owned object's state tagged with the owner uid (stale owners are ignored)."""
+
+    uid: str
+    value: Any
+
+
+class _State:
+    """Process-wide handles set at startup (the API client and the report source)."""
+
+    kube: Kube | None = None
+    reports: ReportSource = NoReports()
+
+
+STATE = _State()
+
+
+def apply_status_reports(source: ReportSource) -> None:
+    """Hook for the aggregator: fold the agents' reports from `source` into status.
+
+    `source.snapshot(namespace, name)` must return the latest report per cluster (the
+    aggregator's ReportStore does). The status timer reads it every REFOLD_INTERVAL_S.
+    """
+    STATE.reports = source
+
+
+def _kube() -> Kube:
+    if STATE.kube is None:
+        from ocmfl.kubeclient import api_client
+
+        kubeconfig = os.environ.get("KUBECONFIG")
+        if not kubeconfig and os.path.exists(os.path.expanduser("~/.kube/config")):
+            kubeconfig = os.path.expanduser("~/.kube/config")
+        STATE.kube = Kube(api_client(kubeconfig or None))
+    return STATE.kube
+
+
+def _owner_key(labels: Mapping[str, str]) -> Key | None:
+    ns = labels.get(constants.LABEL_OWNER_NAMESPACE)
+    name = labels.get(constants.LABEL_OWNER_NAME)
+    return (ns, name) if ns and name else None
+
+
+def _now() -> datetime:
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+# --- settings ------------------------------------------------------------------------------
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    """Finalizer and bookkeeping under our own names; post warnings as Events."""
+    settings.persistence.finalizer = constants.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=PERSISTENCE_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PERSISTENCE_PREFIX, key="last-handled-configuration"
+    )
+    settings.posting.enabled = True
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
+
+
+# --- indexes -------------------------------------------------------------------------------
+@kopf.index(GROUP, VERSION, PLURAL)
+def fl_idx(namespace: str | None, name: str, uid: str, meta: Any, spec: Any, **_: Any) -> Any:
+    try:
+        parsed: FederatedLearningSpec | None = parse_spec(dict(spec), name)
+    except SpecError:
+        parsed = None
+    inputs = str((meta.get("annotations") or {}).get(INPUTS_ANNOTATION, ""))
+    return {(namespace or "", name): FLEntry(uid=uid, spec=parsed, inputs=inputs)}
+
+
+@kopf.index(constants.CLUSTER_GROUP, "v1beta1", "placements", labels=OWNED)
+def placement_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = _owner_key(labels)
+    if key is None:
+        return None
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    return {key: Owned(uid, placement_state(body))}
+
+
+@kopf.index(
+    constants.CLUSTER_GROUP,
+    "v1beta1",
+    "placementdecisions",
+    labels={placement_mod.PLACEMENT_LABEL: kopf.PRESENT},
+)
+def decision_idx(namespace: str | None, labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    return {(namespace or "", labels[placement_mod.PLACEMENT_LABEL]): decision_clusters(body)}
+
+
+@kopf.index(constants.CLUSTER_GROUP, "v1", "managedclusters")
+def cluster_idx(name: str, body: Any, **_: Any) -> Any:
+    return {name: cluster_info(body)}
+
+
+@kopf.index(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
+def work_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = _owner_key(labels)
+    return {key: work_state(body)} if key else None
+
+
+@kopf.index("batch", "v1", "jobs", labels=SERVER_OWNED)
+def server_job_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = _owner_key(labels)
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    return {key: Owned(uid, job_state(body))} if key else None
+
+
+@kopf.index("", "v1", "services", labels=SERVER_OWNED)
+def server_service_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = _owner_key(labels)
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    lb = dict((body.get("status") or {}).get("loadBalancer") or {})
+    return {key: Owned(uid, {"status": {"loadBalancer": lb}})} if key else None
+
+
+@kopf.index("", "v1", "pods", labels=SERVER_OWNED)
+def server_pod_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = _owner_key(labels)
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    return {key: Owned(uid, model_from_termination_message(body))} if key else None
+
+
+@dataclass(frozen=True)
+class Indexes:
+    """The indexes a handler receives, bundled."""
+
+    fls: kopf.Index[Key, FLEntry]
+    placements: kopf.Index[Key, Owned]
+    decisions: kopf.Index[Key, tuple[str, ...]]
+    clusters: kopf.Index[str, ClusterInfo]
+    works: kopf.Index[Key, WorkState]
+    jobs: kopf.Index[Key, Owned]
+    services: kopf.Index[Key, Owned]
+    pods: kopf.Index[Key, Owned]
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, Any]) -> Indexes:
+        return cls(
+            fls=kwargs["fl_idx"],
+            placements=kwargs["placement_idx"],
+            decisions=kwargs["decision_idx"],
+            clusters=kwargs["cluster_idx"],
+            works=kwargs["work_idx"],
+            jobs=kwargs["server_job_idx"],
+            services=kwargs["server_service_idx"],
+            pods=kwargs["server_pod_idx"],
+        )
+
+
+def _owned(store: Iterable[Owned], uid: str) -> Any:
+    for item in store:
+        if item.uid == uid:
+            return item.value
+    return None
+
+
+def gather(ref: FLRef, spec: FederatedLearningSpec, idx: Indexes) -> Observations:
+    """Observations for one resource, from the indexes and the report source only."""
+    key = (ref.namespace, ref.name)
+    placement: PlacementState = _owned(idx.placements.get(key, []), ref.uid) or PlacementState()
+    decided = decided_clusters(idx.decisions.get(key, []))
+    clusters: dict[str, ClusterInfo] = {}
+    for name in decided:
+        for info in idx.clusters.get(name, []):
+            clusters[name] = info
+    resolutions = resolve_clusters(decided, clusters, spec.client.data_claim)
+    works = {w.cluster: w for w in idx.works.get(key, [])}
+    job: JobState = _owned(idx.jobs.get(key, []), ref.uid) or JobState()
+    service = _owned(idx.services.get(key, []), ref.uid)
+    model: ModelArtifact | None = None
+    for item in idx.pods.get(key, []):
+        if item.uid == ref.uid and item.value is not None:
+            model = item.value
+    return Observations(
+        placement=placement,
+        resolutions=tuple(resolutions),
+        works=works,
+        server_job=job,
+        server_address=server_mod.server_address(spec, service),
+        model=model,
+        reports=STATE.reports.snapshot(ref.namespace, ref.name),
+    )
+
+
+# --- the reconcile handler -----------------------------------------------------------------
+def _ref(meta: Mapping[str, Any]) -> FLRef:
+    return FLRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+
+
+def _write_status(patch: kopf.Patch, new: Any, current: Mapping[str, Any] | None) -> None:
+    for key, value in status_patch(new, current).items():
+        patch.status[key] = value
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL)
+def reconcile(
+    body: kopf.Body,
+    meta: kopf.Meta,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    patch: kopf.Patch,
+    logger: kopf.Logger,
+    **kwargs: Any,
+) -> None:
+    """Validate, then apply Placement, server Service, ManifestWorks, server Job; fold status."""
+    ref = _ref(meta)
+    generation = meta.get("generation")
+    previous = parse_status(status)
+    try:
+        fl = parse_spec(dict(spec), ref.name)
+    except SpecError as exc:
+        kopf.warn(body, reason="InvalidSpec", message=str(exc))
+        _write_status(patch, invalid_status(exc.problems, generation, previous, _now()), status)
+        return
+    idx = Indexes.of(kwargs)
+    kube = _kube()
+    try:
+        kube.apply(placement_mod.desired_placement(ref, fl))
+        kube.apply(server_mod.desired_service(ref))
+        claim = server_mod.desired_model_claim(ref, fl)
+        if claim is not None:
+            kube.create(claim)
+        obs = gather(ref, fl, idx)
+        terminal = previous is not None and previous.phase.value in ("Completed", "Failed")
+        terminal = terminal and previous is not None and previous.observed_generation == generation
+        if obs.server_address is not None:
+            desired = works_mod.desired_works(ref, fl, obs.resolutions, obs.server_address)
+            if terminal:  # a finished run takes no new clusters
+                desired = {c: w for c, w in desired.items() if c in obs.works}
+            for cluster, work in desired.items():
+                current = obs.works.get(cluster)
+                if current is None or current.spec_hash != works_mod.spec_hash(work):
+                    kube.apply(work)
+            existing = [(w.cluster, w.name) for w in obs.works.values()]
+            for namespace, name in works_mod.works_to_delete(existing, desired):
+                logger.info("deleting ManifestWork %s/%s: cluster left", namespace, name)
+                kube.delete(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name)
+        if should_start_server(fl, obs, previous):
+            logger.info("%s clusters ready: starting the server", len(obs.resolutions))
+            kube.create(server_mod.desired_job(ref, fl))
+            obs = replace(obs, server_job=JobState(exists=True))
+    except KubeError as exc:
+        if exc.status == 422:  # the API refuses an object built from this spec
+            message = f"the API server refused an object built from the spec: {exc}"
+            kopf.warn(body, reason="Refused", message=message)
+            _write_status(patch, invalid_status([message], generation, previous, _now()), status)
+            return
+        raise kopf.TemporaryError(str(exc), delay=15) from exc
+    new = fold(fl, generation, obs, previous, _now(), ref.namespace)
+    if previous is None or new.phase != previous.phase:
+        kopf.info(body, reason=new.phase.value, message=new.message)
+    _write_status(patch, new, status)
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=REFOLD_INTERVAL_S, idle=REFOLD_INTERVAL_S)
+def refold(
+    meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch, **kwargs: Any
+) -> None:
+    """Re-fold status from indexes and reports (deadlines, new metrics); no API reads."""
+    ref = _ref(meta)
+    try:
+        fl = parse_spec(dict(spec), ref.name)
+    except SpecError:
+        return
+    previous = parse_status(status)
+    obs = gather(ref, fl, Indexes.of(kwargs))
+    new = fold(fl, meta.get("generation"), obs, previous, _now(), ref.namespace)
+    _write_status(patch, new, status)
+
+
+# --- waking the owner up when related objects change ---------------------------------------
+def touch(keys: Iterable[Key], idx: Indexes, logger: kopf.Logger | logging.Logger) -> None:
+    """Patch INPUTS_ANNOTATION on each resource whose observed inputs changed."""
+    for key in set(keys):
+        for entry in idx.fls.get(key, []):
+            if entry.spec is None:
+                continue
+            ref = FLRef(namespace=key[0], name=key[1], uid=entry.uid)
+            digest = observation_digest(gather(ref, entry.spec, idx))
+            if digest == entry.inputs:
+                continue
+            try:
+                _kube().merge_patch(
+                    constants.API_VERSION,
+                    constants.KIND,
+                    key[0],
+                    key[1],
+                    {"metadata": {"annotations": {INPUTS_ANNOTATION: digest}}},
+                )
+            except (KubeError, kopf.TemporaryError) as exc:
+                # The resource is gone, or the API hiccups: the timer and the next event
+                # still reach it.
+                logger.debug("could not touch %s/%s: %s", key[0], key[1], exc)
+
+
+@kopf.on.event(constants.CLUSTER_GROUP, "v1beta1", "placements", labels=OWNED)
+@kopf.on.event(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
+@kopf.on.event("batch", "v1", "jobs", labels=SERVER_OWNED)
+@kopf.on.event("", "v1", "services", labels=SERVER_OWNED)
+@kopf.on.event("", "v1", "pods", labels=SERVER_OWNED)
+def owned_changed(labels: Mapping[str, str], logger: kopf.Logger, **kwargs: Any) -> None:
+    key = _owner_key(labels)
+    if key is not None:
+        touch([key], Indexes.of(kwargs), logger)
+
+
+@kopf.on.event(
+    constants.CLUSTER_GROUP,
+    "v1beta1",
+    "placementdecisions",
+    labels={placement_mod.PLACEMENT_LABEL: kopf.PRESENT},
+)
+def decision_changed(
+    namespace: str | None, labels: Mapping[str, str], logger: kopf.Logger, **kwargs: Any
+) -> None:
+    touch([(namespace or "", labels[placement_mod.PLACEMENT_LABEL])], Indexes.of(kwargs), logger)
+
+
+@kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters")
+def cluster_changed(logger: kopf.Logger, **kwargs: Any) -> None:
+    idx = Indexes.of(kwargs)
+    touch(list(idx.fls.keys()), idx, logger)
+
+
+# --- deletion ------------------------------------------------------------------------------
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def cleanup(meta: kopf.Meta, retry: int, logger: kopf.Logger, **_: Any) -> None:
+    """Delete what this resource created (by owner labels), on the hub and, through the
+    ManifestWorks, on every cluster; wait a while for the works to go."""
+    ns, name = meta["namespace"], meta["name"]
+    selector = f"{constants.LABEL_OWNER_NAMESPACE}={ns},{constants.LABEL_OWNER_NAME}={name}"
+    kube = _kube()
+    works = kube.list(works_mod.WORK_API_VERSION, "ManifestWork", None, selector)
+    for work in works:
+        wmeta = work["metadata"]
+        if not wmeta.get("deletionTimestamp"):
+            kube.delete(
+                works_mod.WORK_API_VERSION, "ManifestWork", wmeta["namespace"], wmeta["name"]
+            )
+    for api_version, kind in (
+        (placement_mod.PLACEMENT_API_VERSION, "Placement"),
+        ("batch/v1", "Job"),
+        ("v1", "Service"),
+        ("v1", "PersistentVolumeClaim"),
+    ):
+        for obj in kube.list(api_version, kind, ns, selector):
+            kube.delete(api_version, kind, ns, obj["metadata"]["name"])
+    if works and retry < CLEANUP_WAIT_RETRIES:
+        left = kube.list(works_mod.WORK_API_VERSION, "ManifestWork", None, selector)
+        if left:
+            raise kopf.TemporaryError(f"waiting for {len(left)} ManifestWork(s) to go", delay=5)
+    logger.info("cleaned up %s/%s", ns, name)

@@ -1,0 +1,255 @@
+"""Desired hub-side server objects: the server Job, its LoadBalancer Service, its model PVC.
+
+All live in the resource's namespace, carry the owner labels and an ownerReference. The Service
+exists from the start (clusters need its address); the Job is started only once enough
+clusters are ready (gang admission, decided in status.py / operator.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, StorageType
+from hub_controller.works import safe_name
+from ocmfl import constants
+
+COMPONENT: Final = "server"
+SERVER_COMMAND: Final = "ocm-fl-server"
+MODEL_DIR: Final = "/var/lib/ocm-fl/models"
+FLEET_PORT_NAME: Final = "fleet"
+
+
+def server_name(ref: FLRef) -> str:
+    """Name of the server Job and Service."""
+    return safe_name(ref.name, "server")
+
+
+def model_claim_name(ref: FLRef, spec: FederatedLearningSpec) -> str | None:
+    """PVC the server writes the model to (None for HostPath storage)."""
+    storage = spec.server.storage
+    if storage.type != StorageType.PVC:
+        return None
+    return storage.claim_name or safe_name(ref.name, "model")
+
+
+def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
+    """Arguments for `ocm-fl-server` (workloads.server_launcher).
+
+    Expected flags:
+      --rounds N                    rounds to run
+      --min-clients N               wait for this many connected clients, then start
+      --strategy NAME               fedavg | fedprox
+      --strategy-params JSON        strategy parameters (proximalMu, fractionTrain, ...)
+      --task NAME                   workload task, e.g. digits
+      --model-dir PATH              checkpoints and the final model go here
+      --init-model PATH|URI         optional pretrained start
+      --fleet-port PORT             port clusters connect to (constants.FLEET_PROXY_PORT)
+      --clients-ready-timeout SECS  give up (exit 1) when min clients do not connect in time
+      --round-timeout SECS          per-round timeout
+      --run-id NAMESPACE/NAME       label for logs and the model store
+    The launcher exits 0 when training completed, non-zero otherwise, and writes a JSON
+    {"path", "round", "sha256", "metrics"} describing the final model to
+    /dev/termination-log (read by `model_from_termination_message`).
+    """
+    server = spec.server
+    params = server.strategy.params.model_dump(by_alias=True, exclude_none=True, mode="json")
+    args = [
+        "--rounds",
+        str(server.rounds),
+        "--min-clients",
+        str(server.min_available_clients),
+        "--strategy",
+        server.strategy.name.value,
+        "--strategy-params",
+        json.dumps(params, sort_keys=True),
+        "--task",
+        server.task.value,
+        "--model-dir",
+        MODEL_DIR,
+        "--fleet-port",
+        str(constants.FLEET_PROXY_PORT),
+        "--clients-ready-timeout",
+        str(server.timeouts.clients_ready_seconds),
+        "--round-timeout",
+        str(server.timeouts.round_seconds),
+        "--run-id",
+        f"{ref.namespace}/{ref.name}",
+    ]
+    if server.init_model:
+        args += ["--init-model", server.init_model]
+    return args
+
+
+def _meta(ref: FLRef, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": ref.labels(COMPONENT),
+        "ownerReferences": [ref.owner_reference()],
+    }
+
+
+def _selector(ref: FLRef) -> dict[str, str]:
+    return {constants.LABEL_OWNER_UID: ref.uid, constants.LABEL_COMPONENT: COMPONENT}
+
+
+def desired_service(ref: FLRef) -> dict[str, Any]:
+    """LoadBalancer Service exposing the server's Fleet port to the clusters."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, server_name(ref)),
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": _selector(ref),
+            "ports": [
+                {
+                    "name": FLEET_PORT_NAME,
+                    "port": constants.FLEET_PROXY_PORT,
+                    "targetPort": FLEET_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def desired_model_claim(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any] | None:
+    """The PVC the controller creates (PVC storage without claimName), else None."""
+    storage = spec.server.storage
+    if storage.type != StorageType.PVC or storage.claim_name:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(ref, safe_name(ref.name, "model")),
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": storage.size or "1Gi"}},
+        },
+    }
+
+
+def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
+    """The server Job: runs the rounds and exits with the training outcome (no retries)."""
+    server = spec.server
+    labels = {**ref.labels(COMPONENT)}
+    claim = model_claim_name(ref, spec)
+    volume: dict[str, Any] = (
+        {"name": "models", "persistentVolumeClaim": {"claimName": claim}}
+        if claim
+        else {
+            "name": "models",
+            "hostPath": {"path": server.storage.path, "type": "DirectoryOrCreate"},
+        }
+    )
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": server.image,
+        "command": [SERVER_COMMAND],
+        "args": server_args(ref, spec),
+        "env": [
+            {"name": constants.ENV_FL_NAME, "value": ref.name},
+            {"name": constants.ENV_FL_NAMESPACE, "value": ref.namespace},
+            {"name": constants.ENV_FL_UID, "value": ref.uid},
+        ],
+        "ports": [{"name": FLEET_PORT_NAME, "containerPort": constants.FLEET_PROXY_PORT}],
+        "volumeMounts": [{"name": "models", "mountPath": MODEL_DIR}],
+        "terminationMessagePolicy": "File",
+    }
+    if server.resources is not None and server.resources.to_k8s():
+        container["resources"] = server.resources.to_k8s()
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(ref, server_name(ref)),
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [container],
+                    "volumes": [volume],
+                },
+            },
+        },
+    }
+
+
+def server_address(spec: FederatedLearningSpec, service: Mapping[str, Any] | None) -> str | None:
+    """host:port clients dial: spec.server.advertiseAddress, else the LoadBalancer ingress."""
+    if spec.server.advertise_address:
+        return spec.server.advertise_address
+    if service is None:
+        return None
+    ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    for entry in ingress:
+        host = entry.get("hostname") or entry.get("ip")
+        if host:
+            host = f"[{host}]" if ":" in host else host
+            return f"{host}:{constants.FLEET_PROXY_PORT}"
+    return None
+
+
+@dataclass(frozen=True)
+class JobState:
+    """Counters and terminal conditions of a Job (server Job or, via feedback, client Job)."""
+
+    exists: bool = False
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    complete: bool = False
+    failed_condition: bool = False
+    message: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.complete or self.failed_condition
+
+
+def job_state(job: Mapping[str, Any] | None) -> JobState:
+    """Read a Job object's status."""
+    if job is None:
+        return JobState()
+    status = job.get("status") or {}
+    complete = failed = False
+    message = ""
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            complete = True
+        elif cond.get("type") == "Failed":
+            failed = True
+            message = str(cond.get("message") or cond.get("reason") or "")
+    return JobState(
+        exists=True,
+        active=int(status.get("active") or 0),
+        succeeded=int(status.get("succeeded") or 0),
+        failed=int(status.get("failed") or 0),
+        complete=complete,
+        failed_condition=failed,
+        message=message,
+    )
+
+
+def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifact | None:
+    """The final model described by the server container's termination message, if any."""
+    if pod is None:
+        return None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        text = terminated.get("message")
+        if cs.get("name") != "server" or not text:
+            continue
+        try:
+            data = json.loads(text)
+            return ModelArtifact.model_validate(data)
+        except ValueError:
+            return None
+    return None
