@@ -5,8 +5,15 @@ built from the Go module registry; a supervisor process stands in for kubelet (l
 the registration agent (ClusterClaim mirror). Entry points: `up`, `down`, `status_report`.
 """
 
-from hack.controlplane.plane import PlaneError, down, kubeconfig_env, status_report, up
+from hack.controlplane.plane import (
+           ControlPlane,
+           PlaneError,
+           down,
+           kubeconfig_env,
+           status_report,
+           up,
+)
 from hack.controlplane.processes import ComponentFailed, State
 
-__all__ = ["ComponentFailed", "PlaneError", "State", "down", "kubeconfig_env", "status_report",
-           "up"]
+__all__ = ["ComponentFailed", "ControlPlane", "PlaneError", "State", "down", "kubeconfig_env",
+           "status_report", "up"]

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -31,6 +32,22 @@ AGENT_NAMESPACE = "open-cluster-management-agent"
 KCM_CONTROLLERS = ("namespace-controller,garbage-collector-controller,job-controller,"
                    "deployment-controller,replicaset-controller,serviceaccount-controller,"
                    "root-ca-certificate-publisher-controller")
+
+
+@dataclass(frozen=True)
+class ControlPlane:
+    """What a test or the demo needs to talk to a running plane."""
+
+    hub_kubeconfig: str
+    cluster_kubeconfigs: dict[str, str]  # cluster name -> admin kubeconfig of its apiserver
+    hub_access: dict[str, str]  # cluster name -> the work agent's hub kubeconfig
+    clusters: list[str]  # ["cluster1", "cluster2", ...]
+    state_dir: str
+
+    @classmethod
+    def from_state(cls, state: State) -> ControlPlane:
+        return cls(state.kubeconfigs["hub"], {c: state.kubeconfigs[c] for c in state.clusters},
+                   dict(state.hub_access), list(state.clusters), state.dir)
 
 
 class PlaneError(RuntimeError):

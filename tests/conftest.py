@@ -1,0 +1,58 @@
+"""Shared pytest fixtures.
+
+Local control plane (hack/controlplane, test infrastructure):
+- `control_plane` (session): brings the plane up once per test session with 2 managed clusters
+  (env OCMFL_CP_CLUSTERS overrides), reuses a healthy running one, and tears it down at the end
+  only if this session started it. Only tests marked `integration` or `e2e` may use it; nothing
+  starts unless a test asks for it.
+- `namespace` (function): a fresh hub namespace, deleted after the test.
+Add further fixtures below; keep each one small and documented.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from hack.controlplane.plane import ControlPlane
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+    """The running local control plane (see module docstring)."""
+    from hack.controlplane import plane, processes
+
+    n = int(os.environ.get("OCMFL_CP_CLUSTERS", "2"))
+    before = processes.State.load()
+    reused = before is not None and plane.healthy(before)
+    state = plane.up(n)
+    yield ControlPlane.from_state(state)
+    if not reused:
+        plane.down()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Refuse `control_plane` in tests not marked integration/e2e (keeps unit runs cheap)."""
+    if "control_plane" in getattr(item, "fixturenames", ()) and not (
+        item.get_closest_marker("integration") or item.get_closest_marker("e2e")
+    ):
+        pytest.fail("tests using control_plane must be marked integration or e2e")
+
+
+@pytest.fixture
+def namespace(control_plane: ControlPlane) -> Iterator[str]:
+    """A fresh namespace on the hub, deleted (without waiting) after the test."""
+    from hack.controlplane.kube import Kube
+
+    hub = Kube(control_plane.hub_kubeconfig)
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    hub.create("/api/v1/namespaces", {"metadata": {"name": name}}, exist_ok=False)
+    try:
+        yield name
+    finally:
+        hub.delete(f"/api/v1/namespaces/{name}")
+        hub.close()

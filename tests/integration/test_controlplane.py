@@ -1,0 +1,224 @@
+"""The local control plane behaves like a real OCM hub with managed clusters.
+
+Real: kube-apiservers, controller managers, OCM placement controller and work agents.
+Test infrastructure: local nodes (kubelet stand-in) and the ClusterClaim mirror.
+"""
+
+from __future__ import annotations
+
+import functools
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from hack.controlplane.kube import Kube, KubeError
+from hack.controlplane.plane import ControlPlane
+from ocmfl.constants import CLUSTER_GROUP, WORK_GROUP, WORKLOAD_IMAGE
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+T = TypeVar("T")
+BUSYBOX = "registry.k8s.io/e2e-test-images/busybox:1.29-4"
+
+
+def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except KubeError as e:
+            last = e
+            if e.status not in (404, 409):
+                raise
+        if last:
+            return last  # type: ignore[no-any-return]
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+@pytest.fixture
+def hub(control_plane: ControlPlane) -> Iterator[Kube]:
+    k = Kube(control_plane.hub_kubeconfig)
+    yield k
+    k.close()
+
+
+@pytest.fixture
+def spokes(control_plane: ControlPlane, namespace: str) -> Iterator[dict[str, Kube]]:
+    """Admin clients of every managed cluster, with the test namespace created there too."""
+    ks = {c: Kube(p) for c, p in control_plane.cluster_kubeconfigs.items()}
+    for k in ks.values():
+        k.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    yield ks
+    for k in ks.values():
+        k.delete(f"/api/v1/namespaces/{namespace}")
+        k.close()
+
+
+def test_placement_claim_selector_picks_exactly_the_matching_clusters(
+    hub: Kube, spokes: dict[str, Kube], namespace: str
+) -> None:
+    claim = f"{namespace}.test.ocmfl.io"
+    claims_path = f"/apis/{CLUSTER_GROUP}/v1alpha1/clusterclaims"
+    first, *others = sorted(spokes)
+    values = {first: "yes", **{c: "no" for c in others}}
+    for c, v in values.items():
+        spokes[c].create(claims_path, {"apiVersion": f"{CLUSTER_GROUP}/v1alpha1",
+                                       "kind": "ClusterClaim", "metadata": {"name": claim},
+                                       "spec": {"value": v}})
+    try:
+        hub.create(f"/apis/{CLUSTER_GROUP}/v1beta2/namespaces/{namespace}/managedclustersetbindings",
+                   {"apiVersion": f"{CLUSTER_GROUP}/v1beta2", "kind": "ManagedClusterSetBinding",
+                    "metadata": {"name": "global", "namespace": namespace},
+                    "spec": {"clusterSet": "global"}})
+        hub.create(f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/placements", {
+            "apiVersion": f"{CLUSTER_GROUP}/v1beta1", "kind": "Placement",
+            "metadata": {"name": "p", "namespace": namespace},
+            "spec": {"clusterSets": ["global"], "predicates": [{"requiredClusterSelector": {
+                "claimSelector": {"matchExpressions": [
+                    {"key": claim, "operator": "In", "values": ["yes"]}]}}}]},
+        })
+
+        def decided() -> list[str] | None:
+            got = hub.request("GET", f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/"
+                              "placementdecisions",
+                              query={"labelSelector": f"{CLUSTER_GROUP}/placement=p"})
+            names = sorted(d["clusterName"] for pd in got["items"]
+                           for d in pd.get("status", {}).get("decisions") or [])
+            return names if names == [first] else None
+
+        assert wait_for(decided, 60, "placement decision") == [first]
+    finally:
+        for k in spokes.values():
+            k.delete(f"{claims_path}/{claim}")
+
+
+def _job(namespace: str) -> dict[str, Any]:
+    return {"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "hello", "namespace": namespace},
+            "spec": {"backoffLimit": 0, "template": {"spec": {
+                "restartPolicy": "Never",
+                "containers": [{"name": "c", "image": BUSYBOX,
+                                "command": ["sh", "-c", "echo hi; exit 0"]}]}}}}
+
+
+def test_manifestwork_job_runs_on_its_cluster_and_feedback_reaches_the_hub(
+    hub: Kube, spokes: dict[str, Kube], namespace: str, control_plane: ControlPlane
+) -> None:
+    cluster, other = sorted(spokes)[:2] if len(spokes) > 1 else (sorted(spokes)[0], None)
+    works = f"/apis/{WORK_GROUP}/v1/namespaces/{cluster}/manifestworks"
+    name = f"{namespace}-job"
+    hub.create(works, {
+        "apiVersion": f"{WORK_GROUP}/v1", "kind": "ManifestWork",
+        "metadata": {"name": name, "namespace": cluster},
+        "spec": {
+            "workload": {"manifests": [_job(namespace)]},
+            "manifestConfigs": [{
+                "resourceIdentifier": {"group": "batch", "resource": "jobs",
+                                       "namespace": namespace, "name": "hello"},
+                "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [
+                    {"name": "succeeded", "path": ".status.succeeded"}]}],
+            }],
+        },
+    })
+
+    def feedback() -> int | None:
+        work = hub.get(f"{works}/{name}") or {}
+        for m in work.get("status", {}).get("resourceStatus", {}).get("manifests") or []:
+            for v in m.get("statusFeedback", {}).get("values") or []:
+                if v["name"] == "succeeded" and v["fieldValue"].get("integer"):
+                    return int(v["fieldValue"]["integer"])
+        return None
+
+    assert wait_for(feedback, 90, "succeeded feedback on the hub") == 1
+    job = spokes[cluster].get(f"/apis/batch/v1/namespaces/{namespace}/jobs/hello")
+    assert job is not None and job["status"]["succeeded"] == 1
+    if other:
+        assert spokes[other].get(f"/apis/batch/v1/namespaces/{namespace}/jobs/hello") is None
+    pod_dirs = Path(control_plane.state_dir, "pods", cluster)
+    logs = list(pod_dirs.glob(f"{namespace}_hello-*/logs/c.log"))
+    assert logs and logs[0].read_text() == "hi\n"
+
+    hub.delete(f"{works}/{name}")
+    wait_for(lambda: spokes[cluster].get(
+        f"/apis/batch/v1/namespaces/{namespace}/jobs/hello") is None, 60, "job removal")
+    wait_for(lambda: hub.get(f"{works}/{name}") is None, 60, "manifestwork removal")
+
+
+def test_apiserver_refuses_an_invalid_crd_object(hub: Kube, namespace: str) -> None:
+    with pytest.raises(KubeError) as e:
+        hub.create(f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/placements", {
+            "apiVersion": f"{CLUSTER_GROUP}/v1beta1", "kind": "Placement",
+            "metadata": {"name": "bad", "namespace": namespace},
+            "spec": {"numberOfClusters": "three"},
+        })
+    assert e.value.status == 422
+    assert "numberOfClusters" in e.value.body
+
+
+def _pod(name: str, image: str, command: list[str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "c", "image": image, "command": command}]}}
+
+
+def test_pod_with_an_unknown_image_ends_in_a_clear_error_state(
+    spokes: dict[str, Kube], namespace: str
+) -> None:
+    k = spokes[sorted(spokes)[-1]]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    k.create(pods, _pod("redis", "docker.io/library/redis:7", ["redis-server"]))
+
+    def waiting() -> dict[str, Any] | None:
+        pod = k.get(f"{pods}/redis") or {}
+        for cs in pod.get("status", {}).get("containerStatuses") or []:
+            w = cs.get("state", {}).get("waiting")
+            if w and w.get("reason") == "ImageNotRunnableLocally":
+                return pod
+        return None
+
+    pod = wait_for(waiting, 30, "ImageNotRunnableLocally")
+    assert pod["status"]["phase"] == "Pending"
+    assert "redis" in pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+
+
+SERVER = ("import os, socket\n"
+          "s = socket.socket(); s.bind((os.environ['POD_IP'], 18080)); s.listen()\n"
+          "while True:\n"
+          "    c, _ = s.accept(); c.sendall(os.environ['HOSTNAME'].encode()); c.close()\n")
+
+
+def test_pods_on_different_clusters_listen_on_the_same_port_without_collision(
+    spokes: dict[str, Kube], namespace: str
+) -> None:
+    if len(spokes) < 2:
+        pytest.skip("needs two managed clusters")
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    chosen = sorted(spokes)[:2]
+    for c in chosen:
+        spokes[c].create(pods, _pod(f"srv-{c}", WORKLOAD_IMAGE, ["python", "-c", SERVER]))
+
+    def ip_of(c: str) -> str | None:
+        pod = spokes[c].get(f"{pods}/srv-{c}") or {}
+        st = pod.get("status", {})
+        ready = any(x["type"] == "Ready" and x["status"] == "True"
+                    for x in st.get("conditions") or [])
+        return st.get("podIP") if ready else None
+
+    ips = {c: wait_for(functools.partial(ip_of, c), 30, f"pod on {c} running") for c in chosen}
+    assert len(set(ips.values())) == 2
+
+    def answer(ip: str) -> str | None:
+        try:
+            with socket.create_connection((ip, 18080), timeout=2) as s:
+                return s.recv(100).decode() or None
+        except OSError:
+            return None
+
+    for c, ip in ips.items():
+        assert wait_for(functools.partial(answer, ip), 20, f"answer from {c}") == f"srv-{c}"
