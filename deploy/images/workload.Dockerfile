@@ -1,0 +1,35 @@
+# The FL workload: Flower (SuperLink/SuperNode) + torch, server launcher and client apps.
+# Build from the repository root:
+#   docker build -f deploy/images/workload.Dockerfile -t quay.io/ocm-fl/workload:0.1.0 .
+# torch comes from PyTorch's CPU wheel index, so the image carries no CUDA libraries.
+# Runs as uid 65532 with a read-only root FS: data, model storage and /tmp are volumes.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+RUN python -m venv /opt/venv \
+ && /opt/venv/bin/pip install --index-url "${TORCH_INDEX}" "torch>=2.3"
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY ocmfl ocmfl
+COPY hub_controller hub_controller
+COPY agent_addon agent_addon
+COPY workloads workloads
+COPY hack/__init__.py hack/__init__.py
+RUN /opt/venv/bin/pip install --no-compile ".[workloads]" \
+ && /opt/venv/bin/python -m compileall -q /opt/venv
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="ocm-fl workload" \
+      org.opencontainers.image.description="OCM federated learning: Flower + torch (CPU) server and client" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    FLWR_HOME=/tmp/.flwr
+USER 65532:65532
+WORKDIR /tmp
+CMD ["ocm-fl-client"]
