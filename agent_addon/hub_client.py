@@ -194,9 +194,11 @@ class HubStreamer:
             if not batch:
                 waiter = asyncio.create_task(self.buffer.wait_changed(1.0))
                 rot = asyncio.create_task(rotate.wait())
-                await asyncio.wait({waiter, rot}, return_when=asyncio.FIRST_COMPLETED)
-                waiter.cancel()
-                rot.cancel()
+                try:
+                    await asyncio.wait({waiter, rot}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waiter.cancel()
+                    rot.cancel()
                 continue
             for report in batch:
                 await call.write(report)

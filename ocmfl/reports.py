@@ -22,7 +22,7 @@ MAX_SAMPLES: Final = 2**53
 
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
-_UID = re.compile(r"^[0-9a-fA-F-]{1,64}$")
+_UID = re.compile(r"^[0-9A-Za-z._-]{1,128}$")
 _LABEL = re.compile(r"^[^\x00-\x1f]{1,63}$")
 
 ClientPhase: TypeAlias = report_pb2.ClientPhase.ValueType
