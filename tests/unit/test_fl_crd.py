@@ -1,0 +1,82 @@
+"""The committed CRD is generated from the models and is a structural schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hub_controller import crdgen
+
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "federatedlearnings.yaml"
+
+
+def _version() -> dict[str, Any]:
+    version: dict[str, Any] = crdgen.crd()["spec"]["versions"][0]
+    return version
+
+
+def _nodes(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    out: list[tuple[str, dict[str, Any]]] = []
+    if isinstance(node, dict):
+        out.append((path, node))
+        for key, sub in (node.get("properties") or {}).items():
+            out += _nodes(sub, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            out += _nodes(node["items"], f"{path}[]")
+        if isinstance(node.get("additionalProperties"), dict):
+            out += _nodes(node["additionalProperties"], f"{path}{{}}")
+    return out
+
+
+def test_committed_crd_matches_the_models() -> None:
+    assert CRD_FILE.read_text() == crdgen.render(), (
+        "crds/federatedlearnings.yaml is stale: run "
+        "`python -m hub_controller.crdgen > crds/federatedlearnings.yaml`"
+    )
+
+
+def test_schema_is_structural() -> None:
+    schema = _version()["schema"]["openAPIV3Schema"]
+    for path, node in _nodes(schema):
+        for banned in ("$ref", "anyOf", "allOf", "oneOf", "$defs", "const", "title"):
+            assert banned not in node, f"{path} has {banned}"
+        assert (
+            "type" in node
+            or node.get("x-kubernetes-int-or-string")
+            or node.get("x-kubernetes-preserve-unknown-fields")
+        ), f"{path} has no type"
+        assert node.get("additionalProperties") is not False, path
+        if "exclusiveMinimum" in node:
+            assert node["exclusiveMinimum"] is True and "minimum" in node, path
+
+
+def test_schema_carries_defaults_enums_bounds_and_required() -> None:
+    spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    server = spec["properties"]["server"]
+    assert spec["required"] == ["client"]
+    assert server["properties"]["rounds"]["minimum"] == 1
+    assert server["properties"]["minAvailableClients"]["minimum"] == 1
+    assert server["properties"]["strategy"]["properties"]["name"]["enum"] == ["fedavg", "fedprox"]
+    assert server["default"] == {}
+    client = spec["properties"]["client"]
+    assert "dataClaim" in client["required"]
+    assert client["properties"]["dataMount"]["properties"]["mountPath"]["default"] == "/data"
+    assert client["properties"]["placement"]["x-kubernetes-preserve-unknown-fields"] is True
+    limits = client["properties"]["resources"]["properties"]["limits"]
+    assert limits["additionalProperties"] == {"x-kubernetes-int-or-string": True}
+
+
+def test_printer_columns_short_name_and_status_subresource() -> None:
+    crd = crdgen.crd()
+    version = _version()
+    assert crd["spec"]["names"]["shortNames"] == ["fl"]
+    assert version["subresources"] == {"status": {}}
+    names = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert names == ["Phase", "Round", "Clients", "Accuracy", "Age"]
+
+
+def test_generated_yaml_parses_back_to_the_crd() -> None:
+    text = crdgen.render()
+    assert yaml.safe_load(text) == crdgen.crd()

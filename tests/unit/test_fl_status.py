@@ -1,0 +1,214 @@
+"""Status fold: phases, gates, conditions and per-cluster rows."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from fl_fixtures import spec
+
+from hub_controller.api import ClusterPhase, FederatedLearningStatus, Phase
+from hub_controller.clusters import ClusterResolution
+from hub_controller.placement import PlacementState
+from hub_controller.reports import Report
+from hub_controller.server import JobState
+from hub_controller.status import (
+    Observations,
+    WorkState,
+    fold,
+    invalid_status,
+    observation_digest,
+    parse_status,
+    should_start_server,
+    status_body,
+    status_patch,
+    work_state,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+SATISFIED = PlacementState(exists=True, satisfied="True", reason="AllDecisionsScheduled")
+A = ClusterResolution("a", "/srv/a", "why a")
+B = ClusterResolution("b", "/srv/b", "why b")
+C = ClusterResolution("c", None, "no claim")
+ADDR = "127.0.0.1:9443"
+
+
+def _applied(*names: str, active: int = 0) -> dict[str, WorkState]:
+    job = JobState(exists=active > 0, active=active)
+    return {n: WorkState(cluster=n, name="w", applied=True, job=job) for n in names}
+
+
+def _obs(**kw: object) -> Observations:
+    base: dict[str, object] = {
+        "placement": SATISFIED,
+        "resolutions": (A, B, C),
+        "server_address": ADDR,
+    }
+    base.update(kw)
+    return Observations(**base)  # type: ignore[arg-type]
+
+
+def _cond(status: FederatedLearningStatus, type_: str) -> tuple[str, str]:
+    [c] = [c for c in status.conditions if c.type == type_]
+    return c.status.value, c.reason
+
+
+def test_nothing_decided_yet_is_pending() -> None:
+    st = fold(spec(), 1, Observations(), None, T0)
+    assert st.phase == Phase.PENDING
+    assert _cond(st, "Validated") == ("True", "Valid")
+
+
+def test_waiting_until_enough_clusters_have_data_and_applied_works() -> None:
+    st = fold(spec(), 1, _obs(works=_applied("a")), None, T0)
+    assert st.phase == Phase.WAITING
+    assert st.clients == "1/3"
+    assert _cond(st, "ClientsReady") == ("False", "WaitingForClients")
+    assert "without data: c" in st.message
+    assert not should_start_server(spec(), _obs(works=_applied("a")), None)
+
+
+def test_gate_opens_when_min_clusters_are_applied() -> None:
+    obs = _obs(works=_applied("a", "b"))
+    assert should_start_server(spec(), obs, None)
+    st = fold(spec(), 1, obs, None, T0)
+    assert _cond(st, "ClientsReady") == ("True", "EnoughClients")
+    assert _cond(st, "ServerReady") == ("False", "NotStarted")
+
+
+def test_server_does_not_start_without_an_address() -> None:
+    obs = _obs(works=_applied("a", "b"), server_address=None)
+    assert not should_start_server(spec(), obs, None)
+    st = fold(spec(), 1, obs, None, T0)
+    assert _cond(st, "ServerReady") == ("False", "NoAddress")
+
+
+def test_running_once_the_server_job_exists() -> None:
+    obs = _obs(works=_applied("a", "b", active=1), server_job=JobState(exists=True, active=1))
+    st = fold(spec(), 1, obs, None, T0)
+    assert st.phase == Phase.RUNNING
+    assert _cond(st, "ServerReady") == ("True", "Running")
+    assert [r.phase for r in st.clusters] == [
+        ClusterPhase.RUNNING,
+        ClusterPhase.RUNNING,
+        ClusterPhase.NO_DATA,
+    ]
+    assert st.clusters[2].reason == "no claim"
+    assert st.clusters[0].work_applied and st.clusters[0].data_path == "/srv/a"
+    assert not should_start_server(spec(), obs, None)
+
+
+def test_completed_and_failed_follow_the_server_job() -> None:
+    done = _obs(works=_applied("a", "b"), server_job=JobState(exists=True, complete=True))
+    st = fold(spec(), 1, done, None, T0)
+    assert st.phase == Phase.COMPLETED
+    assert _cond(st, "TrainingComplete") == ("True", "Succeeded")
+    failed = _obs(
+        works=_applied("a", "b"),
+        server_job=JobState(exists=True, failed_condition=True, message="exit 1"),
+    )
+    st = fold(spec(), 1, failed, None, T0)
+    assert st.phase == Phase.FAILED and "exit 1" in st.message
+
+
+def test_too_few_clients_for_longer_than_the_timeout_fails() -> None:
+    running = _obs(works=_applied("a", "b"), server_job=JobState(exists=True, active=1))
+    s = spec(timeouts={"clientsReadySeconds": 60})
+    st = fold(s, 1, running, None, T0)
+    lost = _obs(works=_applied("a"), server_job=JobState(exists=True, active=1))
+    st = fold(s, 1, lost, st, T0 + timedelta(seconds=10))
+    assert st.phase == Phase.RUNNING and "failing in" in st.message
+    st = fold(s, 1, lost, st, T0 + timedelta(seconds=30))
+    assert st.phase == Phase.RUNNING
+    st = fold(s, 1, lost, st, T0 + timedelta(seconds=75))
+    assert st.phase == Phase.FAILED
+    assert _cond(st, "TrainingComplete") == ("False", "ClientsLost")
+
+
+def test_terminal_phase_sticks_for_the_generation() -> None:
+    done = fold(spec(), 4, _obs(server_job=JobState(exists=True, complete=True)), None, T0)
+    after = fold(spec(), 4, _obs(), done, T0 + timedelta(seconds=5))
+    assert after.phase == Phase.COMPLETED
+    assert not should_start_server(spec(), _obs(works=_applied("a", "b")), after)
+
+
+def test_condition_keeps_its_transition_time_while_unchanged() -> None:
+    st1 = fold(spec(), 1, _obs(), None, T0)
+    st2 = fold(spec(), 1, _obs(), st1, T0 + timedelta(minutes=5))
+    assert [c.last_transition_time for c in st2.conditions] == [T0] * len(st2.conditions)
+
+
+def test_missing_binding_is_the_message() -> None:
+    blocked = PlacementState(exists=True, satisfied="False", reason="NoManagedClusterSetBindings")
+    st = fold(spec(), 1, Observations(placement=blocked), None, T0, "team-a")
+    assert st.phase == Phase.WAITING
+    assert _cond(st, "PlacementSatisfied") == ("False", "NoManagedClusterSetBindings")
+    assert "--namespace team-a" in st.message
+
+
+def test_agent_reports_fill_rows_round_and_weighted_accuracy() -> None:
+    reports = {
+        "a": Report("a", T0, "Running", round=2, samples=300, loss=0.5, accuracy=0.9),
+        "b": Report("b", T0, "Running", round=1, samples=100, loss=0.7, accuracy=0.5),
+        "c": Report("c", T0, "Running", round=9, accuracy=0.0),  # no data: ignored
+    }
+    obs = _obs(works=_applied("a", "b"), server_job=JobState(exists=True), reports=reports)
+    st = fold(spec(), 1, obs, None, T0)
+    assert st.round == 2 and st.total_rounds == 3
+    assert st.accuracy == 0.8
+    assert st.clusters[0].samples == 300 and st.clusters[0].last_report_time == T0
+    assert st.clusters[0].phase == ClusterPhase.RUNNING  # from the report: feedback lags
+
+
+def test_invalid_spec_status_is_failed_with_validated_false() -> None:
+    st = invalid_status(["spec.server.rounds: too small"], 2, None, T0)
+    assert st.phase == Phase.FAILED
+    assert _cond(st, "Validated") == ("False", "InvalidSpec")
+    assert "spec.server.rounds" in st.message
+
+
+def test_status_patch_is_empty_when_nothing_changed_and_removes_dropped_keys() -> None:
+    st = fold(spec(), 1, _obs(), None, T0)
+    body = status_body(st)
+    assert status_patch(st, body) == {}
+    assert status_patch(st, {**body, "model": {"path": "/x"}}) == {"model": None}
+    assert parse_status(body) == st
+    assert parse_status({"phase": "Nonsense"}) is None
+
+
+def test_work_state_reads_conditions_and_job_feedback() -> None:
+    work = {
+        "metadata": {"name": "w", "namespace": "c1"},
+        "status": {
+            "conditions": [
+                {"type": "Applied", "status": "True"},
+                {"type": "Available", "status": "True"},
+            ],
+            "resourceStatus": {
+                "manifests": [
+                    {
+                        "resourceMeta": {"kind": "Job", "name": "fl-client-1"},
+                        "statusFeedback": {
+                            "values": [
+                                {"name": "active", "fieldValue": {"type": "Integer", "integer": 1}},
+                                {
+                                    "name": "JobComplete",
+                                    "fieldValue": {"type": "String", "string": "False"},
+                                },
+                            ]
+                        },
+                    }
+                ]
+            },
+        },
+    }
+    ws = work_state(work)
+    assert ws.cluster == "c1" and ws.applied and ws.available
+    assert ws.job.active == 1 and not ws.job.complete
+
+
+def test_digest_changes_with_inputs_but_not_with_reports() -> None:
+    base = _obs(works=_applied("a"))
+    assert observation_digest(base) == observation_digest(_obs(works=_applied("a")))
+    assert observation_digest(base) != observation_digest(_obs(works=_applied("a", "b")))
+    with_reports = _obs(works=_applied("a"), reports={"a": Report("a", T0)})
+    assert observation_digest(base) == observation_digest(with_reports)

@@ -1,0 +1,178 @@
+"""Per-cluster ManifestWorks: content, overrides, names, leavers."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from fl_fixtures import REF, spec, spec_dict
+
+from hub_controller.api import FLRef, parse_spec
+from hub_controller.clusters import ClusterResolution
+from hub_controller.works import (
+    client_args,
+    desired_work,
+    desired_works,
+    safe_name,
+    spec_hash,
+    work_name,
+    works_to_delete,
+)
+from ocmfl import constants
+
+C1 = ClusterResolution("c1", "/srv/digits-a", "why", {"zone": "eu", "gpu": "yes"})
+C2 = ClusterResolution("c2", None, "no claim")
+ADDR = "127.0.0.1:9443"
+
+
+def _manifest(work: dict[str, Any], kind: str) -> dict[str, Any]:
+    [m] = [m for m in work["spec"]["workload"]["manifests"] if m["kind"] == kind]
+    manifest: dict[str, Any] = m
+    return manifest
+
+
+def _container(work: dict[str, Any]) -> dict[str, Any]:
+    job = _manifest(work, "Job")
+    container: dict[str, Any] = job["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def _env(work: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in _container(work)["env"]}
+
+
+def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
+    works = desired_works(REF, spec(), [C1, C2], ADDR)
+    assert list(works) == ["c1"]
+    work = works["c1"]
+    assert work["metadata"]["namespace"] == "c1"
+    assert work["metadata"]["name"] == work_name(REF)
+    labels = work["metadata"]["labels"]
+    assert labels[constants.LABEL_OWNER_NAME] == REF.name
+    assert labels[constants.LABEL_OWNER_NAMESPACE] == REF.namespace
+    assert labels[constants.LABEL_OWNER_UID] == REF.uid
+    assert labels[constants.LABEL_CLUSTER] == "c1"
+    kinds = [m["kind"] for m in work["spec"]["workload"]["manifests"]]
+    assert kinds == ["Namespace", "ServiceAccount", "ConfigMap", "Job"]
+
+
+def test_client_job_mounts_the_claimed_path_read_only_at_mount_path() -> None:
+    work = desired_work(REF, spec(), C1, ADDR)
+    pod = _manifest(work, "Job")["spec"]["template"]["spec"]
+    [data] = [v for v in pod["volumes"] if v["name"] == "data"]
+    assert data["hostPath"]["path"] == "/srv/digits-a"
+    [mount] = [m for m in _container(work)["volumeMounts"] if m["name"] == "data"]
+    assert mount == {"name": "data", "mountPath": "/data", "readOnly": True}
+
+
+def test_client_runs_ocm_fl_client_with_server_cluster_and_data_dir() -> None:
+    container = _container(desired_work(REF, spec(), C1, ADDR))
+    assert container["command"] == ["ocm-fl-client"]
+    assert container["args"] == client_args(spec(), "c1", ADDR)
+    args = container["args"]
+    assert args[args.index("--server") + 1] == ADDR
+    assert args[args.index("--cluster") + 1] == "c1"
+    assert args[args.index("--data-dir") + 1] == "/data"
+
+
+def test_client_env_carries_agent_endpoint_cluster_and_owner() -> None:
+    env = _env(desired_work(REF, spec(), C1, ADDR, agent_endpoint="http://127.0.0.1:8088"))
+    assert env[constants.ENV_AGENT_ENDPOINT] == "http://127.0.0.1:8088"
+    assert env[constants.ENV_CLUSTER_NAME] == "c1"
+    assert env[constants.ENV_DATA_DIR] == "/data"
+    assert env[constants.ENV_FL_UID] == REF.uid
+
+
+def test_feedback_rules_read_job_counters_and_delete_is_foreground() -> None:
+    work = desired_work(REF, spec(), C1, ADDR)
+    [cfg] = work["spec"]["manifestConfigs"]
+    job = _manifest(work, "Job")
+    assert cfg["resourceIdentifier"] == {
+        "group": "batch",
+        "resource": "jobs",
+        "namespace": job["metadata"]["namespace"],
+        "name": job["metadata"]["name"],
+    }
+    types = [r["type"] for r in cfg["feedbackRules"]]
+    assert types == ["WellKnownStatus", "JSONPaths"]
+    names = [p["name"] for p in cfg["feedbackRules"][1]["jsonPaths"]]
+    assert names == ["active", "succeeded", "failed"]
+    assert work["spec"]["deleteOption"] == {"propagationPolicy": "Foreground"}
+
+
+def _with_overrides(overrides: list[dict[str, Any]]) -> Any:
+    raw = spec_dict()
+    raw["client"]["runConfig"] = {"localEpochs": 1, "batchSize": 32}
+    raw["client"]["resources"] = {"limits": {"cpu": "1"}}
+    raw["client"]["overrides"] = overrides
+    return parse_spec(raw)
+
+
+def test_overrides_by_name_and_label_apply_in_order_later_wins() -> None:
+    s = _with_overrides(
+        [
+            {
+                "clusterSelector": {"matchLabels": {"zone": "eu"}},
+                "runConfig": {"localEpochs": 2},
+                "env": [{"name": "A", "value": "label"}],
+            },
+            {
+                "clusterName": "c1",
+                "runConfig": {"localEpochs": 5},
+                "resources": {"limits": {"cpu": "4", "memory": "2Gi"}},
+                "env": [{"name": "A", "value": "name"}],
+            },
+            {"clusterName": "other", "runConfig": {"localEpochs": 99}},
+        ]
+    )
+    work = desired_work(REF, s, C1, ADDR)
+    run_config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
+    assert run_config == {"localEpochs": 5, "batchSize": 32}
+    assert _env(work)["A"] == "name"
+    assert _container(work)["resources"] == {"limits": {"cpu": "4", "memory": "2Gi"}}
+
+
+def test_label_selector_expressions_select_overrides() -> None:
+    s = _with_overrides(
+        [
+            {
+                "clusterSelector": {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]},
+                "runConfig": {"batchSize": 128},
+            },
+            {
+                "clusterSelector": {
+                    "matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["eu"]}]
+                },
+                "runConfig": {"batchSize": 1},
+            },
+        ]
+    )
+    work = desired_work(REF, s, C1, ADDR)
+    run_config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
+    assert run_config["batchSize"] == 128
+
+
+def test_changed_pod_template_gets_a_new_job_name() -> None:
+    a = _manifest(desired_work(REF, spec(), C1, ADDR), "Job")["metadata"]["name"]
+    b = _manifest(desired_work(REF, spec(), C1, "127.0.0.2:9443"), "Job")["metadata"]["name"]
+    assert a != b and a.startswith("fl-client-")
+
+
+def test_spec_hash_is_stable_and_stored_on_the_work() -> None:
+    w1, w2 = desired_work(REF, spec(), C1, ADDR), desired_work(REF, spec(), C1, ADDR)
+    assert spec_hash(w1) == spec_hash(w2)
+    assert spec_hash(w1) in w1["metadata"]["annotations"].values()
+
+
+def test_long_names_are_cut_to_a_dns_label_with_a_hash() -> None:
+    ref = FLRef(namespace="n" * 63, name="m" * 63, uid="u")
+    name = work_name(ref)
+    assert len(name) <= 63
+    assert name != work_name(FLRef(namespace="n" * 63, name="m" * 62, uid="u"))
+    assert safe_name("fl", "a", "b") == "fl-a-b"
+
+
+def test_clusters_that_left_have_their_works_deleted() -> None:
+    desired = desired_works(REF, spec(), [C1], ADDR)
+    existing = [("c1", work_name(REF)), ("c9", work_name(REF))]
+    assert works_to_delete(existing, desired) == [("c9", work_name(REF))]
