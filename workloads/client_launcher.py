@@ -1,0 +1,180 @@
+"""``ocm-fl-client``: one cluster's FL client, a Flower SuperNode next to the cluster's data.
+
+Checks the data directory first (a missing or malformed one fails here, naming the path),
+reads the SuperNode private key (or creates one with ``--generate-key``), then runs
+``flower-supernode`` with TLS server verification and SuperNode authentication, passing the
+cluster name, data directory and agent endpoint to the ClientApp as node config. Exits with
+the SuperNode's exit code (305: key not registered on the server).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import tomli_w
+
+from ocmfl.constants import (
+    ENV_AGENT_ENDPOINT,
+    ENV_CLUSTER_NAME,
+    ENV_DATA_DIR,
+    SUPERLINK_PORT,
+    SUPERNODE_PORT,
+)
+from workloads import flower_env as fe
+from workloads.data import PartitionError, load_partition
+from workloads.fedapp.settings import NODE_AGENT_ENDPOINT, NODE_CLUSTER, NODE_DATA_DIR
+from workloads.nodekeys import ensure_keypair, public_key_of
+
+PREFIX = "ocm-fl-client"
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI flags (cluster, data dir and agent endpoint default to the OCMFL_* env vars)."""
+    p = argparse.ArgumentParser(prog=PREFIX, description=__doc__.split("\n")[0])
+    p.add_argument(
+        "--server-address",
+        default=f"127.0.0.1:{SUPERLINK_PORT}",
+        help="host:port of the SuperLink Fleet API (or the mTLS proxy in front)",
+    )
+    p.add_argument(
+        "--root-certificates",
+        required=True,
+        type=Path,
+        help="CA bundle that verifies the server certificate",
+    )
+    p.add_argument(
+        "--auth-key",
+        required=True,
+        type=Path,
+        help="SuperNode private key (OpenSSH ECDSA); public key must be registered",
+    )
+    p.add_argument(
+        "--generate-key",
+        action="store_true",
+        help="create --auth-key (and .pub) when it does not exist",
+    )
+    p.add_argument("--cluster-name", default=os.environ.get(ENV_CLUSTER_NAME, ""))
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path(os.environ[ENV_DATA_DIR]) if os.environ.get(ENV_DATA_DIR) else None,
+        help="this cluster's partition (the path its ClusterClaim names)",
+    )
+    p.add_argument(
+        "--agent-endpoint",
+        default=os.environ.get(ENV_AGENT_ENDPOINT, ""),
+        help="local addon agent, e.g. http://127.0.0.1:8088 (optional)",
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("ocm-fl-client-state"),
+        help="FLWR_HOME and node config for the SuperNode",
+    )
+    p.add_argument(
+        "--port",
+        type=int,
+        default=SUPERNODE_PORT,
+        help="SuperNode's local ClientAppIo port (loopback)",
+    )
+    p.add_argument(
+        "--max-retries",
+        type=int,
+        default=None,
+        help="SuperNode reconnect attempts (default: Flower's, unlimited)",
+    )
+    p.add_argument(
+        "--max-wait-time",
+        type=float,
+        default=None,
+        help="seconds the SuperNode keeps trying to reconnect",
+    )
+    return p
+
+
+def node_config(cluster: str, data_dir: Path, agent_endpoint: str) -> dict[str, str]:
+    """Node config the ClientApp reads (``context.node_config``)."""
+    return {
+        NODE_CLUSTER: cluster,
+        NODE_DATA_DIR: str(data_dir.resolve()),
+        NODE_AGENT_ENDPOINT: agent_endpoint,
+    }
+
+
+def supernode_command(args: argparse.Namespace, node_config_file: Path) -> list[str]:
+    """The flower-supernode command line."""
+    cmd = [
+        fe.executable("flower-supernode"),
+        "--superlink", args.server_address,
+        "--root-certificates", str(Path(args.root_certificates).resolve()),
+        "--auth-supernode-private-key", str(Path(args.auth_key).resolve()),
+        "--node-config", str(node_config_file),
+        "--port", str(args.port),
+    ]  # fmt: skip
+    if args.max_retries is not None:
+        cmd += ["--max-retries", str(args.max_retries)]
+    if args.max_wait_time is not None:
+        cmd += ["--max-wait-time", str(args.max_wait_time)]
+    return cmd
+
+
+def _fail(reason: str) -> int:
+    print(f"{PREFIX}: failed: {reason}", flush=True)
+    return EXIT_BAD_INPUT
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ocm-fl-client``."""
+    args = build_parser().parse_args(argv)
+    if not args.cluster_name:
+        return _fail(f"--cluster-name (or ${ENV_CLUSTER_NAME}) is required")
+    if args.data_dir is None:
+        return _fail(f"--data-dir (or ${ENV_DATA_DIR}) is required")
+    try:
+        partition = load_partition(args.data_dir)
+    except PartitionError as exc:
+        return _fail(str(exc))
+    if not Path(args.root_certificates).is_file():
+        return _fail(f"--root-certificates {args.root_certificates} does not exist")
+    key_path = Path(args.auth_key)
+    try:
+        if args.generate_key:
+            ensure_keypair(key_path, comment=args.cluster_name)
+        public_key_of(key_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        return _fail(f"SuperNode key {key_path}: {exc}")
+
+    state = Path(args.state_dir).resolve()
+    state.mkdir(parents=True, exist_ok=True)
+    config_file = state / "node-config.toml"
+    config_file.write_text(
+        tomli_w.dumps(node_config(args.cluster_name, args.data_dir, args.agent_endpoint))
+    )
+    env = fe.flower_env(state / "flwr-home")
+    print(
+        f"{PREFIX}: cluster {args.cluster_name}: {partition.samples} samples in "
+        f"{partition.path}; connecting to {args.server_address}",
+        flush=True,
+    )
+    proc = subprocess.Popen(supernode_command(args, config_file), env=env)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = proc.wait()
+    print(f"{PREFIX}: SuperNode exited with code {code}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,427 @@
+"""``ocm-fl-server``: run one federated training on the hub and exit with its outcome.
+
+Steps: start ``flower-superlink`` (TLS, SuperNode authentication, SQLite state in the state
+directory), register the SuperNode public keys it is given (``<cluster>.pub``, registered
+under the cluster's name), wait until ``--min-clients`` of them are online, submit the app
+with ``flwr run`` (run config from the flags), follow the run, and exit 0 when it completed
+or 1 otherwise, printing one line that says why. Restarted on the same ``--state-dir`` and
+``--storage-dir`` it stops the stale run and submits a new one, which resumes from the last
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import tomli_w
+
+from ocmfl.constants import SUPERLINK_PORT
+from workloads import flower_env as fe
+from workloads.fedapp.settings import STRATEGIES, RunSettings
+from workloads.model_store import ModelStore
+from workloads.nodekeys import read_public_keys
+
+PREFIX = "ocm-fl-server"
+DEFAULT_APP_DIR = Path(__file__).resolve().parent / "fedapp"
+
+
+class LaunchError(Exception):
+    """Training cannot go on; the message is the one-line reason."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the launcher ends: exit code and a one-line reason."""
+
+    ok: bool
+    reason: str
+    details: Mapping[str, Any]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI flags."""
+    d = RunSettings()
+    p = argparse.ArgumentParser(prog=PREFIX, description=__doc__.split("\n")[0])
+    g = p.add_argument_group("SuperLink")
+    g.add_argument(
+        "--state-dir",
+        required=True,
+        type=Path,
+        help="SuperLink database, FLWR_HOME, logs, node map",
+    )
+    g.add_argument(
+        "--superlink-address",
+        default=f"127.0.0.1:{SUPERLINK_PORT}",
+        help="host:port the SuperLink binds (all its APIs)",
+    )
+    g.add_argument("--ssl-ca-certfile", required=True, type=Path)
+    g.add_argument(
+        "--ssl-certfile",
+        required=True,
+        type=Path,
+        help="server certificate (SAN 127.0.0.1 and the service names)",
+    )
+    g.add_argument("--ssl-keyfile", required=True, type=Path)
+    g.add_argument(
+        "--supernode-keys",
+        required=True,
+        type=Path,
+        help="directory of <cluster>.pub SuperNode public keys (OpenSSH ECDSA)",
+    )
+    g.add_argument(
+        "--min-clients",
+        type=int,
+        default=d.min_clients,
+        help="clients needed online to start, and successful results per round",
+    )
+    g.add_argument(
+        "--wait-clients-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for --min-clients online SuperNodes",
+    )
+    g.add_argument(
+        "--run-timeout",
+        type=float,
+        default=0.0,
+        help="seconds the run may take once submitted (0: no limit)",
+    )
+    g.add_argument(
+        "--status-interval", type=float, default=15.0, help="seconds between run status checks"
+    )
+    g.add_argument("--app-dir", type=Path, default=DEFAULT_APP_DIR)
+    g.add_argument("--result-file", type=Path, default=None, help="write the outcome as JSON here")
+    r = p.add_argument_group("training (Flower run config)")
+    r.add_argument("--task", default=d.task, help="digits | breast-cancer")
+    r.add_argument("--rounds", type=int, default=d.num_server_rounds)
+    r.add_argument("--strategy", default=d.strategy, choices=STRATEGIES)
+    r.add_argument("--proximal-mu", type=float, default=d.proximal_mu, help="FedProx mu")
+    r.add_argument("--lr", type=float, default=d.lr)
+    r.add_argument("--local-epochs", type=int, default=d.local_epochs)
+    r.add_argument("--batch-size", type=int, default=d.batch_size)
+    r.add_argument("--fraction-train", type=float, default=d.fraction_train)
+    r.add_argument("--fraction-evaluate", type=float, default=d.fraction_evaluate)
+    r.add_argument(
+        "--round-timeout",
+        type=float,
+        default=d.round_timeout,
+        help="seconds to wait for client replies in a round",
+    )
+    r.add_argument("--seed", type=int, default=d.seed)
+    r.add_argument(
+        "--storage-dir", required=True, type=Path, help="checkpoints, final model, manifest.json"
+    )
+    r.add_argument("--init-model", type=Path, default=None, help=".npz to start from")
+    r.add_argument(
+        "--test-dir", type=Path, default=None, help="held-out partition for server-side evaluation"
+    )
+    return p
+
+
+def settings_from_args(args: argparse.Namespace) -> RunSettings:
+    """The run settings the flags describe (paths made absolute)."""
+
+    def absolute(path: Path | None) -> str:
+        return str(path.resolve()) if path is not None else ""
+
+    return RunSettings(
+        task=args.task,
+        num_server_rounds=args.rounds,
+        strategy=args.strategy,
+        proximal_mu=args.proximal_mu,
+        lr=args.lr,
+        local_epochs=args.local_epochs,
+        batch_size=args.batch_size,
+        min_clients=args.min_clients,
+        fraction_train=args.fraction_train,
+        fraction_evaluate=args.fraction_evaluate,
+        round_timeout=args.round_timeout,
+        seed=args.seed,
+        storage_dir=absolute(args.storage_dir),
+        init_model=absolute(args.init_model),
+        test_dir=absolute(args.test_dir),
+    )
+
+
+def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
+    """How many of ``node_ids`` `flwr supernode ls --format json` shows online."""
+    return sum(
+        1
+        for n in nodes.get("nodes", [])
+        if str(n.get("node-id")) in node_ids and n.get("status") == "online"
+    )
+
+
+def one_line(text: str, limit: int = 400) -> str:
+    """Collapse whitespace so a reason fits on one line."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+class Launcher:
+    """Owns the SuperLink process and talks to it through the flwr CLI."""
+
+    def __init__(self, args: argparse.Namespace, settings: RunSettings) -> None:
+        self.args = args
+        self.settings = settings
+        self.state = Path(args.state_dir).resolve()
+        self.flwr_home = self.state / "flwr-home"
+        self.env = fe.flower_env(self.flwr_home)
+        self.superlink: subprocess.Popen[bytes] | None = None
+        self.run_id: str | None = None
+        host, _, port = str(args.superlink_address).rpartition(":")
+        if not host or not port.isdigit():
+            raise LaunchError(
+                f"--superlink-address must be host:port, got {args.superlink_address}"
+            )
+        self.host, self.port = host, int(port)
+        dial = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]") else host
+        self.address = f"{dial}:{port}"
+
+    def log(self, text: str) -> None:
+        print(f"{PREFIX}: {text}", flush=True)
+
+    # --- SuperLink ---------------------------------------------------------------------
+    def start_superlink(self) -> None:
+        a = self.args
+        for flag, path in (
+            ("--ssl-ca-certfile", a.ssl_ca_certfile),
+            ("--ssl-certfile", a.ssl_certfile),
+            ("--ssl-keyfile", a.ssl_keyfile),
+        ):
+            if not Path(path).is_file():
+                raise LaunchError(f"{flag} {path} does not exist")
+        self.state.mkdir(parents=True, exist_ok=True)
+        fe.write_connection(self.flwr_home, self.address, Path(a.ssl_ca_certfile))
+        cmd = [
+            fe.executable("flower-superlink"),
+            "--ssl-ca-certfile",
+            str(Path(a.ssl_ca_certfile).resolve()),
+            "--ssl-certfile",
+            str(Path(a.ssl_certfile).resolve()),
+            "--ssl-keyfile",
+            str(Path(a.ssl_keyfile).resolve()),
+            "--enable-supernode-auth",
+            "--database",
+            str(self.state / "superlink.db"),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--disable-runtime-dependency-installation",
+        ]
+        log = (self.state / "superlink.log").open("ab")
+        self.superlink = fe.start(cmd, self.env, log)
+        self.wait_health(60.0)
+        self.log(f"SuperLink up on {self.host}:{self.port} (log {self.state / 'superlink.log'})")
+
+    def check_superlink(self) -> None:
+        if self.superlink is None or self.superlink.poll() is not None:
+            tail = ""
+            log = self.state / "superlink.log"
+            if log.exists():
+                tail = one_line(log.read_text(errors="replace")[-600:], 300)
+            raise LaunchError(f"SuperLink exited ({tail})")
+
+    def wait_health(self, timeout: float) -> None:
+        context = ssl.create_default_context(cafile=str(self.args.ssl_ca_certfile))
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_superlink()
+            try:
+                with urllib.request.urlopen(
+                    f"https://{self.address}/health", timeout=2, context=context
+                ) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise LaunchError(f"SuperLink not healthy on {self.address} after {timeout:.0f}s")
+            time.sleep(0.5)
+
+    def stop_superlink(self) -> None:
+        fe.stop(self.superlink)
+        self.superlink = None
+
+    def flwr(self, *args: str) -> Any:
+        return fe.flwr_json(args, self.env)
+
+    # --- nodes -------------------------------------------------------------------------
+    def register_nodes(self) -> dict[str, str]:
+        """Register every <cluster>.pub; return cluster -> node id (kept in nodes.json)."""
+        keys = read_public_keys(Path(self.args.supernode_keys))
+        if len(keys) < self.settings.min_clients:
+            raise LaunchError(
+                f"{self.args.supernode_keys} has {len(keys)} SuperNode keys, "
+                f"--min-clients is {self.settings.min_clients}"
+            )
+        path = self.state / "nodes.json"
+        known: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
+        nodes: dict[str, str] = {}
+        for cluster, key in keys.items():
+            try:
+                out = self.flwr("supernode", "register", str(key), fe.CONNECTION, "--name", cluster)
+                nodes[cluster] = str(out["node-id"])
+            except fe.FlwrCliError as exc:
+                if "already in use" in str(exc) and cluster in known:
+                    nodes[cluster] = known[cluster]
+                else:
+                    raise LaunchError(f"registering {key}: {one_line(str(exc))}") from None
+        path.write_text(json.dumps(nodes, indent=2) + "\n")
+        self.log(f"registered SuperNodes {', '.join(sorted(nodes))}")
+        return nodes
+
+    def wait_for_clients(self, nodes: Mapping[str, str]) -> None:
+        need = self.settings.min_clients
+        ids = set(nodes.values())
+        deadline = time.monotonic() + self.args.wait_clients_timeout
+        seen = -1
+        while True:
+            self.check_superlink()
+            count = online_count(self.flwr("supernode", "ls", fe.CONNECTION), ids)
+            if count != seen:
+                self.log(f"{count}/{need} clients online")
+                seen = count
+            if count >= need:
+                return
+            if time.monotonic() > deadline:
+                raise LaunchError(
+                    f"only {count} of {need} clients online after "
+                    f"{self.args.wait_clients_timeout:.0f}s"
+                )
+            time.sleep(2.0)
+
+    # --- the run -----------------------------------------------------------------------
+    def stop_stale_runs(self) -> None:
+        for run in self.flwr("ls", fe.CONNECTION).get("runs", []):
+            if not str(run.get("status", "")).startswith("finished"):
+                self.log(f"stopping stale run {run['run-id']} ({run.get('status')})")
+                try:
+                    self.flwr("stop", str(run["run-id"]), fe.CONNECTION)
+                except fe.FlwrCliError as exc:
+                    self.log(f"could not stop run {run['run-id']}: {one_line(str(exc))}")
+
+    def submit(self) -> str:
+        config_path = self.state / "run-config.toml"
+        config_path.write_text(tomli_w.dumps(self.settings.to_run_config()))
+        out = self.flwr(
+            "run",
+            str(Path(self.args.app_dir).resolve()),
+            fe.CONNECTION,
+            "--run-config",
+            str(config_path),
+        )
+        self.run_id = str(out["run-id"])
+        self.log(
+            f"submitted run {self.run_id} ({self.settings.num_server_rounds} rounds, "
+            f"{self.settings.strategy}, task {self.settings.task})"
+        )
+        return self.run_id
+
+    def run_status(self, run_id: str) -> dict[str, Any]:
+        runs = self.flwr("ls", fe.CONNECTION, "--run-id", run_id).get("runs", [])
+        if not runs:
+            raise LaunchError(f"run {run_id} is unknown to the SuperLink")
+        status: dict[str, Any] = runs[0]
+        return status
+
+    def follow(self, run_id: str) -> dict[str, Any]:
+        """Stream the run's logs to stdout until it finishes; return its final status."""
+        timeout = self.args.run_timeout
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        stream: subprocess.Popen[bytes] | None = None
+        try:
+            while True:
+                self.check_superlink()
+                if stream is None or stream.poll() is not None:
+                    stream = subprocess.Popen(
+                        [fe.executable("flwr"), "log", run_id, fe.CONNECTION, "--stream"],
+                        env=self.env,
+                    )
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    stream.wait(timeout=self.args.status_interval)
+                status = self.run_status(run_id)
+                if str(status.get("status", "")).startswith("finished"):
+                    return status
+                if deadline is not None and time.monotonic() > deadline:
+                    self.flwr("stop", run_id, fe.CONNECTION)
+                    raise LaunchError(f"run {run_id} exceeded --run-timeout {timeout:.0f}s")
+        finally:
+            fe.stop(stream, timeout=2.0)
+
+    def outcome(self, status: Mapping[str, Any]) -> Outcome:
+        state = str(status.get("status"))
+        details = str(status.get("status-details", ""))
+        run_id = status.get("run-id")
+        if state != "finished:completed":
+            return Outcome(False, f"run {run_id} {state}: {one_line(details)}", dict(status))
+        final = ModelStore(Path(self.settings.storage_dir)).manifest().get("final")
+        if not final or int(final["round"]) < self.settings.num_server_rounds:
+            return Outcome(
+                False, f"run {run_id} completed but no final model was stored", dict(status)
+            )
+        server = final.get("metrics", {}).get("server", {})
+        acc = server.get("test-accuracy")
+        acc_text = f"; test-accuracy {acc:.4f}" if isinstance(acc, float) else ""
+        model = Path(self.settings.storage_dir) / final["path"]
+        return Outcome(
+            True,
+            f"run {run_id} completed {final['round']} rounds; final model {model} "
+            f"sha256 {final['sha256'][:12]}{acc_text}",
+            {"run": dict(status), "final": final},
+        )
+
+
+def _raise_exit(signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``ocm-fl-server``."""
+    args = build_parser().parse_args(argv)
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        print(f"{PREFIX}: failed: invalid settings: {exc}", flush=True)
+        return 1
+    signal.signal(signal.SIGTERM, _raise_exit)
+    launcher: Launcher | None = None
+    try:
+        launcher = Launcher(args, settings)
+        launcher.start_superlink()
+        nodes = launcher.register_nodes()
+        launcher.wait_for_clients(nodes)
+        launcher.stop_stale_runs()
+        run_id = launcher.submit()
+        result = launcher.outcome(launcher.follow(run_id))
+    except (LaunchError, fe.FlwrCliError, OSError, ValueError) as exc:
+        result = Outcome(False, one_line(str(exc)), {})
+    finally:
+        if launcher is not None:
+            launcher.stop_superlink()
+    if args.result_file is not None:
+        args.result_file.parent.mkdir(parents=True, exist_ok=True)
+        args.result_file.write_text(
+            json.dumps({"ok": result.ok, "reason": result.reason, **result.details}, indent=2)
+            + "\n"
+        )
+    print(f"{PREFIX}: {'completed' if result.ok else 'failed'}: {result.reason}", flush=True)
+    return 0 if result.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
