@@ -74,7 +74,7 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "certificates.k8s.io",
         "certificatesigningrequests/status",
-        ("update",),
+        ("update", "patch"),
         why="write the signed certificate",
     ),
     Rule(

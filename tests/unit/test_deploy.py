@@ -691,3 +691,33 @@ def test_dockerfile_has_no_add_from_urls_and_no_torch_in_addon_image(path: Path)
         assert not (word == "ADD" and "://" in rest), f"{path.name}: ADD from a URL"
     if path.name == "addon.Dockerfile":
         assert not [rest for _, rest in _instructions(path) if "torch" in rest.lower()]
+
+
+# --- examples -----------------------------------------------------------------------------------
+
+
+def test_example_federated_learning_is_valid_and_selects_clusters_by_its_data_claim() -> None:
+    from hub_controller.api import FederatedLearning, SelectorOperator
+
+    doc = yaml.safe_load((ROOT / "examples" / "federatedlearning.yaml").read_text())
+    assert doc["apiVersion"] == constants.API_VERSION and doc["kind"] == constants.KIND
+    fl = FederatedLearning.model_validate(doc)
+    claim = fl.spec.client.data_claim
+    selectors = [p.required_cluster_selector for p in fl.spec.client.placement.predicates]
+    assert any(
+        s is not None
+        and s.claim_selector is not None
+        and any(
+            e.key == claim and e.operator == SelectorOperator.EXISTS
+            for e in s.claim_selector.match_expressions
+        )
+        for s in selectors
+    )
+    assert fl.spec.server.min_available_clients == 2
+
+
+def test_kind_demo_uses_the_examples_data_claim() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "federatedlearning.yaml").read_text())
+    demo = (ROOT / "examples" / "kind" / "demo.sh").read_text()
+    assert f"DATA_CLAIM:-{doc['spec']['client']['dataClaim']}}}" in demo
+    assert "python -m workloads.data" in demo or "-m workloads.data partition" in demo

@@ -1,0 +1,203 @@
+#!/usr/bin/env bash
+# Federated learning across three kind clusters: an OCM hub and two managed clusters that each
+# hold one partition of the digits data set. Needs Docker, kind, kubectl, clusteradm and the
+# project's Python environment (.venv, `make setup`); helm is built by hack/tools/build-helm.sh.
+#
+#   examples/kind/demo.sh          create everything, train, wait for Completed
+#   examples/kind/demo.sh clean    delete the kind clusters and the load-balancer container
+#
+# What it does: kind clusters hub/cluster1/cluster2 -> OCM (clusteradm init/join/accept) ->
+# images built and loaded into every cluster -> hub chart installed -> addon enabled on both
+# clusters -> a data partition copied into each cluster's node + a ClusterClaim naming it ->
+# examples/federatedlearning.yaml applied -> waits until the resource is Completed.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+
+HUB=${HUB:-hub}
+CLUSTERS=${CLUSTERS:-cluster1,cluster2}
+FL_NAMESPACE=${FL_NAMESPACE:-fl}
+FL_NAME=${FL_NAME:-digits}
+HUB_NAMESPACE=${HUB_NAMESPACE:-ocm-fl-system}
+DATA_CLAIM=${DATA_CLAIM:-digits.data.federated-learning.io}
+DATA_DIR_ON_NODE=${DATA_DIR_ON_NODE:-/var/lib/ocm-fl/data/digits}
+AGGREGATOR_NODE_PORT=${AGGREGATOR_NODE_PORT:-30443}
+TIMEOUT_SECONDS=${TIMEOUT_SECONDS:-1800}
+PYTHON=${PYTHON:-$root/.venv/bin/python}
+# The FL server Service is a LoadBalancer: cloud-provider-kind gives it an address on the kind
+# network that the managed clusters can reach.
+CLOUD_PROVIDER_KIND_IMAGE=${CLOUD_PROVIDER_KIND_IMAGE:-registry.k8s.io/cloud-provider-kind/cloud-controller-manager:v0.6.0}
+LB_CONTAINER=ocm-fl-cloud-provider-kind
+
+IFS=, read -r -a cluster_list <<<"$CLUSTERS"
+hub_ctx="kind-$HUB"
+
+log() { printf '\n=== %s\n' "$*" >&2; }
+die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
+need() { command -v "$1" >/dev/null 2>&1 || die "$1 is required (see docs/install.md)"; }
+
+constant() { "$PYTHON" -c "from ocmfl import constants; print(constants.$1)"; }
+
+clean() {
+  for c in "$HUB" "${cluster_list[@]}"; do
+    kind delete cluster --name "$c" || true
+  done
+  docker rm -f "$LB_CONTAINER" >/dev/null 2>&1 || true
+}
+
+# Poll "$@" until it succeeds or $1 seconds pass.
+wait_for() {
+  local timeout=$1 what=$2
+  shift 2
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS > deadline)); then
+      die "timed out after ${timeout}s waiting for $what"
+    fi
+    sleep 5
+  done
+}
+
+create_clusters() {
+  log "kind clusters: $HUB ${cluster_list[*]}"
+  for c in "$HUB" "${cluster_list[@]}"; do
+    if ! kind get clusters 2>/dev/null | grep -qx "$c"; then
+      kind create cluster --name "$c" --wait 120s
+    fi
+  done
+  if ! docker inspect "$LB_CONTAINER" >/dev/null 2>&1; then
+    docker run -d --name "$LB_CONTAINER" --network kind \
+      -v /var/run/docker.sock:/var/run/docker.sock "$CLOUD_PROVIDER_KIND_IMAGE" >/dev/null
+  fi
+}
+
+install_ocm() {
+  log "OCM: clusteradm init on $HUB, join ${cluster_list[*]}, accept"
+  local join
+  join=$(clusteradm init --wait --context "$hub_ctx" | grep 'clusteradm join' || true)
+  if [ -z "$join" ]; then
+    # Already initialised: ask for a fresh join command.
+    join=$(clusteradm get token --context "$hub_ctx" | grep 'clusteradm join')
+  fi
+  local token
+  token=$(sed -n 's/.*--hub-token \([^ ]*\).*/\1/p' <<<"$join")
+  [ -n "$token" ] || die "could not read the hub token from: $join"
+  for c in "${cluster_list[@]}"; do
+    if kubectl --context "$hub_ctx" get managedcluster "$c" >/dev/null 2>&1; then
+      continue
+    fi
+    clusteradm join --hub-token "$token" --hub-apiserver "https://$HUB-control-plane:6443" \
+      --cluster-name "$c" --force-internal-endpoint-lookup --wait --context "kind-$c"
+  done
+  for c in "${cluster_list[@]}"; do
+    wait_for 300 "the CSR of $c" \
+      bash -c "kubectl --context '$hub_ctx' get csr -l open-cluster-management.io/cluster-name='$c' -o name | grep -q ."
+  done
+  clusteradm accept --clusters "$CLUSTERS" --wait --context "$hub_ctx"
+}
+
+build_images() {
+  log "images: build and load into every kind cluster"
+  local image
+  for name in addon workload proxy; do
+    image=$(constant "$(tr '[:lower:]' '[:upper:]' <<<"$name")_IMAGE")
+    docker build -f "deploy/images/$name.Dockerfile" -t "$image" .
+    for c in "$HUB" "${cluster_list[@]}"; do
+      kind load docker-image "$image" --name "$c"
+    done
+  done
+}
+
+install_chart() {
+  log "hub chart into $HUB_NAMESPACE"
+  local helm
+  helm=${HELM:-$(bash hack/tools/build-helm.sh)}
+  bash hack/sync-chart-crds.sh
+  "$helm" upgrade --install ocm-fl deploy/helm/ocm-federated-learning \
+    --kube-context "$hub_ctx" --namespace "$HUB_NAMESPACE" --create-namespace \
+    --set aggregator.service.type=NodePort \
+    --set "aggregator.service.nodePort=$AGGREGATOR_NODE_PORT" \
+    --set "aggregator.externalAddress=$HUB-control-plane:$AGGREGATOR_NODE_PORT" \
+    --wait --timeout 10m
+  local addon
+  addon=$(constant ADDON_NAME)
+  clusteradm addon enable --names "$addon" --clusters "$CLUSTERS" --context "$hub_ctx"
+  for c in "${cluster_list[@]}"; do
+    wait_for 600 "addon $addon available on $c" \
+      bash -c "kubectl --context '$hub_ctx' get managedcluster '$c' \
+        -o jsonpath='{.metadata.labels.feature\.open-cluster-management\.io/addon-$addon}' \
+        | grep -qx available"
+  done
+}
+
+place_data() {
+  log "data: one digits partition per cluster, named by ClusterClaim $DATA_CLAIM"
+  local out
+  out=$(mktemp -d)
+  "$PYTHON" -m workloads.data partition --out "$out" --clusters "$CLUSTERS" --task digits \
+    --split iid --seed 0
+  for c in "${cluster_list[@]}"; do
+    local node="$c-control-plane"
+    docker exec "$node" mkdir -p "$(dirname "$DATA_DIR_ON_NODE")"
+    docker exec "$node" rm -rf "$DATA_DIR_ON_NODE"
+    docker cp "$out/$c" "$node:$DATA_DIR_ON_NODE"
+    docker exec "$node" chmod -R a+rX "$DATA_DIR_ON_NODE"
+    kubectl --context "kind-$c" apply -f - <<EOF
+apiVersion: cluster.open-cluster-management.io/v1alpha1
+kind: ClusterClaim
+metadata:
+  name: $DATA_CLAIM
+spec:
+  value: $DATA_DIR_ON_NODE
+EOF
+    wait_for 300 "ClusterClaim $DATA_CLAIM of $c on the hub" \
+      bash -c "kubectl --context '$hub_ctx' get managedcluster '$c' \
+        -o jsonpath='{.status.clusterClaims[*].name}' | tr ' ' '\n' | grep -qx '$DATA_CLAIM'"
+  done
+  rm -rf "$out"
+}
+
+train() {
+  log "FederatedLearning $FL_NAMESPACE/$FL_NAME"
+  kubectl --context "$hub_ctx" create namespace "$FL_NAMESPACE" --dry-run=client -o yaml |
+    kubectl --context "$hub_ctx" apply -f -
+  clusteradm clusterset bind global --namespace "$FL_NAMESPACE" --context "$hub_ctx"
+  kubectl --context "$hub_ctx" apply -f examples/federatedlearning.yaml
+  local deadline=$((SECONDS + TIMEOUT_SECONDS)) phase=""
+  while ((SECONDS < deadline)); do
+    phase=$(kubectl --context "$hub_ctx" -n "$FL_NAMESPACE" get fl "$FL_NAME" \
+      -o jsonpath='{.status.phase}' 2>/dev/null || true)
+    kubectl --context "$hub_ctx" -n "$FL_NAMESPACE" get fl "$FL_NAME" --no-headers 2>/dev/null || true
+    case "$phase" in
+      Completed)
+        log "Completed"
+        kubectl --context "$hub_ctx" -n "$FL_NAMESPACE" get fl "$FL_NAME" -o yaml
+        return 0
+        ;;
+      Failed)
+        kubectl --context "$hub_ctx" -n "$FL_NAMESPACE" get fl "$FL_NAME" -o yaml >&2
+        die "training failed"
+        ;;
+    esac
+    sleep 10
+  done
+  die "not Completed after ${TIMEOUT_SECONDS}s (phase: ${phase:-none})"
+}
+
+main() {
+  if [ "${1:-}" = "clean" ]; then
+    clean
+    return
+  fi
+  for tool in docker kind kubectl clusteradm; do need "$tool"; done
+  [ -x "$PYTHON" ] || die "no Python environment at $PYTHON (run make setup)"
+  create_clusters
+  install_ocm
+  build_images
+  install_chart
+  place_data
+  train
+}
+
+main "$@"
