@@ -13,6 +13,7 @@ import ipaddress
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,14 +101,30 @@ def cluster_common_name(cluster: str) -> str:
     return constants.CERT_CN_PREFIX + cluster
 
 
+def name_attribute(oid: x509.ObjectIdentifier, value: str) -> x509.NameAttribute[str]:
+    """A name attribute that may exceed X.509's 64-character bound (as OCM's CNs do)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Attribute's length", category=UserWarning)
+        return x509.NameAttribute(oid, value, _validate=False)
+
+
 def cluster_subject(cluster: str) -> x509.Name:
     """Subject of an agent certificate: CN=cluster:<name>, O=CERT_ORGANIZATION."""
     return x509.Name(
         [
             x509.NameAttribute(NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
-            x509.NameAttribute(NameOID.COMMON_NAME, cluster_common_name(cluster)),
+            # "cluster:" + a 63-character name exceeds X.509's 64-character CN bound, which
+            # Go, OpenSSL and BoringSSL do not enforce (OCM's own CNs are longer still).
+            name_attribute(NameOID.COMMON_NAME, cluster_common_name(cluster)),
         ]
     )
+
+
+def subject_of(obj: x509.Certificate | x509.CertificateSigningRequest) -> x509.Name:
+    """The subject, without cryptography's warning about CNs over 64 characters."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Attribute's length", category=UserWarning)
+        return obj.subject
 
 
 def _single(name: x509.Name, oid: x509.ObjectIdentifier, what: str) -> str:
@@ -162,7 +179,7 @@ def cluster_from_certificate(cert: x509.Certificate | bytes | str) -> str:
             cert = load_cert_pem(cert)
         except ValueError as e:
             raise IdentityError(f"unreadable certificate: {e}") from e
-    return cluster_from_subject(cert.subject)
+    return cluster_from_subject(subject_of(cert))
 
 
 # --- building certificates ---------------------------------------------------------------------
@@ -289,10 +306,11 @@ def sign_csr(
     extensions are not copied. Lifetime is capped at `max_lifetime` and at the CA's expiry.
     """
     verify_csr(csr)
-    cluster_from_subject(csr.subject)
+    subject = subject_of(csr)
+    cluster_from_subject(subject)
     lifetime = min(lifetime, max_lifetime)
     builder = _leaf_builder(
-        csr.subject, csr.public_key(), ca, lifetime=lifetime, now=now, client=True, server=False
+        subject, csr.public_key(), ca, lifetime=lifetime, now=now, client=True, server=False
     )
     return builder.sign(ca.key, hashes.SHA256())
 

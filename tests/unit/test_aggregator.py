@@ -189,7 +189,7 @@ async def test_malformed_report_is_refused_naming_the_field(
     report = make_report("cluster-a", 1)
     for k, v in change.items():
         if v is None:
-            report.ClearField(k)
+            report.ClearField(k)  # type: ignore[arg-type]
         elif k == "metrics":
             del report.metrics[:]
             report.metrics.extend(v)  # type: ignore[arg-type]

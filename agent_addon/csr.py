@@ -1,0 +1,114 @@
+"""Agent-side identity renewal in CSR mode: ask the hub's signer for a new certificate.
+
+The agent (with its hub kubeconfig from OCM's KubeClient registration) creates a
+CertificateSigningRequest for `constants.SIGNER_NAME` before its certificate expires, waits
+for hub.signer to sign it, and writes the new key and certificate into its cert directory;
+HubStreamer then reconnects with them. The private key never leaves the cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime as dt
+import logging
+from pathlib import Path
+from typing import Any, Final
+
+from ocmfl import constants, pki
+
+log = logging.getLogger(__name__)
+
+RENEW_AT_REMAINING: Final = 0.2  # like OCM: renew with 20 % of the lifetime left
+LABEL_CLUSTER_NAME: Final = "open-cluster-management.io/cluster-name"
+LABEL_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
+
+
+class RenewalError(RuntimeError):
+    """The CSR was denied, failed, or not signed in time."""
+
+
+def needs_renewal(
+    cert: Any, now: dt.datetime | None = None, threshold: float = RENEW_AT_REMAINING
+) -> bool:
+    """True when less than `threshold` of the certificate's lifetime is left."""
+    return pki.remaining_fraction(cert, now) < threshold
+
+
+def csr_object(
+    cluster: str, key: pki.PrivateKey, expiration_seconds: int | None = 24 * 3600
+) -> dict[str, Any]:
+    """The CertificateSigningRequest (camelCase dict) asking for `cluster`'s agent cert."""
+    request = pki.csr_to_pem(pki.create_csr(cluster, key))
+    spec: dict[str, Any] = {
+        "signerName": constants.SIGNER_NAME,
+        "request": base64.b64encode(request).decode(),
+        "usages": ["digital signature", "key encipherment", "client auth"],
+    }
+    if expiration_seconds is not None:
+        spec["expirationSeconds"] = expiration_seconds
+    return {
+        "apiVersion": "certificates.k8s.io/v1",
+        "kind": "CertificateSigningRequest",
+        "metadata": {
+            "generateName": f"{constants.ADDON_NAME}-{cluster}-",
+            "labels": {LABEL_CLUSTER_NAME: cluster, LABEL_ADDON_NAME: constants.ADDON_NAME},
+        },
+        "spec": spec,
+    }
+
+
+def outcome(csr: dict[str, Any]) -> bytes | None:
+    """The signed certificate PEM, None while pending; RenewalError if denied/failed."""
+    status = csr.get("status") or {}
+    for c in status.get("conditions") or []:
+        if c.get("type") in ("Denied", "Failed"):
+            raise RenewalError(f"CSR {c.get('type').lower()}: {c.get('reason')}: "
+                               f"{c.get('message')}")
+    cert = status.get("certificate")
+    return base64.b64decode(cert) if cert else None
+
+
+async def request_certificate(
+    certs_api: Any,
+    cluster: str,
+    *,
+    expiration_seconds: int | None = 24 * 3600,
+    timeout_s: float = 60.0,
+    poll_s: float = 0.5,
+) -> pki.CertAndKey:
+    """Create a CSR on the hub and wait for its certificate (certs_api: CertificatesV1Api)."""
+    key = pki.generate_key()
+    body = csr_object(cluster, key, expiration_seconds)
+    created = await asyncio.to_thread(certs_api.create_certificate_signing_request, body)
+    name = created.metadata.name
+    serialize = certs_api.api_client.sanitize_for_serialization
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while loop.time() < deadline:
+        current = await asyncio.to_thread(certs_api.read_certificate_signing_request, name)
+        pem = outcome(serialize(current))
+        if pem is not None:
+            cert = pki.load_cert_pem(pem)
+            if pki.cluster_from_certificate(cert) != cluster:
+                raise RenewalError(f"CSR {name}: certificate names another cluster")
+            return pki.CertAndKey(cert, key)
+        await asyncio.sleep(poll_s)
+    raise RenewalError(f"CSR {name} not signed within {timeout_s:.0f}s")
+
+
+async def renew_if_due(
+    certs_api: Any, cluster: str, cert_dir: Path, *, threshold: float = RENEW_AT_REMAINING,
+    **kw: Any,
+) -> bool:
+    """Renew the certificate in `cert_dir` when due (or missing); True if renewed."""
+    try:
+        current = pki.load_cert_pem((cert_dir / pki.CERT_FILE).read_bytes())
+        if not needs_renewal(current, threshold=threshold):
+            return False
+    except (OSError, ValueError):
+        log.info("no usable certificate in %s: requesting one", cert_dir)
+    pair = await request_certificate(certs_api, cluster, **kw)
+    pki.save_tls_dir(cert_dir, pair, None)
+    log.info("renewed agent certificate, valid until %s", pair.cert.not_valid_after_utc)
+    return True

@@ -1,0 +1,152 @@
+"""The hub CSR signer's policy (decide_csr) and the agent's CSR primitive, without a cluster."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.x509.oid import NameOID
+
+from agent_addon.csr import RenewalError, csr_object, needs_renewal, outcome
+from hub_controller.addon_template import (
+    agent_cert_dir,
+    agent_cert_secret_name,
+    custom_signer_registration,
+    default_agent_subject,
+)
+from hub_controller.signer import (
+    MAX_LIFETIME,
+    Approve,
+    Deny,
+    Ignore,
+    agent_group,
+    decide_csr,
+    sign_request,
+)
+from ocmfl import constants, pki
+
+KNOWN = {"cluster-a", "cluster-b"}
+
+
+def agent_csr(cluster: str = "cluster-a", **spec: Any) -> dict[str, Any]:
+    """A CSR as the agent creates it, with the requester fields the API server fills."""
+    csr = csr_object(cluster, pki.generate_key())
+    csr["metadata"]["name"] = "x"
+    csr["spec"].update(username=f"system:open-cluster-management:cluster:{cluster}:addon:"
+                                f"{constants.ADDON_NAME}:agent:{constants.ADDON_NAME}-agent",
+                       groups=[agent_group(cluster), "system:authenticated"])
+    csr["spec"].update(spec)
+    return csr
+
+
+def test_agent_csr_for_a_known_cluster_is_approved() -> None:
+    decision = decide_csr(agent_csr(expirationSeconds=3600), KNOWN)
+    assert decision == Approve("cluster-a", dt.timedelta(hours=1))
+
+
+def test_lifetime_is_capped() -> None:
+    decision = decide_csr(agent_csr(expirationSeconds=30 * 24 * 3600), KNOWN)
+    assert isinstance(decision, Approve) and decision.lifetime == MAX_LIFETIME
+
+
+def test_unknown_cluster_is_denied() -> None:
+    decision = decide_csr(agent_csr("cluster-z"), KNOWN)
+    assert isinstance(decision, Deny) and decision.reason == "UnknownCluster"
+
+
+def test_foreign_signer_is_ignored() -> None:
+    csr = agent_csr(signerName="kubernetes.io/kube-apiserver-client")
+    assert isinstance(decide_csr(csr, KNOWN), Ignore)
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"groups": [agent_group("cluster-b")]}, "RequesterMismatch"),
+        ({"usages": ["server auth", "digital signature"]}, "BadUsages"),
+        ({"request": base64.b64encode(b"junk").decode()}, "InvalidRequest"),
+        ({"expirationSeconds": 60}, "BadExpiration"),
+    ],
+)
+def test_mismatched_requests_are_denied(change: dict[str, Any], reason: str) -> None:
+    decision = decide_csr(agent_csr(**change), KNOWN)
+    assert isinstance(decision, Deny) and decision.reason == reason
+
+
+def test_cluster_label_must_match_the_subject() -> None:
+    csr = agent_csr()
+    csr["metadata"]["labels"]["open-cluster-management.io/cluster-name"] = "cluster-b"
+    decision = decide_csr(csr, KNOWN)
+    assert isinstance(decision, Deny) and decision.reason == "ClusterMismatch"
+
+
+def test_subject_without_a_cluster_is_denied() -> None:
+    key = pki.generate_key()
+    req = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cluster-a")]))
+           .sign(key, hashes.SHA256()))
+    csr = agent_csr(request=base64.b64encode(pki.csr_to_pem(req)).decode())
+    decision = decide_csr(csr, KNOWN)
+    assert isinstance(decision, Deny) and decision.reason == "BadSubject"
+
+
+def test_decided_csrs_are_left_alone() -> None:
+    csr = agent_csr()
+    csr["status"] = {"conditions": [{"type": "Denied", "status": "True"}]}
+    assert isinstance(decide_csr(csr, KNOWN), Ignore)
+    csr["status"] = {"certificate": "abc", "conditions": [{"type": "Approved"}]}
+    assert isinstance(decide_csr(csr, KNOWN), Ignore)
+    csr["status"] = {"conditions": [{"type": "Approved", "status": "True"}]}
+    decision = decide_csr(csr, KNOWN)
+    assert isinstance(decision, Approve) and decision.already_approved
+
+
+def test_signed_certificate_names_the_cluster_and_is_short_lived() -> None:
+    ca = pki.create_ca()
+    csr = agent_csr(expirationSeconds=7200)
+    decision = decide_csr(csr, KNOWN)
+    assert isinstance(decision, Approve)
+    csr["status"] = {"certificate": sign_request(csr, decision, ca)}
+    pem = outcome(csr)
+    assert pem is not None
+    cert = pki.load_cert_pem(pem)
+    assert pki.cluster_from_certificate(cert) == "cluster-a"
+    assert pki.verify_issued_by(cert, ca.cert)
+    life = cert.not_valid_after_utc - cert.not_valid_before_utc
+    assert life <= dt.timedelta(hours=2) + pki.CLOCK_SKEW
+
+
+def test_denied_csr_is_a_renewal_error() -> None:
+    with pytest.raises(RenewalError, match="UnknownCluster"):
+        outcome({"status": {"conditions": [{"type": "Denied", "reason": "UnknownCluster"}]}})
+    assert outcome({"status": {}}) is None
+
+
+def test_renewal_is_due_with_a_fifth_of_the_lifetime_left() -> None:
+    ca = pki.create_ca()
+    now = pki.utcnow()
+    cert = pki.issue_client_cert("cluster-a", ca, lifetime=dt.timedelta(hours=10), now=now).cert
+    assert not needs_renewal(cert, now + dt.timedelta(hours=7))
+    assert needs_renewal(cert, now + dt.timedelta(hours=9))
+
+
+def test_addon_template_registration_has_no_shared_subject() -> None:
+    [reg] = custom_signer_registration("ocm-fl-ca", "ocm-fl")
+    assert reg == {"type": "CustomSigner", "customSigner": {
+        "signerName": constants.SIGNER_NAME,
+        "signingCA": {"name": "ocm-fl-ca", "namespace": "ocm-fl"}}}
+    assert agent_cert_dir() == constants.AGENT_CERT_DIR
+    assert agent_cert_dir() == "/managed/federated-learning.open-cluster-management.io-agent"
+    assert agent_cert_secret_name().endswith("-client-cert")
+
+
+def test_ocm_default_subject_maps_to_its_cluster() -> None:
+    subject = default_agent_subject("cluster-a")
+    name = x509.Name(
+        [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"]]
+        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])])
+    assert pki.cluster_from_subject(name) == "cluster-a"
