@@ -67,6 +67,7 @@ class Task(StrEnum):
     """Training task built into the workload image (model + data loader)."""
 
     DIGITS = "digits"
+    BREAST_CANCER = "breast-cancer"
 
 
 class StorageType(StrEnum):
