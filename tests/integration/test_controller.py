@@ -1,0 +1,308 @@
+"""The hub controller against the real local control plane (apiservers, OCM placement
+controller, work agents), with kopf running in-process (kopf.testing.KopfRunner).
+
+Each test uses its own namespace and its own ClusterClaim name, so tests do not see each
+other's claims. minAvailableClients is above the number of clusters, so the server Job never
+starts: these tests are about placement, cluster resolution, works and cleanup.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kopf.testing import KopfRunner
+
+from hack.controlplane.kube import Kube, KubeError
+from hack.controlplane.plane import ControlPlane
+from hub_controller.api import FLRef
+from hub_controller.works import work_name
+from ocmfl import constants
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+T = TypeVar("T")
+CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "federatedlearnings.yaml"
+CLUSTER = constants.CLUSTER_GROUP
+CLAIMS = f"/apis/{CLUSTER}/v1alpha1/clusterclaims"
+WORKS_ALL = f"/apis/{constants.WORK_GROUP}/v1/manifestworks"
+FL_NAME = "digits"
+
+
+def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = fn()
+        if last:
+            return last  # type: ignore[no-any-return]
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def fl_path(namespace: str, name: str = "") -> str:
+    base = f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}"
+    return f"{base}/{name}" if name else base
+
+
+@pytest.fixture
+def hub(control_plane: ControlPlane) -> Iterator[Kube]:
+    k = Kube(control_plane.hub_kubeconfig)
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    name = crd["metadata"]["name"]
+    k.request(
+        "PATCH",
+        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
+        crd,
+        query={"fieldManager": "ocmfl-tests", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+    def established() -> bool:
+        got = k.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
+        conds = (got.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for(established, 30, "FederatedLearning CRD established")
+    yield k
+    k.close()
+
+
+@pytest.fixture
+def spokes(control_plane: ControlPlane) -> Iterator[dict[str, Kube]]:
+    ks = {c: Kube(p) for c, p in control_plane.cluster_kubeconfigs.items()}
+    yield ks
+    for k in ks.values():
+        k.close()
+
+
+@pytest.fixture
+def bound(hub: Kube, namespace: str) -> str:
+    """The test namespace with the `global` cluster set bound (an admin's step)."""
+    hub.create(
+        f"/apis/{CLUSTER}/v1beta2/namespaces/{namespace}/managedclustersetbindings",
+        {
+            "apiVersion": f"{CLUSTER}/v1beta2",
+            "kind": "ManagedClusterSetBinding",
+            "metadata": {"name": "global", "namespace": namespace},
+            "spec": {"clusterSet": "global"},
+        },
+    )
+    return namespace
+
+
+@pytest.fixture
+def claim(spokes: dict[str, Kube], namespace: str) -> Iterator[str]:
+    """A ClusterClaim name unique to this test; whatever the test creates is removed."""
+    name = f"{namespace}.data.ocmfl.io"
+    yield name
+    for k in spokes.values():
+        k.delete(f"{CLAIMS}/{name}")
+
+
+def set_claim(spoke: Kube, name: str, value: str) -> None:
+    spoke.create(
+        CLAIMS,
+        {
+            "apiVersion": f"{CLUSTER}/v1alpha1",
+            "kind": "ClusterClaim",
+            "metadata": {"name": name},
+            "spec": {"value": value},
+        },
+    )
+
+
+@pytest.fixture
+def operator(control_plane: ControlPlane, hub: Kube, namespace: str) -> Iterator[KopfRunner]:
+    """kopf in-process against the hub; at the end the test's resources are deleted while
+    the operator still runs, so its finalizer can do its job."""
+    os.environ["KUBECONFIG"] = control_plane.hub_kubeconfig
+    from hub_controller import operator as op
+
+    op.STATE.kube = None  # a client for this plane
+    args = ["run", "--standalone", "--all-namespaces", "-m", "hub_controller.operator"]
+    with KopfRunner(args, timeout=60) as runner:
+        time.sleep(2)  # indexes pre-populate before handlers run
+        yield runner
+        for item in (hub.get(fl_path(namespace)) or {}).get("items", []):
+            hub.delete(fl_path(namespace, item["metadata"]["name"]))
+        wait_for(lambda: not (hub.get(fl_path(namespace)) or {}).get("items"), 90, "FL gone")
+    assert runner.exception is None, runner.exception
+
+
+def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": FL_NAME, "namespace": namespace},
+        "spec": {
+            "server": {
+                "rounds": 1,
+                "minAvailableClients": 9,
+                "advertiseAddress": "127.0.0.1:9443",
+                **server,
+            },
+            "client": {
+                "dataClaim": claim,
+                "placement": {
+                    "clusterSets": ["global"],
+                    "predicates": [
+                        {
+                            "requiredClusterSelector": {
+                                "claimSelector": {
+                                    "matchExpressions": [{"key": claim, "operator": "Exists"}]
+                                }
+                            }
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+def works_of(hub: Kube, namespace: str) -> dict[str, dict[str, Any]]:
+    """Our ManifestWorks for the test's resource, by cluster."""
+    selector = (
+        f"{constants.LABEL_OWNER_NAMESPACE}={namespace},{constants.LABEL_OWNER_NAME}={FL_NAME}"
+    )
+    items = (hub.get(WORKS_ALL, {"labelSelector": selector}) or {}).get("items", [])
+    return {w["metadata"]["namespace"]: w for w in items}
+
+
+def host_path(work: dict[str, Any]) -> str:
+    [job] = [m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "Job"]
+    [vol] = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "data"]
+    return str(vol["hostPath"]["path"])
+
+
+def test_works_follow_the_clusters_that_claim_data(
+    hub: Kube,
+    spokes: dict[str, Kube],
+    bound: str,
+    claim: str,
+    operator: KopfRunner,
+) -> None:
+    namespace = bound
+    clusters = sorted(spokes)
+    with_data = clusters[:-1] if len(clusters) > 2 else clusters[:1]
+    for c in with_data:
+        set_claim(spokes[c], claim, f"/srv/data/{c}")
+    hub.create(fl_path(namespace), fl_body(namespace, claim))
+
+    def exact_works() -> dict[str, dict[str, Any]] | None:
+        w = works_of(hub, namespace)
+        return w if set(w) == set(with_data) else None
+
+    works = wait_for(exact_works, 60, f"works on exactly {with_data}")
+    for c in with_data:
+        assert host_path(works[c]) == f"/srv/data/{c}"
+        assert works[c]["metadata"]["name"] == work_name(FLRef(namespace, FL_NAME, "x"))
+
+    def status() -> dict[str, Any]:
+        got = hub.get(fl_path(namespace, FL_NAME)) or {}
+        return dict(got.get("status") or {})
+
+    st = wait_for(
+        lambda: (s := status()).get("clients") == f"{len(with_data)}/{len(with_data)}" and s,
+        60,
+        "works applied in status",
+    )
+    assert st["phase"] == "Waiting"
+    rows = {r["name"]: r for r in st["clusters"]}
+    assert rows[with_data[0]]["dataPath"] == f"/srv/data/{with_data[0]}"
+    assert rows[with_data[0]]["workApplied"] is True
+
+    # the client's namespace and Job reached the managed cluster
+    client_ns = work_name(FLRef(namespace, FL_NAME, "x"))
+    spoke = spokes[with_data[0]]
+    jobs = wait_for(
+        lambda: (spoke.get(f"/apis/batch/v1/namespaces/{client_ns}/jobs") or {}).get("items"),
+        60,
+        "client Job on the cluster",
+    )
+    assert jobs[0]["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"].startswith(
+        "/srv/data/"
+    )
+
+    # a cluster that loses its claim loses its work
+    leaver = with_data[0]
+    spokes[leaver].delete(f"{CLAIMS}/{claim}")
+    wait_for(lambda: leaver not in works_of(hub, namespace), 60, f"work on {leaver} deleted")
+    assert set(works_of(hub, namespace)) == set(with_data[1:])
+
+
+def test_deleting_the_resource_removes_everything_it_created(
+    hub: Kube, spokes: dict[str, Kube], bound: str, claim: str, operator: KopfRunner
+) -> None:
+    namespace = bound
+    first = sorted(spokes)[0]
+    set_claim(spokes[first], claim, "/srv/data/x")
+    hub.create(fl_path(namespace), fl_body(namespace, claim))
+    wait_for(lambda: first in works_of(hub, namespace), 60, "work created")
+    placement = f"/apis/{CLUSTER}/v1beta1/namespaces/{namespace}/placements/{FL_NAME}"
+    assert hub.get(placement) is not None
+    services = f"/api/v1/namespaces/{namespace}/services"
+    assert (hub.get(services) or {}).get("items")
+    fl = hub.get(fl_path(namespace, FL_NAME)) or {}
+    assert constants.FINALIZER in fl["metadata"].get("finalizers", [])
+
+    hub.delete(fl_path(namespace, FL_NAME))
+    wait_for(lambda: hub.get(fl_path(namespace, FL_NAME)) is None, 90, "resource gone")
+    assert not works_of(hub, namespace)
+    wait_for(
+        lambda: (p := hub.get(placement)) is None or bool(p["metadata"].get("deletionTimestamp")),
+        30,
+        "Placement deleted",
+    )
+    client_ns = work_name(FLRef(namespace, FL_NAME, "x"))
+    wait_for(
+        lambda: (
+            (ns := spokes[first].get(f"/api/v1/namespaces/{client_ns}")) is None
+            or bool(ns["metadata"].get("deletionTimestamp"))
+        ),
+        60,
+        "client namespace removed on the cluster",
+    )
+    # nothing else was touched: the binding is still there
+    binding = f"/apis/{CLUSTER}/v1beta2/namespaces/{namespace}/managedclustersetbindings/global"
+    assert hub.get(binding) is not None
+
+
+def test_schema_refuses_what_it_can_say(hub: Kube, namespace: str) -> None:
+    body = fl_body(namespace, "x.data", rounds=0)
+    with pytest.raises(KubeError) as exc:
+        hub.create(fl_path(namespace), body)
+    assert exc.value.status == 422
+    assert "spec.server.rounds" in str(exc.value)
+    body = fl_body(namespace, "x.data")
+    body["spec"]["server"]["strategy"] = {"name": "fedmagic"}
+    with pytest.raises(KubeError):
+        hub.create(fl_path(namespace), body)
+
+
+def test_invalid_resource_fails_with_a_useful_message_and_applies_nothing(
+    hub: Kube, bound: str, claim: str, operator: KopfRunner
+) -> None:
+    namespace = bound
+    body = fl_body(namespace, claim, minAvailableClients=3)
+    body["spec"]["client"]["placement"]["numberOfClusters"] = 2
+    hub.create(fl_path(namespace), body)
+
+    def status() -> dict[str, Any]:
+        return dict((hub.get(fl_path(namespace, FL_NAME)) or {}).get("status") or {})
+
+    st = wait_for(lambda: (s := status()).get("phase") == "Failed" and s, 60, "Failed")
+    assert "lower minAvailableClients or raise numberOfClusters" in st["message"]
+    [cond] = [c for c in st["conditions"] if c["type"] == "Validated"]
+    assert cond["status"] == "False"
+    placement = f"/apis/{CLUSTER}/v1beta1/namespaces/{namespace}/placements/{FL_NAME}"
+    assert hub.get(placement) is None
+    assert not works_of(hub, namespace)
+    events = (hub.get(f"/api/v1/namespaces/{namespace}/events") or {}).get("items", [])
+    assert any(e.get("reason") == "InvalidSpec" for e in events)
