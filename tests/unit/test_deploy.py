@@ -10,7 +10,6 @@ from __future__ import annotations
 import ast
 import base64
 import importlib
-import os
 import re
 import shutil
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from hack.helm import helm_binary
 from hub_controller import ca_init, rbac
 from ocmfl import constants, pki
 
@@ -35,24 +35,9 @@ RELEASE = "ocm-fl"
 # --- helm ---------------------------------------------------------------------------------------
 
 
-def _helm_version() -> str:
-    gomod = (ROOT / "hack/tools/gomod/helm/go.mod").read_text()
-    m = re.search(r"^\s*helm\.sh/helm/v3 (v\S+)", gomod, re.M)
-    assert m, "hack/tools/gomod/helm/go.mod pins no helm.sh/helm/v3 version"
-    return m.group(1)
-
-
-def _helm_binary() -> str | None:
-    cache_dir = Path(os.environ.get("OCMFL_CACHE", Path.home() / ".cache" / "ocm-fl"))
-    built = cache_dir / "bin" / f"helm-{_helm_version()}" / "helm"
-    if built.is_file() and os.access(built, os.X_OK):
-        return str(built)
-    return shutil.which("helm")
-
-
 @pytest.fixture(scope="module")
 def helm() -> str:
-    path = _helm_binary()
+    path = helm_binary()
     if path is None:
         pytest.skip("helm binary absent: build it with `bash hack/tools/build-helm.sh`")
     return path

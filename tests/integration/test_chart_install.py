@@ -1,0 +1,238 @@
+"""The rendered hub chart installs on a real kube-apiserver with the real OCM CRDs.
+
+Every object of `helm template` goes through a server-side dry-run first (schema, defaults,
+validation of OCM's ClusterManagementAddOn / AddOnTemplate / AddOnDeploymentConfig and of the
+RBAC objects), then is created for real. The CA hook's code runs against the same apiserver,
+and the ServiceAccount's permissions are checked with SubjectAccessReviews, so RBAC is judged
+by the apiserver's own authorizer, not by reading YAML.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from hack.controlplane.kube import Kube
+from hack.controlplane.plane import ControlPlane
+from hack.helm import helm_binary
+from hub_controller import ca_init, rbac
+from ocmfl import constants
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "ocm-federated-learning"
+
+# kind -> (API path prefix, plural, namespaced)
+_PATHS: dict[str, tuple[str, str, bool]] = {
+    "ServiceAccount": ("/api/v1", "serviceaccounts", True),
+    "Service": ("/api/v1", "services", True),
+    "Secret": ("/api/v1", "secrets", True),
+    "Deployment": ("/apis/apps/v1", "deployments", True),
+    "Job": ("/apis/batch/v1", "jobs", True),
+    "Role": ("/apis/rbac.authorization.k8s.io/v1", "roles", True),
+    "RoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "rolebindings", True),
+    "ClusterRole": ("/apis/rbac.authorization.k8s.io/v1", "clusterroles", False),
+    "ClusterRoleBinding": ("/apis/rbac.authorization.k8s.io/v1", "clusterrolebindings", False),
+    "ClusterManagementAddOn": (
+        f"/apis/{constants.ADDON_GROUP}/v1alpha1",
+        "clustermanagementaddons",
+        False,
+    ),
+    "AddOnTemplate": (f"/apis/{constants.ADDON_GROUP}/v1alpha1", "addontemplates", False),
+    "AddOnDeploymentConfig": (
+        f"/apis/{constants.ADDON_GROUP}/v1alpha1",
+        "addondeploymentconfigs",
+        True,
+    ),
+    "CustomResourceDefinition": (
+        "/apis/apiextensions.k8s.io/v1",
+        "customresourcedefinitions",
+        False,
+    ),
+}
+
+
+def _collection(obj: dict[str, Any]) -> str:
+    prefix, plural, namespaced = _PATHS[obj["kind"]]
+    if namespaced:
+        return f"{prefix}/namespaces/{obj['metadata']['namespace']}/{plural}"
+    return f"{prefix}/{plural}"
+
+
+def _helm() -> str:
+    path = helm_binary()
+    if path is None:
+        pytest.skip("helm binary absent: build it with `bash hack/tools/build-helm.sh`")
+    return path
+
+
+@pytest.fixture
+def hub(control_plane: ControlPlane) -> Iterator[Kube]:
+    kube = Kube(control_plane.hub_kubeconfig)
+    yield kube
+    kube.close()
+
+
+@pytest.fixture
+def rendered(namespace: str, hub: Kube) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    """(release, addon, objects) rendered for `namespace`; cluster-scoped ones deleted after."""
+    suffix = uuid.uuid4().hex[:6]
+    release, addon = f"t{suffix}", f"fl-test-{suffix}"
+    cmd = [
+        _helm(),
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--include-crds",
+        "--set",
+        "hub.replicas=0",  # the chart's objects, not a second running controller
+        "--set",
+        f"addon.name={addon}",
+        "--set",
+        f"rbac.flNamespaces={{{namespace}}}",
+    ]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    yield release, addon, docs
+    for d in docs:
+        if not _PATHS[d["kind"]][2] and d["kind"] != "CustomResourceDefinition":
+            hub.delete(f"{_collection(d)}/{d['metadata']['name']}")
+
+
+def test_rendered_chart_passes_server_side_dry_run_and_installs(
+    hub: Kube, namespace: str, rendered: tuple[str, str, list[dict[str, Any]]]
+) -> None:
+    _, addon, docs = rendered
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    for crd in crds:  # shared by every test: create once, never replace
+        hub.create(_collection(crd), crd, exist_ok=True)
+    objects = [
+        d
+        for d in docs
+        if d["kind"] != "CustomResourceDefinition"
+        and "helm.sh/hook" not in d["metadata"].get("annotations", {})
+    ]
+    for obj in objects:
+        hub.request("POST", _collection(obj), obj, query={"dryRun": "All"})
+    for obj in objects:
+        hub.create(_collection(obj), obj, exist_ok=False)
+    cma = hub.get(f"/apis/{constants.ADDON_GROUP}/v1alpha1/clustermanagementaddons/{addon}")
+    assert cma is not None
+    assert cma["spec"]["installStrategy"]["type"] == "Manual"
+    template_name = next(d for d in docs if d["kind"] == "AddOnTemplate")["metadata"]["name"]
+    template = hub.get(f"/apis/{constants.ADDON_GROUP}/v1alpha1/addontemplates/{template_name}")
+    assert template is not None
+    (reg,) = template["spec"]["registration"]
+    assert reg["customSigner"]["signerName"] == constants.SIGNER_NAME
+    assert len(template["spec"]["agentSpec"]["workload"]["manifests"]) >= 5
+    # Hook objects are valid too.
+    for hook in [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]:
+        hub.request("POST", _collection(hook), hook, query={"dryRun": "All"})
+
+
+def test_hub_service_account_is_allowed_exactly_what_rbac_py_declares(
+    hub: Kube, namespace: str, rendered: tuple[str, str, list[dict[str, Any]]]
+) -> None:
+    _, _, docs = rendered
+    for obj in docs:
+        if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding") or (
+            obj["kind"] in ("Role", "RoleBinding")
+            and "helm.sh/hook" not in obj["metadata"].get("annotations", {})
+        ):
+            hub.create(_collection(obj), obj, exist_ok=False)
+    sa = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"][
+        "serviceAccountName"
+    ]
+    user = f"system:serviceaccount:{namespace}:{sa}"
+
+    def allowed(rule: rbac.Rule, verb: str, ns: str | None, name: str | None = None) -> bool:
+        resource, _, subresource = rule.resource.partition("/")
+        attrs: dict[str, Any] = {
+            "group": rule.group,
+            "resource": resource,
+            "subresource": subresource,
+            "verb": verb,
+        }
+        if ns:
+            attrs["namespace"] = ns
+        if name:
+            attrs["name"] = name
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {"user": user, "resourceAttributes": attrs},
+        }
+        res = hub.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
+        return bool(res["status"].get("allowed"))
+
+    denied = []
+    for rule in rbac.HUB_RULES:
+        ns = {
+            rbac.Scope.CLUSTER: None,
+            rbac.Scope.FL_NAMESPACES: namespace,  # rbac.flNamespaces={namespace} above
+            rbac.Scope.RELEASE_NAMESPACE: namespace,
+        }[rule.scope]
+        for verb in rule.verbs:
+            names = rule.resource_names or (None,)
+            if not all(allowed(rule, verb, ns, n) for n in names):
+                denied.append(f"{verb} {rule.group}/{rule.resource} in {ns}")
+    assert not denied, denied
+    # Least privilege: FL-namespace grants do not leak to other namespaces, other signers fail.
+    jobs = next(r for r in rbac.HUB_RULES if r.resource == "jobs")
+    assert not allowed(jobs, "create", "kube-system")
+    signers = next(r for r in rbac.HUB_RULES if r.resource == "signers")
+    assert not allowed(signers, "sign", None, "kubernetes.io/kube-apiserver-client")
+
+
+def test_ca_hook_creates_the_ca_once_and_publishes_it_to_the_deployment_config(
+    control_plane: ControlPlane,
+    hub: Kube,
+    namespace: str,
+    rendered: tuple[str, str, list[dict[str, Any]]],
+) -> None:
+    _, _, docs = rendered
+    adc = next(d for d in docs if d["kind"] == "AddOnDeploymentConfig")
+    hub.create(_collection(adc), adc, exist_ok=False)
+    env = {**os.environ, "KUBECONFIG": control_plane.hub_kubeconfig}
+
+    def hook(*args: str) -> str:
+        res = subprocess.run(
+            [sys.executable, "-m", "hub_controller.ca_init", *args, "--namespace", namespace],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+            check=False,
+        )
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    assert "created" in hook("ensure-secret", "--secret", "ocm-fl-ca")
+    secret = hub.get(f"/api/v1/namespaces/{namespace}/secrets/ocm-fl-ca")
+    assert secret is not None and secret["type"] == "kubernetes.io/tls"
+    assert "exists" in hook("ensure-secret", "--secret", "ocm-fl-ca")
+    again = hub.get(f"/api/v1/namespaces/{namespace}/secrets/ocm-fl-ca")
+    assert again is not None and again["data"] == secret["data"]  # never overwritten
+
+    hook("publish", "--secret", "ocm-fl-ca", "--adc", adc["metadata"]["name"])
+    live = hub.get(
+        f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{namespace}/addondeploymentconfigs/"
+        f"{adc['metadata']['name']}"
+    )
+    assert live is not None
+    variables = live["spec"]["customizedVariables"]
+    assert ca_init.join_bundle(variables) == base64.b64decode(secret["data"]["tls.crt"])
+    names = [v["name"] for v in variables]
+    assert constants.ADDON_VAR_IMAGE in names and constants.ADDON_VAR_LOG_LEVEL in names
