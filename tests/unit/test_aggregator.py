@@ -264,3 +264,31 @@ async def test_concurrent_streams_from_many_clusters(
         send(hub, tpki, dirs[n], *(make_report(n, s) for s in range(1, 6))) for n in names))
     assert all(r == [1, 2, 3, 4, 5] for r in results)
     assert sorted(hub.store.snapshot("fl", "mnist")) == names
+
+
+async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics(
+    tmp_path: Path,
+) -> None:
+    import urllib.request
+
+    from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
+
+    tpki = TestPKI(tmp_path, key_kind="rsa")
+    ca_dir = pki.save_tls_dir(tmp_path / "ca", tpki.ca, None)
+    service = AggregatorService(AggregatorSettings(
+        listen="127.0.0.1:0", ca_dir=ca_dir, clusters=["cluster-a"], metrics_port=0,
+        metrics_host="127.0.0.1"))
+    port = await service.start()
+    try:
+        assert service.server is not None
+        acks = await send(service.server, tpki, tpki.client_dir("cluster-a"),
+                          make_report("cluster-a", 7))
+        assert acks == [7]
+        metrics_port = service._metrics_server[0].server_port
+        body = await asyncio.to_thread(
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read())
+        assert b'ocmfl_cluster_accuracy{cluster="cluster-a",name="mnist",namespace="fl"} 0.8' \
+            in body
+        assert port == service.server.port
+    finally:
+        await service.stop()
