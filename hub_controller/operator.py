@@ -56,7 +56,8 @@ from hub_controller.status import (
 from ocmfl import constants
 
 GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
-PERSISTENCE_PREFIX: Final = f"kopf.{constants.LABEL_PREFIX}"
+# Not "kopf.*": kopf then marks this prefix as its own and ignores all of it in diffs.
+PERSISTENCE_PREFIX: Final = f"operator.{constants.LABEL_PREFIX}"
 INPUTS_ANNOTATION: Final = f"{constants.LABEL_PREFIX}/inputs"
 REFOLD_INTERVAL_S: Final = 10.0
 CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
