@@ -7,7 +7,7 @@ controller may read from another thread. Subscribers are told which resource cha
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import datetime as dt
 import threading
 from collections.abc import Callable, Mapping
@@ -97,6 +97,13 @@ class ClusterReport:
         return row
 
 
+def _copy(state: ClusterReport) -> ClusterReport:
+    """A copy that shares nothing mutable (RoundRows are frozen)."""
+    return dataclasses.replace(
+        state, rounds=dict(state.rounds), label_histogram=dict(state.label_histogram)
+    )
+
+
 def fold_report(
     current: ClusterReport | None, cluster: str, report: report_pb2.Report
 ) -> ClusterReport:
@@ -109,7 +116,7 @@ def fold_report(
     if current is not None and report.fl_uid and current.fl_uid and report.fl_uid != current.fl_uid:
         current = None
     new = (
-        copy.deepcopy(current)
+        _copy(current)
         if current is not None
         else ClusterReport(
             cluster=cluster, fl_uid=report.fl_uid, phase="Pending", round=0, last_report_time=ts
@@ -155,7 +162,7 @@ class ReportStore:
             rows = self._data.setdefault(key, {})
             state = fold_report(rows.get(cluster), cluster, report)
             rows[cluster] = state
-            result = copy.deepcopy(state)
+            result = _copy(state)
             subscribers = list(self._subscribers)
         for cb in subscribers:
             cb(*key)
@@ -164,7 +171,8 @@ class ReportStore:
     def snapshot(self, namespace: str, name: str) -> dict[str, ClusterReport]:
         """A copy of every cluster's state for one resource (empty when none reported)."""
         with self._lock:
-            return copy.deepcopy(self._data.get((namespace, name), {}))
+            rows = self._data.get((namespace, name), {})
+            return {c: _copy(r) for c, r in rows.items()}
 
     def resources(self) -> list[ResourceKey]:
         with self._lock:
