@@ -14,6 +14,9 @@ from typing import Final
 
 from ocmfl import constants
 
+# Default name of the CA Secret in the hub's namespace (chart value ca.secretName).
+DEFAULT_CA_SECRET: Final = "ocm-fl-ca"
+
 READ: Final = ("get", "list", "watch")
 WRITE: Final = ("create", "update", "patch", "delete")
 CRUD: Final = READ + WRITE
@@ -56,13 +59,25 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     # One ManifestWork per chosen cluster, in that cluster's namespace on the hub.
     Rule(constants.WORK_GROUP, "manifestworks", CRUD, why="per-cluster FL client"),
     Rule(constants.ADDON_GROUP, "managedclusteraddons", READ, why="agent available?"),
-    # The FL server side on the hub, next to the FederatedLearning resource.
+    # The FL server side on the hub, next to the FederatedLearning resource. kopf indexes
+    # watch Jobs, Services and Pods cluster-wide (by label); writes stay in FL namespaces.
+    Rule("batch", "jobs", READ, why="kopf index of server Jobs"),
+    Rule("", "services", READ, why="kopf index of server Services"),
+    Rule("", "pods", READ, why="kopf index of server pods"),
     Rule("batch", "jobs", CRUD, Scope.FL_NAMESPACES, why="FL server Job"),
     Rule("", "services", CRUD, Scope.FL_NAMESPACES, why="FL server Service"),
     Rule("", "secrets", CRUD, Scope.FL_NAMESPACES, why="server TLS, node keys"),
     Rule("", "configmaps", CRUD, Scope.FL_NAMESPACES, why="server config"),
     Rule("", "persistentvolumeclaims", CRUD, Scope.FL_NAMESPACES, why="model storage"),
-    Rule("", "pods", READ, Scope.FL_NAMESPACES, why="server pod state"),
+    # The CA Secret, read by the CSR signer (only that Secret).
+    Rule(
+        "",
+        "secrets",
+        ("get",),
+        Scope.RELEASE_NAMESPACE,
+        resource_names=(DEFAULT_CA_SECRET,),
+        why="CA for the CSR signer",
+    ),
     # The project's own CSR signer for agent identities (same signer name as OCM's CustomSigner).
     Rule("certificates.k8s.io", "certificatesigningrequests", READ, why="agent CSRs"),
     Rule(

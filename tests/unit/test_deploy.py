@@ -251,6 +251,7 @@ def test_values_mirror_shared_constants() -> None:
     assert addon["agentLocalPort"] == constants.AGENT_LOCAL_PORT
     assert addon["agentHealthPort"] == constants.AGENT_HEALTH_PORT
     assert values["ocm"]["hubNamespace"] == constants.HUB_NAMESPACE
+    assert values["ca"]["secretName"] == rbac.DEFAULT_CA_SECRET
     assert addon["installStrategy"] == "Manual"
 
 
