@@ -332,6 +332,22 @@ def issue_client_cert(
     return CertAndKey(cert, key)
 
 
+def issue_cert_for_subject(
+    subject: x509.Name,
+    ca: CertAndKey,
+    *,
+    lifetime: dt.timedelta = DEFAULT_CLIENT_LIFETIME,
+    now: dt.datetime | None = None,
+    key_kind: KeyKind = "ec",
+) -> CertAndKey:
+    """A client certificate with an arbitrary subject (e.g. an OCM addon identity)."""
+    key = generate_key(key_kind)
+    cert = _leaf_builder(
+        subject, key.public_key(), ca, lifetime=lifetime, now=now, client=True, server=False,
+    ).sign(ca.key, hashes.SHA256())
+    return CertAndKey(cert, key)
+
+
 def issue_server_cert(
     ca: CertAndKey,
     *,
