@@ -76,6 +76,7 @@ class PodRun:
     prepared: bool = False
     next_prepare: float = 0.0
     kill_deadline: float | None = None
+    deleting: bool = False
     transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
     last_status: Obj | None = None
 
@@ -381,8 +382,9 @@ class LocalNode:
                         "finishedAt": now(), "containerID": f"local://{c.popen.pid}"}
         policy = run.restart_policy
         is_init = c in run.init
-        restart = policy == "Always" or (policy == "OnFailure" and code != 0) or (
-            is_init and policy != "Never" and code != 0)
+        restart = not run.deleting and (
+            policy == "Always" or (policy == "OnFailure" and code != 0)
+            or (is_init and policy != "Never" and code != 0))
         if restart:
             delay = min(MAX_BACKOFF, 1.0 * 2 ** min(c.restart_count, 6))
             c.next_start = time.monotonic() + delay
@@ -427,6 +429,7 @@ class LocalNode:
     def _terminate(self, pod: Obj, run: PodRun | None) -> None:
         """Graceful deletion: SIGTERM, SIGKILL after the grace period, then remove the pod."""
         if run is not None:
+            run.deleting = True
             live = [c for c in run.all() if c.popen is not None and c.popen.poll() is None]
             if live:
                 if run.kill_deadline is None:

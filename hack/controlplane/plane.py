@@ -31,7 +31,7 @@ from ocmfl.constants import HUB_NAMESPACE
 AGENT_NAMESPACE = "open-cluster-management-agent"
 KCM_CONTROLLERS = ("namespace-controller,garbage-collector-controller,job-controller,"
                    "deployment-controller,replicaset-controller,serviceaccount-controller,"
-                   "root-ca-certificate-publisher-controller")
+                   "root-ca-certificate-publisher-controller,ttl-after-finished-controller")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,11 @@ class ControlPlane:
 
 class PlaneError(RuntimeError):
     """The plane cannot be brought up (or reused) as asked."""
+
+
+def service_cidr(index: int) -> str:
+    """ClusterIP range of apiserver `index` (hub 0): loopback, distinct per apiserver."""
+    return f"127.{100 + index}.0.0/16"
 
 
 def cluster_names(n: int) -> list[str]:
@@ -106,8 +111,11 @@ def healthy(state: State) -> bool:
 
 
 def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
-       timeout: float = 120.0) -> State:
-    """Start the plane (or reuse a healthy one with the same clusters); return its state."""
+       timeout: float = 120.0, ocm: bool = True) -> State:
+    """Start the plane (or reuse a healthy one with the same clusters); return its state.
+
+    `ocm=False` leaves out the OCM controllers (Kubernetes + local nodes only).
+    """
     d = state_dir or processes.state_dir()
     with _locked(d):
         existing = State.load(d)
@@ -120,12 +128,15 @@ def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
                     "`python -m hack.controlplane down` or use another OCMFL_CP_DIR")
             _down_locked(d)
         missing = build.missing_binaries()
+        if not ocm:
+            missing = [m for m in missing if m in ("etcd", "kube-apiserver",
+                                                   "kube-controller-manager")]
         if missing:
             if echo:
                 print(f"building missing binaries {missing}", flush=True)
             build.build_all(echo=echo)
         try:
-            return _start(d, cluster_names(clusters), echo, timeout)
+            return _start(d, cluster_names(clusters), echo, timeout, ocm)
         except BaseException:
             _down_locked(d)
             raise
@@ -136,7 +147,7 @@ def _say(echo: bool, msg: str) -> None:
         print(msg, flush=True)
 
 
-def _start(d: Path, clusters: list[str], echo: bool, timeout: float) -> State:
+def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool) -> State:
     t0 = time.monotonic()
     for sub in ("logs", "pods"):
         shutil.rmtree(d / sub, ignore_errors=True)
@@ -187,7 +198,7 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float) -> State:
 
     # --- apiservers -----------------------------------------------------------------------------
     apis: dict[str, Proc] = {}
-    for n in names:
+    for i, n in enumerate(names):
         port = processes.free_port()
         p = track(processes.spawn(f"kube-apiserver-{n}", [
             str(build.binary("kube-apiserver")),
@@ -195,7 +206,7 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float) -> State:
             "--bind-address=127.0.0.1", f"--secure-port={port}", "--advertise-address=127.0.0.1",
             f"--tls-cert-file={srv_crt}", f"--tls-private-key-file={srv_key}",
             f"--client-ca-file={ca_crt}", "--authorization-mode=RBAC",
-            "--service-cluster-ip-range=10.0.0.0/24", "--allow-privileged=true",
+            f"--service-cluster-ip-range={service_cidr(i)}", "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -252,14 +263,7 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float) -> State:
         ], logs / f"kube-controller-manager-{n}.log"))
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
-    port = processes.free_port()
-    p = track(processes.spawn("placement", [
-        str(build.binary("placement")), "controller", f"--kubeconfig={state.kubeconfigs['hub']}",
-        f"--listen=127.0.0.1:{port}", "--disable-leader-election", f"--namespace={HUB_NAMESPACE}",
-    ], logs / "placement.log"))
-    p.port = port
-    waits.append((p, f"https://127.0.0.1:{port}/healthz"))
-    for c in clusters:
+    for c in clusters if ocm else []:
         port = processes.free_port()
         p = track(processes.spawn(f"work-agent-{c}", [
             str(build.binary("work")), "agent", f"--spoke-cluster-name={c}", f"--agent-id={c}",
@@ -268,6 +272,15 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float) -> State:
             "--status-sync-interval=2s", f"--listen=127.0.0.1:{port}",
             "--disable-leader-election", f"--namespace={AGENT_NAMESPACE}",
         ], logs / f"work-agent-{c}.log"))
+        p.port = port
+        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+    if ocm:
+        port = processes.free_port()
+        p = track(processes.spawn("placement", [
+            str(build.binary("placement")), "controller",
+            f"--kubeconfig={state.kubeconfigs['hub']}", f"--listen=127.0.0.1:{port}",
+            "--disable-leader-election", f"--namespace={HUB_NAMESPACE}",
+        ], logs / "placement.log"))
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
     state.save()
