@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ class AgentConfig:
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     cert_check_interval_s: float = 2.0
+    # CSR mode: renew our own certificate through the hub's CSR signer, using this hub
+    # kubeconfig (OCM KubeClient registration mounts one at /managed/hub-kubeconfig/kubeconfig).
+    csr_hub_kubeconfig: str | None = None
+    csr_check_interval_s: float = 300.0
 
 
 def _env(*names: str, default: str | None = None) -> str | None:
@@ -49,6 +54,13 @@ def _env(*names: str, default: str | None = None) -> str | None:
         if v:
             return v
     return default
+
+
+def _default_ca_file(cert_dir: Path) -> Path:
+    """<cert-dir>/ca.crt when present; else the hub CA the AddOnTemplate mounts (OCM's
+    CustomSigner secret carries no CA)."""
+    own = cert_dir / "ca.crt"
+    return own if own.exists() else Path(constants.AGENT_HUB_CA_DIR) / "ca.crt"
 
 
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
@@ -71,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--health-port", type=int, default=constants.AGENT_HEALTH_PORT)
     p.add_argument("--buffer-size", type=int, default=1000)
     p.add_argument("--server-name", default=None, help="TLS name expected on the hub cert")
+    p.add_argument("--csr-hub-kubeconfig", default=None,
+                   help="CSR mode: renew the client cert via the hub CSR signer")
     p.add_argument("--log-level", default=_env(constants.ENV_LOG_LEVEL, default="INFO"))
     a = p.parse_args(argv)
     logging.basicConfig(level=str(a.log_level).upper(),
@@ -79,10 +93,11 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         p.error("--cluster and --hub-address (or their env vars) are required")
     return AgentConfig(
         cluster=a.cluster, hub_address=a.hub_address, cert_dir=Path(a.cert_dir),
-        ca_file=Path(a.ca_file) if a.ca_file else None, kubeconfig=a.kubeconfig,
+        ca_file=Path(a.ca_file) if a.ca_file else _default_ca_file(Path(a.cert_dir)),
+        kubeconfig=a.kubeconfig,
         watch=not a.no_watch, watch_namespace=a.watch_namespace, listen_host=a.listen_host,
         port=a.port, health_port=a.health_port or None, buffer_size=a.buffer_size,
-        server_name=a.server_name,
+        server_name=a.server_name, csr_hub_kubeconfig=a.csr_hub_kubeconfig,
     )
 
 
@@ -105,6 +120,7 @@ class Agent:
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._watcher: ClientWatcher | None = None
+        self._renewer: asyncio.Task[None] | None = None
 
     def health(self) -> dict[str, Any]:
         return {
@@ -136,9 +152,28 @@ class Agent:
                 self.on_phases, namespace=self.config.watch_namespace,
             )
             self._watcher.start()
+        if self.config.csr_hub_kubeconfig:
+            self._renewer = asyncio.create_task(self._renew_loop(), name="csr-renewal")
         self.streamer.start()
         log.info("agent for cluster %s: local API on port %d, hub %s",
                  self.config.cluster, self.port, self.config.hub_address)
+
+    async def _renew_loop(self) -> None:
+        """CSR mode: keep the client certificate fresh (the streamer picks up new files)."""
+        from kubernetes import client
+
+        from agent_addon.csr import RenewalError, renew_if_due
+        from ocmfl.kubeclient import api_client
+
+        certs = client.CertificatesV1Api(api_client(self.config.csr_hub_kubeconfig))
+        while True:
+            try:
+                await renew_if_due(certs, self.config.cluster, self.config.cert_dir)
+            except (RenewalError, OSError, ValueError) as e:
+                log.warning("certificate renewal failed: %s", e)
+            except Exception:
+                log.exception("certificate renewal failed")
+            await asyncio.sleep(self.config.csr_check_interval_s)
 
     async def stop(self, drain_s: float = 0.0) -> None:
         """Stop; first wait up to `drain_s` for pending reports to be delivered."""
@@ -146,6 +181,10 @@ class Agent:
             await self.buffer.wait_empty(drain_s)
         if self._watcher is not None:
             self._watcher.stop()
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._renewer
         await self.streamer.stop()
         if self._runner is not None:
             await self._runner.cleanup()

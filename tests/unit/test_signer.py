@@ -150,3 +150,51 @@ def test_ocm_default_subject_maps_to_its_cluster() -> None:
         [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"]]
         + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])])
     assert pki.cluster_from_subject(name) == "cluster-a"
+
+
+class FakeCertsAPI:
+    """CertificatesV1Api stand-in whose CSRs the signer's policy decides at once."""
+
+    def __init__(self, ca: pki.CertAndKey, known: set[str]) -> None:
+        self.ca, self.known = ca, known
+        self.csrs: dict[str, dict[str, Any]] = {}
+        self.api_client = self
+
+    @staticmethod
+    def sanitize_for_serialization(obj: Any) -> Any:
+        return obj
+
+    def create_certificate_signing_request(self, body: dict[str, Any]) -> Any:
+        from types import SimpleNamespace
+
+        name = f"csr-{len(self.csrs)}"
+        cluster = body["metadata"]["labels"]["open-cluster-management.io/cluster-name"]
+        csr = {**body, "metadata": {**body["metadata"], "name": name}}
+        csr["spec"] = {**body["spec"], "groups": [agent_group(cluster)]}
+        decision = decide_csr(csr, self.known)
+        if isinstance(decision, Approve):
+            csr["status"] = {"certificate": sign_request(csr, decision, self.ca)}
+        elif isinstance(decision, Deny):
+            csr["status"] = {"conditions": [{"type": "Denied", "reason": decision.reason}]}
+        self.csrs[name] = csr
+        return SimpleNamespace(metadata=SimpleNamespace(name=name))
+
+    def read_certificate_signing_request(self, name: str) -> dict[str, Any]:
+        return self.csrs[name]
+
+
+async def test_agent_renews_its_certificate_when_due(tmp_path: Any) -> None:
+    from agent_addon.csr import renew_if_due
+
+    ca = pki.create_ca(key_kind="ec")
+    api = FakeCertsAPI(ca, KNOWN)
+    old = pki.issue_client_cert("cluster-a", ca, lifetime=dt.timedelta(hours=1),
+                                now=pki.utcnow() - dt.timedelta(minutes=55))
+    pki.save_tls_dir(tmp_path, old, None)
+    assert await renew_if_due(api, "cluster-a", tmp_path, poll_s=0.01)
+    new, _ = pki.load_tls_dir(tmp_path)
+    assert new.cert.serial_number != old.cert.serial_number
+    assert pki.cluster_from_certificate(new.cert) == "cluster-a"
+    assert not await renew_if_due(api, "cluster-a", tmp_path)  # fresh: nothing to do
+    with pytest.raises(RenewalError, match="UnknownCluster"):
+        await renew_if_due(api, "cluster-z", tmp_path / "z", poll_s=0.01)
