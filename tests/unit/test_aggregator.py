@@ -292,3 +292,47 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
         assert port == service.server.port
     finally:
         await service.stop()
+
+
+class FakeCustomObjects:
+    """CustomObjectsApi stand-in: ManagedClusters and ManagedClusterAddOns by name."""
+
+    def __init__(self, clusters: dict[str, bool], addons: set[str]) -> None:
+        self.clusters, self.addons, self.calls = clusters, addons, 0
+
+    def get_cluster_custom_object(self, group: str, version: str, plural: str,
+                                  name: str) -> dict[str, object]:
+        from kubernetes.client.exceptions import ApiException
+
+        self.calls += 1
+        if name not in self.clusters:
+            raise ApiException(status=404)
+        return {"metadata": {"name": name}, "spec": {"hubAcceptsClient": self.clusters[name]}}
+
+    def get_namespaced_custom_object(self, group: str, version: str, namespace: str,
+                                     plural: str, name: str) -> dict[str, object]:
+        from kubernetes.client.exceptions import ApiException
+
+        assert name == "federated-learning" and plural == "managedclusteraddons"
+        if namespace not in self.addons:
+            raise ApiException(status=404)
+        return {}
+
+
+async def test_kubernetes_registry_needs_acceptance_and_the_addon() -> None:
+    from hub_controller.aggregator import KubernetesClusterRegistry
+
+    api = FakeCustomObjects({"ok": True, "not-accepted": False, "no-addon": True},
+                            {"ok", "not-accepted"})
+    now = [0.0]
+    reg = KubernetesClusterRegistry(api, ttl_s=30, negative_ttl_s=5, clock=lambda: now[0])
+    assert await reg.is_registered("ok")
+    assert not await reg.is_registered("not-accepted")
+    assert not await reg.is_registered("no-addon")
+    assert not await reg.is_registered("missing")
+    calls = api.calls
+    assert await reg.is_registered("ok") and api.calls == calls  # cached
+    api.addons.add("no-addon")
+    assert not await reg.is_registered("no-addon")  # negative answer still cached
+    now[0] = 6.0
+    assert await reg.is_registered("no-addon")
