@@ -23,6 +23,9 @@ _service: AggregatorService | None = None
 async def start_aggregator(logger: Any, **_: Any) -> None:
     global _service
     settings = AggregatorSettings.from_env()
+    if settings.ca_dir is None or not (settings.ca_dir / "tls.key").exists():
+        logger.warning("no hub CA at %s: the aggregator is not started", settings.ca_dir)
+        return
     settings.run_signer = os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").lower() == "true"
     _service = AggregatorService(settings)
     port = await _service.start()
