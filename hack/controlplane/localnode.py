@@ -21,6 +21,7 @@ from pathlib import Path
 
 from hack.controlplane import podplan
 from hack.controlplane.bootstrap import now
+from hack.controlplane.forwarder import Forwarder
 from hack.controlplane.kube import Informer, Kube, KubeError, Obj
 
 log = logging.getLogger(__name__)
@@ -118,6 +119,7 @@ class LocalNode:
         self.runs: dict[str, PodRun] = {}
         self.next_ip = 0
         self.tools = {t: shutil.which(t) or t for t in ("setpriv", "unshare")}
+        self.forwarder: Forwarder | None = None
         self.thread = threading.Thread(target=self._loop, name=f"node-{cluster}", daemon=True)
         self.ready = threading.Event()
 
@@ -126,6 +128,7 @@ class LocalNode:
         self.root.mkdir(parents=True, exist_ok=True)
         self.pid_dir.mkdir(parents=True, exist_ok=True)
         self.register_node()
+        self.forwarder = Forwarder(self.cluster)
         self.pods.start()
         self.services.start()
         self.thread.start()
@@ -160,6 +163,8 @@ class LocalNode:
 
     def shutdown(self) -> None:
         """Kill every pod process (SIGTERM, then SIGKILL after 3 s)."""
+        if self.forwarder is not None:
+            self.forwarder.close()
         ctrs = [c for r in self.runs.values() for c in r.all() if c.running]
         for c in ctrs:
             self._signal(c, signal.SIGTERM)
@@ -205,7 +210,7 @@ class LocalNode:
             for c in run.all():
                 self._signal(c, signal.SIGKILL)
             self._drop(run)
-        self._reconcile_lb(services, pods)
+        self._reconcile_services(services, pods)
 
     def _bind(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -297,10 +302,14 @@ class LocalNode:
             got = self._ready_ip(s, pods)
             if got:
                 sname, sns = s["metadata"]["name"], s["metadata"]["namespace"]
+                # Names resolve to the ClusterIP (forwarded to the pod) like cluster DNS does;
+                # headless services resolve to the pod itself.
+                cip = s.get("spec", {}).get("clusterIP")
+                addr = cip if cip and cip != "None" else got[0]
                 for suffix in ("", ".svc", ".svc.cluster.local"):
-                    names[f"{sname}.{sns}{suffix}"] = got[0]
+                    names[f"{sname}.{sns}{suffix}"] = addr
                 if sns == ns:
-                    names[sname] = got[0]
+                    names[sname] = addr
         (run.dir / "hosts").write_text(podplan.hosts_file_text(run.name, run.ip, names))
         volumes = podplan.materialise_volumes(pod, run.dir, self._lookup, run.ip, self._token)
         by_name = {c["name"]: c for c in (spec.get("initContainers") or []) + spec["containers"]}
@@ -553,20 +562,38 @@ class LocalNode:
             if e.status != 404:
                 log.warning("status %s/%s: %s", meta["namespace"], meta["name"], e)
 
-    # --- LoadBalancer ------------------------------------------------------------------------
-    def _reconcile_lb(self, services: list[Obj], pods: list[Obj]) -> None:
+    # --- Services: forwarding and LoadBalancer status -----------------------------------------
+    def _reconcile_services(self, services: list[Obj], pods: list[Obj]) -> None:
+        routes: dict[tuple[str, int], tuple[str, int]] = {}
         for svc in services:
-            if svc.get("spec", {}).get("type") != "LoadBalancer":
-                continue
+            spec = svc.get("spec", {})
             got = self._ready_ip(svc, pods)
-            want: Obj = {"ingress": [{"ip": got[0], "ipMode": "VIP"}]} if got else {}
-            have = svc.get("status", {}).get("loadBalancer") or {}
-            if have == want:
-                continue
-            meta = svc["metadata"]
-            try:
-                self.kube.patch(
-                    f"/api/v1/namespaces/{meta['namespace']}/services/{meta['name']}/status",
-                    {"status": {"loadBalancer": want or {"ingress": None}}})
-            except KubeError as e:
-                log.warning("lb %s/%s: %s", meta["namespace"], meta["name"], e)
+            if got is not None:
+                ip, pod = got
+                targets = podplan.target_ports(svc, pod)
+                cip = spec.get("clusterIP")
+                for p in spec.get("ports") or []:
+                    if p.get("protocol", "TCP") != "TCP" or str(p["port"]) not in targets:
+                        continue
+                    dst = (ip, targets[str(p["port"])])
+                    if cip and cip != "None":
+                        routes[(cip, int(p["port"]))] = dst
+                    if spec.get("type") == "LoadBalancer" and int(p["port"]) != dst[1]:
+                        routes[(ip, int(p["port"]))] = dst
+            if spec.get("type") == "LoadBalancer":
+                self._set_lb(svc, got[0] if got else None)
+        if self.forwarder is not None:
+            self.forwarder.sync(routes)
+
+    def _set_lb(self, svc: Obj, ip: str | None) -> None:
+        want: Obj = {"ingress": [{"ip": ip, "ipMode": "VIP"}]} if ip else {}
+        have = svc.get("status", {}).get("loadBalancer") or {}
+        if have == want:
+            return
+        meta = svc["metadata"]
+        try:
+            self.kube.patch(
+                f"/api/v1/namespaces/{meta['namespace']}/services/{meta['name']}/status",
+                {"status": {"loadBalancer": want or {"ingress": None}}})
+        except KubeError as e:
+            log.warning("lb %s/%s: %s", meta["namespace"], meta["name"], e)
