@@ -14,9 +14,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
+from typing import IO
 
 import tomli_w
 
@@ -84,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=SUPERNODE_PORT,
         help="SuperNode's local ClientAppIo port (loopback)",
+    )
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=600.0,
+        help="give up after this many seconds without a connection (the SuperNode is "
+        "restarted until then, e.g. while the server has not registered its key yet)",
     )
     p.add_argument(
         "--max-retries",
@@ -164,16 +174,86 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{partition.path}; connecting to {args.server_address}",
         flush=True,
     )
-    proc = subprocess.Popen(supernode_command(args, config_file), env=env)
+    return supervise(supernode_command(args, config_file), env, args.connect_timeout)
+
+
+def flower_exit_code(line: str) -> int | None:
+    """Flower's own exit code from an "Exit Code: N" log line (the process exits 1)."""
+    marker = "Exit Code:"
+    if marker not in line:
+        return None
+    tail = line.split(marker, 1)[1].strip().split()
+    return int(tail[0]) if tail and tail[0].isdigit() else None
+
+
+class _Output:
+    """Echoes the SuperNode's output and notes what it says about connecting and exiting."""
+
+    def __init__(self) -> None:
+        self.connected_at: float | None = None
+        self.flower_code: int | None = None
+
+    def pump(self, stream: IO[str] | None) -> None:
+        if stream is None:
+            return
+        for line in stream:
+            sys.stdout.write(line)
+            if "SuperNode ID:" in line:
+                self.connected_at = time.monotonic()
+            self.flower_code = flower_exit_code(line) or self.flower_code
+
+
+def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> int:
+    """Run the SuperNode; restart it while it cannot connect, until ``connect_timeout``.
+
+    The server may register this node's key after the client starts (exit code 305 until
+    then) or be restarting; the clock restarts whenever the SuperNode got connected.
+    """
+    stopping = False
+    proc: subprocess.Popen[str] | None = None
 
     def forward(signum: int, _frame: FrameType | None) -> None:
-        proc.send_signal(signum)
+        nonlocal stopping
+        stopping = True
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signum)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    code = proc.wait()
-    print(f"{PREFIX}: SuperNode exited with code {code}", flush=True)
-    return code
+    last_connected = time.monotonic()
+    backoff = 1.0
+    while True:
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        seen = _Output()
+        reader = threading.Thread(target=seen.pump, args=(proc.stdout,), daemon=True)
+        reader.start()
+        # Wait on the process, not on its output: its SuperExec helper inherits the pipe
+        # and only exits once the SuperNode has been reaped.
+        code = proc.wait()
+        reader.join(timeout=2.0)
+        sys.stdout.flush()
+        flower_code = seen.flower_code
+        if seen.connected_at is not None:  # it was connected: count from when it ended
+            last_connected = time.monotonic()
+            backoff = 1.0
+        if stopping or code == 0:
+            print(f"{PREFIX}: SuperNode stopped (exit {code})", flush=True)
+            return code
+        waited = time.monotonic() - last_connected
+        if waited >= connect_timeout:
+            reason = {305: "the server refused this node (is its public key registered?)"}.get(
+                flower_code or 0, "the SuperNode could not stay connected"
+            )
+            print(
+                f"{PREFIX}: failed: {reason}; Flower exit code {flower_code}, "
+                f"not connected for {waited:.0f}s",
+                flush=True,
+            )
+            return flower_code or code
+        time.sleep(backoff)
+        backoff = min(backoff * 2, 10.0)
 
 
 if __name__ == "__main__":

@@ -410,6 +410,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = launcher.outcome(launcher.follow(run_id))
     except (LaunchError, fe.FlwrCliError, OSError, ValueError) as exc:
         result = Outcome(False, one_line(str(exc)), {})
+    except SystemExit as exc:
+        result = Outcome(False, f"terminated (exit {exc.code})", {})
     finally:
         if launcher is not None:
             launcher.stop_superlink()
