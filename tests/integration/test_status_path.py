@@ -286,3 +286,53 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
         for item in (hub.get(CSRS) or {}).get("items", []):
             if item["spec"].get("signerName") == constants.SIGNER_NAME:
                 hub.delete(f"{CSRS}/{item['metadata']['name']}")
+
+
+async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
+    hub: Kube, control_plane: ControlPlane, namespace: str, fl: dict[str, Any],
+    addon_on_cluster1: str, aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
+) -> None:
+    """A client Job run by the cluster's local node: Pending -> Running -> Succeeded."""
+    server, _writer, tpki = aggregator
+    cluster = control_plane.clusters[0]
+    spoke = Kube(control_plane.cluster_kubeconfigs[cluster])
+    spoke.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    labels = {constants.LABEL_COMPONENT: "client", constants.LABEL_OWNER_NAMESPACE: namespace,
+              constants.LABEL_OWNER_NAME: "digits",
+              constants.LABEL_OWNER_UID: fl["metadata"]["uid"]}
+    agent = Agent(AgentConfig(
+        cluster=cluster, hub_address=f"127.0.0.1:{server.port}",
+        cert_dir=tpki.client_dir(cluster), watch=True, watch_namespace=namespace,
+        kubeconfig=control_plane.cluster_kubeconfigs[cluster], listen_host="127.0.0.1",
+        port=0, health_port=None, backoff_initial_s=0.1, backoff_max_s=0.5))
+    await agent.start()
+    try:
+        spoke.request("POST", f"/apis/batch/v1/namespaces/{namespace}/jobs", {
+            "metadata": {"name": "client", "labels": labels},
+            "spec": {"backoffLimit": 0, "template": {
+                "metadata": {"labels": labels},
+                "spec": {"restartPolicy": "Never", "containers": [{
+                    "name": "client", "image": constants.WORKLOAD_IMAGE,
+                    "command": ["python", "-c", "import time; time.sleep(3)"]}]}}}})
+
+        def phase() -> str | None:
+            row = server.store.snapshot(namespace, "digits").get(cluster)
+            return row.phase if row else None
+
+        await await_for(lambda: phase() == "Running", 60, "the client Running")
+        assert await post(agent, {"round": 1, "phase": "fit", "loss": 0.4, "samples": 50,
+                                  "duration_s": 0.5}) == 202  # run inferred from the watcher
+
+        def final_row() -> dict[str, Any] | None:
+            rows = fl_status(hub, namespace).get("clusters") or []
+            row = next((r for r in rows if r["name"] == cluster), None)
+            return row if row and row.get("phase") == "Succeeded" else None
+
+        row = await await_for(final_row, 90, "Succeeded in status.clusters")
+        assert row["round"] == 1 and row["samples"] == 50
+        state = server.store.snapshot(namespace, "digits")[cluster]
+        assert state.final and state.fl_uid == fl["metadata"]["uid"]
+    finally:
+        await agent.stop()
+        spoke.delete(f"/api/v1/namespaces/{namespace}")
+        spoke.close()
