@@ -67,15 +67,26 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     """AgentConfig from flags, falling back to OCMFL_* env vars (and OCM's CLUSTER_NAME)."""
     p = argparse.ArgumentParser(prog="ocm-fl-agent", description=__doc__)
     p.add_argument("--cluster", default=_env(constants.ENV_CLUSTER_NAME, "CLUSTER_NAME"))
-    p.add_argument("--hub-address", default=_env(constants.ENV_HUB_AGGREGATOR_ADDRESS),
-                   help="host:port of the hub aggregator")
-    p.add_argument("--cert-dir", default=_env(constants.ENV_AGENT_CERT_DIR,
-                                              default=constants.AGENT_CERT_DIR),
-                   help="directory with tls.crt and tls.key (and ca.crt)")
-    p.add_argument("--ca-file", default=_env(constants.ENV_HUB_CA_FILE),
-                   help="hub CA PEM (default: <cert-dir>/ca.crt)")
-    p.add_argument("--kubeconfig", default=_env("KUBECONFIG"),
-                   help="kubeconfig of this cluster (default: in-cluster)")
+    p.add_argument(
+        "--hub-address",
+        default=_env(constants.ENV_HUB_AGGREGATOR_ADDRESS),
+        help="host:port of the hub aggregator",
+    )
+    p.add_argument(
+        "--cert-dir",
+        default=_env(constants.ENV_AGENT_CERT_DIR, default=constants.AGENT_CERT_DIR),
+        help="directory with tls.crt and tls.key (and ca.crt)",
+    )
+    p.add_argument(
+        "--ca-file",
+        default=_env(constants.ENV_HUB_CA_FILE),
+        help="hub CA PEM (default: <cert-dir>/ca.crt)",
+    )
+    p.add_argument(
+        "--kubeconfig",
+        default=_env("KUBECONFIG"),
+        help="kubeconfig of this cluster (default: in-cluster)",
+    )
     p.add_argument("--no-watch", action="store_true", help="do not watch client pods/jobs")
     p.add_argument("--watch-namespace", default=None)
     p.add_argument("--listen-host", default="0.0.0.0")
@@ -83,21 +94,32 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--health-port", type=int, default=constants.AGENT_HEALTH_PORT)
     p.add_argument("--buffer-size", type=int, default=1000)
     p.add_argument("--server-name", default=None, help="TLS name expected on the hub cert")
-    p.add_argument("--csr-hub-kubeconfig", default=None,
-                   help="CSR mode: renew the client cert via the hub CSR signer")
+    p.add_argument(
+        "--csr-hub-kubeconfig",
+        default=None,
+        help="CSR mode: renew the client cert via the hub CSR signer",
+    )
     p.add_argument("--log-level", default=_env(constants.ENV_LOG_LEVEL, default="INFO"))
     a = p.parse_args(argv)
-    logging.basicConfig(level=str(a.log_level).upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=str(a.log_level).upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if not a.cluster or not a.hub_address:
         p.error("--cluster and --hub-address (or their env vars) are required")
     return AgentConfig(
-        cluster=a.cluster, hub_address=a.hub_address, cert_dir=Path(a.cert_dir),
+        cluster=a.cluster,
+        hub_address=a.hub_address,
+        cert_dir=Path(a.cert_dir),
         ca_file=Path(a.ca_file) if a.ca_file else _default_ca_file(Path(a.cert_dir)),
         kubeconfig=a.kubeconfig,
-        watch=not a.no_watch, watch_namespace=a.watch_namespace, listen_host=a.listen_host,
-        port=a.port, health_port=a.health_port or None, buffer_size=a.buffer_size,
-        server_name=a.server_name, csr_hub_kubeconfig=a.csr_hub_kubeconfig,
+        watch=not a.no_watch,
+        watch_namespace=a.watch_namespace,
+        listen_host=a.listen_host,
+        port=a.port,
+        health_port=a.health_port or None,
+        buffer_size=a.buffer_size,
+        server_name=a.server_name,
+        csr_hub_kubeconfig=a.csr_hub_kubeconfig,
     )
 
 
@@ -142,21 +164,28 @@ class Agent:
         await site.start()
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         if self.config.health_port:
-            await web.TCPSite(self._runner, self.config.listen_host,
-                              self.config.health_port).start()
+            await web.TCPSite(
+                self._runner, self.config.listen_host, self.config.health_port
+            ).start()
         if self.config.watch:
             from ocmfl.kubeclient import api_client
 
             self._watcher = ClientWatcher(
-                api_client(self.config.kubeconfig), asyncio.get_running_loop(),
-                self.on_phases, namespace=self.config.watch_namespace,
+                api_client(self.config.kubeconfig),
+                asyncio.get_running_loop(),
+                self.on_phases,
+                namespace=self.config.watch_namespace,
             )
             self._watcher.start()
         if self.config.csr_hub_kubeconfig:
             self._renewer = asyncio.create_task(self._renew_loop(), name="csr-renewal")
         self.streamer.start()
-        log.info("agent for cluster %s: local API on port %d, hub %s",
-                 self.config.cluster, self.port, self.config.hub_address)
+        log.info(
+            "agent for cluster %s: local API on port %d, hub %s",
+            self.config.cluster,
+            self.port,
+            self.config.hub_address,
+        )
 
     async def _renew_loop(self) -> None:
         """CSR mode: keep the client certificate fresh (the streamer picks up new files)."""

@@ -63,8 +63,9 @@ def outcome(csr: dict[str, Any]) -> bytes | None:
     status = csr.get("status") or {}
     for c in status.get("conditions") or []:
         if c.get("type") in ("Denied", "Failed"):
-            raise RenewalError(f"CSR {c.get('type').lower()}: {c.get('reason')}: "
-                               f"{c.get('message')}")
+            raise RenewalError(
+                f"CSR {c.get('type').lower()}: {c.get('reason')}: {c.get('message')}"
+            )
     cert = status.get("certificate")
     return base64.b64decode(cert) if cert else None
 
@@ -98,7 +99,11 @@ async def request_certificate(
 
 
 async def renew_if_due(
-    certs_api: Any, cluster: str, cert_dir: Path, *, threshold: float = RENEW_AT_REMAINING,
+    certs_api: Any,
+    cluster: str,
+    cert_dir: Path,
+    *,
+    threshold: float = RENEW_AT_REMAINING,
     **kw: Any,
 ) -> bool:
     """Renew the certificate in `cert_dir` when due (or missing); True if renewed."""

@@ -118,8 +118,9 @@ class HubStreamer:
             except (OSError, ValueError) as e:
                 self.last_error = f"client certificate unusable: {e}"
                 log.warning("%s", self.last_error)
-                await asyncio.sleep(backoff_delay(attempt, self.backoff_initial_s,
-                                                  self.backoff_max_s, self.rng))
+                await asyncio.sleep(
+                    backoff_delay(attempt, self.backoff_initial_s, self.backoff_max_s, self.rng)
+                )
                 attempt += 1
                 continue
             options: list[tuple[str, str | int]] = [
@@ -143,16 +144,19 @@ class HubStreamer:
                 if e.code() == grpc.StatusCode.INVALID_ARGUMENT:
                     dropped = self.buffer.drop_first()
                     self.rejected += 1
-                    log.error("hub refused report %s as malformed; dropped it",
-                              dropped.sequence if dropped else None)
+                    log.error(
+                        "hub refused report %s as malformed; dropped it",
+                        dropped.sequence if dropped else None,
+                    )
                     progressed = True
             finally:
                 self.connected.clear()
                 await channel.close(grace=None)
             if progressed:
                 attempt = 0
-            await asyncio.sleep(backoff_delay(attempt, self.backoff_initial_s,
-                                              self.backoff_max_s, self.rng))
+            await asyncio.sleep(
+                backoff_delay(attempt, self.backoff_initial_s, self.backoff_max_s, self.rng)
+            )
             attempt += 1
 
     # --- one stream --------------------------------------------------------------------------
@@ -177,14 +181,16 @@ class HubStreamer:
         finally:
             for task in (sender, watcher):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError,
-                                         grpc.aio.UsageError):
+                with contextlib.suppress(
+                    asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.UsageError
+                ):
                     await task
             if not call.done():
                 call.cancel()
 
     async def _send(
-        self, call: grpc.aio.StreamStreamCall[report_pb2.Report, report_pb2.Ack],
+        self,
+        call: grpc.aio.StreamStreamCall[report_pb2.Report, report_pb2.Ack],
         rotate: asyncio.Event,
     ) -> None:
         """Write every pending report once (in order), then new ones as they come."""

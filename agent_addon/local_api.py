@@ -32,8 +32,11 @@ def make_app(state: AgentState, health: Callable[[], dict[str, Any]]) -> web.App
         except BadRequest as e:
             return web.json_response({"error": str(e)}, status=400)
         return web.json_response(
-            {"accepted": True, "sequence": report.sequence,
-             "phase": ROUND_PHASE_NAMES[report.metrics[0].phase]},
+            {
+                "accepted": True,
+                "sequence": report.sequence,
+                "phase": ROUND_PHASE_NAMES[report.metrics[0].phase],
+            },
             status=202,
         )
 

@@ -36,8 +36,10 @@ def derive_client_phase(
     A Job's Complete/Failed condition decides; otherwise pods: any Running -> RUNNING,
     any Pending -> PENDING, all Succeeded -> SUCCEEDED, else FAILED if one failed.
     """
-    jobs, pods = list(jobs), [p for p in pods if not (p.get("metadata") or {}).get(
-        "deletionTimestamp")]
+    jobs, pods = (
+        list(jobs),
+        [p for p in pods if not (p.get("metadata") or {}).get("deletionTimestamp")],
+    )
     if any(_condition(j, "Failed") for j in jobs):
         return report_pb2.CLIENT_PHASE_FAILED
     if jobs and all(_condition(j, "Complete") for j in jobs):

@@ -77,9 +77,7 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     return value
 
 
-def parse_metrics_post(
-    body: Any, *, cluster: str, runs: Mapping[RunKey, str]
-) -> MetricsPost:
+def parse_metrics_post(body: Any, *, cluster: str, runs: Mapping[RunKey, str]) -> MetricsPost:
     """Validate a POST /v1/metrics JSON body; BadRequest names the bad field.
 
     `fl_namespace`/`fl_name` may be left out when exactly one run is active here (`runs`:

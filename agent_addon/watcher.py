@@ -44,8 +44,9 @@ class ClientWatcher:
 
     def start(self) -> None:
         for kind in ("pod", "job"):
-            t = threading.Thread(target=self._watch, args=(kind,), daemon=True,
-                                 name=f"watch-{kind}s")
+            t = threading.Thread(
+                target=self._watch, args=(kind,), daemon=True, name=f"watch-{kind}s"
+            )
             t.start()
             self._threads.append(t)
 
@@ -59,11 +60,11 @@ class ClientWatcher:
         ns = self._namespace
         if kind == "pod":
             core = client.CoreV1Api(self._api_client)
-            return (core.list_namespaced_pod, (ns,)) if ns else (
-                core.list_pod_for_all_namespaces, ())
+            return (
+                (core.list_namespaced_pod, (ns,)) if ns else (core.list_pod_for_all_namespaces, ())
+            )
         batch = client.BatchV1Api(self._api_client)
-        return (batch.list_namespaced_job, (ns,)) if ns else (
-            batch.list_job_for_all_namespaces, ())
+        return (batch.list_namespaced_job, (ns,)) if ns else (batch.list_job_for_all_namespaces, ())
 
     def _publish(self) -> None:
         with self._lock:
@@ -79,14 +80,15 @@ class ClientWatcher:
             try:
                 listing = list_fn(*args, label_selector=CLIENT_SELECTOR)
                 with self._lock:
-                    self._objects[kind] = {
-                        o.metadata.uid: serialize(o) for o in listing.items
-                    }
+                    self._objects[kind] = {o.metadata.uid: serialize(o) for o in listing.items}
                 self._publish()
                 w = watch.Watch()  # type: ignore[no-untyped-call]
                 events = w.stream(  # type: ignore[no-untyped-call]
-                    list_fn, *args, label_selector=CLIENT_SELECTOR,
-                    resource_version=listing.metadata.resource_version, timeout_seconds=300,
+                    list_fn,
+                    *args,
+                    label_selector=CLIENT_SELECTOR,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=300,
                 )
                 for event in events:
                     if self._stop.is_set():

@@ -63,8 +63,9 @@ class _Baseline(StatusServicer):
             yield ack
 
 
-def _serve(secure: bool, cert_dir: str, clusters: list[str], port_q: mp.Queue[int],
-           stop_ev: Any) -> None:
+def _serve(
+    secure: bool, cert_dir: str, clusters: list[str], port_q: mp.Queue[int], stop_ev: Any
+) -> None:
     async def run() -> None:
         store, registry = ReportStore(), InMemoryClusterRegistry(clusters)
         servicer = None
@@ -73,8 +74,12 @@ def _serve(secure: bool, cert_dir: str, clusters: list[str], port_q: mp.Queue[in
 
             servicer = _Baseline(store, registry, AggregatorMetrics())
         server = AggregatorServer(
-            store, registry, address="127.0.0.1:0", servicer=servicer,
-            credentials=ReloadingServerCredentials.from_dir(cert_dir) if secure else None)
+            store,
+            registry,
+            address="127.0.0.1:0",
+            servicer=servicer,
+            credentials=ReloadingServerCredentials.from_dir(cert_dir) if secure else None,
+        )
         port_q.put(await server.start())
         while not stop_ev.is_set():
             await asyncio.sleep(0.1)
@@ -87,21 +92,38 @@ def _report(cluster: str, seq: int) -> report_pb2.Report:
     ts = Timestamp()
     ts.FromDatetime(dt.datetime.now(dt.UTC))
     return report_pb2.Report(
-        cluster=cluster, fl_namespace="bench", fl_name="fl", fl_uid="u",
-        client_phase=report_pb2.CLIENT_PHASE_RUNNING, round=seq, timestamp=ts, sequence=seq,
-        metrics=[report_pb2.RoundMetrics(round=seq, phase=report_pb2.ROUND_PHASE_FIT, loss=0.1,
-                                         accuracy=0.9, samples=100, duration_s=1.0)])
+        cluster=cluster,
+        fl_namespace="bench",
+        fl_name="fl",
+        fl_uid="u",
+        client_phase=report_pb2.CLIENT_PHASE_RUNNING,
+        round=seq,
+        timestamp=ts,
+        sequence=seq,
+        metrics=[
+            report_pb2.RoundMetrics(
+                round=seq,
+                phase=report_pb2.ROUND_PHASE_FIT,
+                loss=0.1,
+                accuracy=0.9,
+                samples=100,
+                duration_s=1.0,
+            )
+        ],
+    )
 
 
-async def _drive(port: int, secure: bool, tpki: TestPKI, clusters: list[str],
-                 per_stream: int) -> float:
+async def _drive(
+    port: int, secure: bool, tpki: TestPKI, clusters: list[str], per_stream: int
+) -> float:
     ca = pki.cert_to_pem(tpki.ca.cert)
     channels = []
     for c in clusters:
         if secure:
             d = tpki.root / f"client-{c}"
             creds = grpc.ssl_channel_credentials(
-                ca, (d / pki.KEY_FILE).read_bytes(), (d / pki.CERT_FILE).read_bytes())
+                ca, (d / pki.KEY_FILE).read_bytes(), (d / pki.CERT_FILE).read_bytes()
+            )
             channels.append(grpc.aio.secure_channel(f"127.0.0.1:{port}", creds))
         else:
             channels.append(grpc.aio.insecure_channel(f"127.0.0.1:{port}"))
@@ -136,8 +158,9 @@ def measure(secure: bool, tpki: TestPKI, clusters: list[str], per_stream: int) -
     ctx = mp.get_context("spawn")
     port_q: mp.Queue[int] = ctx.Queue()
     stop_ev = ctx.Event()
-    proc = ctx.Process(target=_serve, args=(secure, str(tpki.root / "server"), clusters,
-                                            port_q, stop_ev))
+    proc = ctx.Process(
+        target=_serve, args=(secure, str(tpki.root / "server"), clusters, port_q, stop_ev)
+    )
     proc.start()
     try:
         port = port_q.get(timeout=30)
@@ -148,8 +171,9 @@ def measure(secure: bool, tpki: TestPKI, clusters: list[str], per_stream: int) -
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--streams", type=int, default=16)
     p.add_argument("--reports", type=int, default=500, help="reports per stream")
     p.add_argument("--repeat", type=int, default=3)

@@ -80,24 +80,33 @@ def decide_csr(csr: Mapping[str, Any], known_clusters: Collection[str]) -> Decis
     except pki.IdentityError as e:
         return Deny("BadSubject", str(e))
     if cluster not in known_clusters:
-        return Deny("UnknownCluster", f"cluster {cluster!r} is not an accepted ManagedCluster "
-                                      "with the addon enabled")
+        return Deny(
+            "UnknownCluster",
+            f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
+        )
     labels = (csr.get("metadata") or {}).get("labels") or {}
     if labels.get(LABEL_CLUSTER_NAME) != cluster:
         return Deny("ClusterMismatch", f"label {LABEL_CLUSTER_NAME} must be {cluster!r}")
     if agent_group(cluster) not in (spec.get("groups") or []):
-        return Deny("RequesterMismatch", f"requester {spec.get('username')!r} is not the addon "
-                                         f"agent of cluster {cluster!r}")
+        return Deny(
+            "RequesterMismatch",
+            f"requester {spec.get('username')!r} is not the addon agent of cluster {cluster!r}",
+        )
     usages = set(spec.get("usages") or [])
     if "client auth" not in usages or not usages <= ALLOWED_USAGES:
-        return Deny("BadUsages", f"usages must be client auth (+ digital signature, key "
-                                 f"encipherment), got {sorted(usages)}")
+        return Deny(
+            "BadUsages",
+            f"usages must be client auth (+ digital signature, key "
+            f"encipherment), got {sorted(usages)}",
+        )
     lifetime = MAX_LIFETIME
     seconds = spec.get("expirationSeconds")
     if seconds is not None:
         if not isinstance(seconds, int) or seconds < MIN_LIFETIME.total_seconds():
-            return Deny("BadExpiration", f"expirationSeconds must be at least "
-                                         f"{int(MIN_LIFETIME.total_seconds())}")
+            return Deny(
+                "BadExpiration",
+                f"expirationSeconds must be at least {int(MIN_LIFETIME.total_seconds())}",
+            )
         lifetime = min(lifetime, dt.timedelta(seconds=seconds))
     return Approve(cluster, lifetime, already_approved="Approved" in conditions)
 
@@ -112,11 +121,22 @@ def sign_request(csr: Mapping[str, Any], decision: Approve, ca: pki.CertAndKey) 
 def approval_condition(decision: Approve | Deny, now: dt.datetime) -> dict[str, Any]:
     ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     if isinstance(decision, Approve):
-        return {"type": "Approved", "status": "True", "reason": "AgentIdentity",
-                "message": f"addon agent of cluster {decision.cluster}",
-                "lastUpdateTime": ts, "lastTransitionTime": ts}
-    return {"type": "Denied", "status": "True", "reason": decision.reason,
-            "message": decision.message, "lastUpdateTime": ts, "lastTransitionTime": ts}
+        return {
+            "type": "Approved",
+            "status": "True",
+            "reason": "AgentIdentity",
+            "message": f"addon agent of cluster {decision.cluster}",
+            "lastUpdateTime": ts,
+            "lastTransitionTime": ts,
+        }
+    return {
+        "type": "Denied",
+        "status": "True",
+        "reason": decision.reason,
+        "message": decision.message,
+        "lastUpdateTime": ts,
+        "lastTransitionTime": ts,
+    }
 
 
 # --- I/O edge ------------------------------------------------------------------------------
@@ -124,8 +144,9 @@ def load_ca_from_secret(core_api: Any, namespace: str, name: str) -> pki.CertAnd
     """The signing CA from a kubernetes.io/tls Secret on the hub."""
     secret = core_api.read_namespaced_secret(name, namespace)
     data = secret.data or {}
-    return pki.load_cert_and_key(base64.b64decode(data["tls.crt"]),
-                                 base64.b64decode(data["tls.key"]))
+    return pki.load_cert_and_key(
+        base64.b64decode(data["tls.crt"]), base64.b64decode(data["tls.key"])
+    )
 
 
 def registered_clusters(custom_api: Any) -> set[str]:
@@ -135,7 +156,9 @@ def registered_clusters(custom_api: Any) -> set[str]:
     mcs = custom_api.list_cluster_custom_object(constants.CLUSTER_GROUP, "v1", "managedclusters")
     accepted = {m["metadata"]["name"] for m in mcs.get("items", []) if is_accepted(m)}
     mcas = custom_api.list_cluster_custom_object(
-        constants.ADDON_GROUP, "v1alpha1", "managedclusteraddons",
+        constants.ADDON_GROUP,
+        "v1alpha1",
+        "managedclusteraddons",
         field_selector=f"metadata.name={constants.ADDON_NAME}",
     )
     enabled = {m["metadata"]["namespace"] for m in mcas.get("items", [])}
@@ -171,8 +194,10 @@ class CSRSigner:
         if isinstance(decision, Deny) or not decision.already_approved:
             body = dict(csr)
             status = dict(body.get("status") or {})
-            status["conditions"] = [*(status.get("conditions") or []),
-                                    approval_condition(decision, self.clock())]
+            status["conditions"] = [
+                *(status.get("conditions") or []),
+                approval_condition(decision, self.clock()),
+            ]
             body["status"] = status
             updated = self.certs.replace_certificate_signing_request_approval(name, body)
             csr = self._api_client.sanitize_for_serialization(updated)
@@ -180,9 +205,9 @@ class CSRSigner:
         if isinstance(decision, Approve):
             cert = sign_request(csr, decision, self.ca())
             self.certs.patch_certificate_signing_request_status(
-                name, {"status": {"certificate": cert}})
-            log.info("CSR %s signed for cluster %s (%s)", name, decision.cluster,
-                     decision.lifetime)
+                name, {"status": {"certificate": cert}}
+            )
+            log.info("CSR %s signed for cluster %s (%s)", name, decision.cluster, decision.lifetime)
         return decision
 
     def stop(self) -> None:
@@ -201,7 +226,8 @@ class CSRSigner:
                 w = watch.Watch()  # type: ignore[no-untyped-call]
                 for event in w.stream(  # type: ignore[no-untyped-call]
                     self.certs.list_certificate_signing_request,
-                    resource_version=listing.metadata.resource_version, timeout_seconds=60,
+                    resource_version=listing.metadata.resource_version,
+                    timeout_seconds=60,
                 ):
                     if self._stop.is_set():
                         w.stop()  # type: ignore[no-untyped-call]

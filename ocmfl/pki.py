@@ -326,8 +326,13 @@ def issue_client_cert(
     """A fresh key and client certificate for `cluster` (test and bootstrap helper)."""
     key = generate_key(key_kind)
     cert = _leaf_builder(
-        cluster_subject(cluster), key.public_key(), ca,
-        lifetime=lifetime, now=now, client=True, server=False,
+        cluster_subject(cluster),
+        key.public_key(),
+        ca,
+        lifetime=lifetime,
+        now=now,
+        client=True,
+        server=False,
     ).sign(ca.key, hashes.SHA256())
     return CertAndKey(cert, key)
 
@@ -343,7 +348,13 @@ def issue_cert_for_subject(
     """A client certificate with an arbitrary subject (e.g. an OCM addon identity)."""
     key = generate_key(key_kind)
     cert = _leaf_builder(
-        subject, key.public_key(), ca, lifetime=lifetime, now=now, client=True, server=False,
+        subject,
+        key.public_key(),
+        ca,
+        lifetime=lifetime,
+        now=now,
+        client=True,
+        server=False,
     ).sign(ca.key, hashes.SHA256())
     return CertAndKey(cert, key)
 
@@ -369,8 +380,12 @@ def issue_server_cert(
     cert = (
         _leaf_builder(
             x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]),
-            key.public_key(), ca,
-            lifetime=lifetime, now=now, client=client_auth, server=True,
+            key.public_key(),
+            ca,
+            lifetime=lifetime,
+            now=now,
+            client=client_auth,
+            server=True,
         )
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .sign(ca.key, hashes.SHA256())

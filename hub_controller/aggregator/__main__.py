@@ -20,24 +20,39 @@ def parse_args(argv: list[str] | None = None) -> AggregatorSettings:
     p.add_argument("--ca-dir", type=Path, help="hub CA (tls.crt, tls.key) to issue from")
     p.add_argument("--server-name", action="append", default=[], help="DNS SAN (repeatable)")
     p.add_argument("--kubeconfig", default=None)
-    p.add_argument("--cluster", action="append", default=None,
-                   help="accept only these clusters, without asking the hub API (dev)")
+    p.add_argument(
+        "--cluster",
+        action="append",
+        default=None,
+        help="accept only these clusters, without asking the hub API (dev)",
+    )
     p.add_argument("--metrics-port", type=int, default=constants.HUB_METRICS_PORT)
-    p.add_argument("--write-status", action="store_true",
-                   help="patch FederatedLearning status.clusters (when no controller folds)")
+    p.add_argument(
+        "--write-status",
+        action="store_true",
+        help="patch FederatedLearning status.clusters (when no controller folds)",
+    )
     p.add_argument("--status-interval", type=float, default=2.0)
     p.add_argument("--run-signer", action="store_true", help="also run the CSR signer")
     p.add_argument("--log-level", default="INFO")
     a = p.parse_args(argv)
-    logging.basicConfig(level=a.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=a.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if not a.server_cert_dir and not a.ca_dir:
         p.error("--server-cert-dir or --ca-dir is required")
     return AggregatorSettings(
-        listen=a.listen, server_cert_dir=a.server_cert_dir, ca_dir=a.ca_dir,
-        server_names=["localhost", *a.server_name], kubeconfig=a.kubeconfig,
-        clusters=a.cluster, metrics_port=a.metrics_port or None, write_status=a.write_status,
-        status_interval_s=a.status_interval, run_signer=a.run_signer)
+        listen=a.listen,
+        server_cert_dir=a.server_cert_dir,
+        ca_dir=a.ca_dir,
+        server_names=["localhost", *a.server_name],
+        kubeconfig=a.kubeconfig,
+        clusters=a.cluster,
+        metrics_port=a.metrics_port or None,
+        write_status=a.write_status,
+        status_interval_s=a.status_interval,
+        run_signer=a.run_signer,
+    )
 
 
 async def _amain(settings: AggregatorSettings) -> None:

@@ -132,8 +132,12 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         ctx: grpc.aio.ServicerContext[object, object] = context
         cluster = self.identify(ctx)
         if cluster is None:
-            await self._refuse(ctx, grpc.StatusCode.UNAUTHENTICATED, "no_identity",
-                               "client certificate does not name a cluster")
+            await self._refuse(
+                ctx,
+                grpc.StatusCode.UNAUTHENTICATED,
+                "no_identity",
+                "client certificate does not name a cluster",
+            )
             return
         async for ack in self.serve_cluster(cluster, request_iterator, ctx):
             yield ack
@@ -146,23 +150,31 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
     ) -> AsyncIterator[report_pb2.Ack]:
         """Handle one stream whose peer has been authenticated as `cluster`."""
         if not await self.registry.is_registered(cluster):
-            await self._refuse(ctx, grpc.StatusCode.PERMISSION_DENIED, "not_registered",
-                               f"cluster {cluster!r} is not an accepted ManagedCluster with "
-                               "the addon enabled")
+            await self._refuse(
+                ctx,
+                grpc.StatusCode.PERMISSION_DENIED,
+                "not_registered",
+                f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
+            )
             return
         self.metrics.streams.inc()
         try:
             async for report in request_iterator:
                 if report.cluster != cluster:
-                    await self._refuse(ctx, grpc.StatusCode.PERMISSION_DENIED,
-                                       "cluster_mismatch",
-                                       f"report for cluster {report.cluster!r} on a "
-                                       f"certificate for {cluster!r}")
+                    await self._refuse(
+                        ctx,
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        "cluster_mismatch",
+                        f"report for cluster {report.cluster!r} on a certificate for {cluster!r}",
+                    )
                     return
                 if not await self.registry.is_registered(cluster):
-                    await self._refuse(ctx, grpc.StatusCode.PERMISSION_DENIED,
-                                       "not_registered",
-                                       f"cluster {cluster!r} is no longer registered")
+                    await self._refuse(
+                        ctx,
+                        grpc.StatusCode.PERMISSION_DENIED,
+                        "not_registered",
+                        f"cluster {cluster!r} is no longer registered",
+                    )
                     return
                 try:
                     validate_report(report)

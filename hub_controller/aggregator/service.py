@@ -70,8 +70,10 @@ class AggregatorSettings:
     @classmethod
     def from_env(cls) -> AggregatorSettings:
         """Settings from the hub Deployment's env (OCMFL_CA_DIR, OCMFL_HUB_AGGREGATOR_ADDRESS)."""
-        s = cls(ca_dir=Path(os.environ.get(constants.ENV_CA_DIR, constants.HUB_CA_DIR)),
-                kubeconfig=os.environ.get("KUBECONFIG") or None)
+        s = cls(
+            ca_dir=Path(os.environ.get(constants.ENV_CA_DIR, constants.HUB_CA_DIR)),
+            kubeconfig=os.environ.get("KUBECONFIG") or None,
+        )
         address = os.environ.get(constants.ENV_HUB_AGGREGATOR_ADDRESS, "")
         if address:
             host = _host_of(address)
@@ -107,18 +109,23 @@ class AggregatorService:
     def _load_ca(self) -> pki.CertAndKey:
         assert self.settings.ca_dir is not None
         d = self.settings.ca_dir
-        return pki.load_cert_and_key((d / pki.CERT_FILE).read_bytes(),
-                                     (d / pki.KEY_FILE).read_bytes())
+        return pki.load_cert_and_key(
+            (d / pki.CERT_FILE).read_bytes(), (d / pki.KEY_FILE).read_bytes()
+        )
 
     def _issue_server_cert(self) -> pki.CertAndKey:
         assert self._tls_dir is not None
         ca = self._load_ca()
         pair = pki.issue_server_cert(
-            ca, dns_names=self.settings.server_names, ip_addresses=self.settings.server_ips,
-            lifetime=SERVER_CERT_LIFETIME)
+            ca,
+            dns_names=self.settings.server_names,
+            ip_addresses=self.settings.server_ips,
+            lifetime=SERVER_CERT_LIFETIME,
+        )
         pki.save_tls_dir(self._tls_dir, pair, ca.cert)
-        log.info("aggregator server certificate issued, valid until %s",
-                 pair.cert.not_valid_after_utc)
+        log.info(
+            "aggregator server certificate issued, valid until %s", pair.cert.not_valid_after_utc
+        )
         return pair
 
     async def _renew_loop(self, cert: Any) -> None:
@@ -147,16 +154,24 @@ class AggregatorService:
         """Start everything; returns the gRPC port."""
         s = self.settings
         self.server = AggregatorServer(
-            self.store, self.registry, credentials=self._credentials(), address=s.listen,
-            max_message_bytes=s.max_message_bytes, metrics=self.metrics)
+            self.store,
+            self.registry,
+            credentials=self._credentials(),
+            address=s.listen,
+            max_message_bytes=s.max_message_bytes,
+            metrics=self.metrics,
+        )
         port = await self.server.start()
         if s.metrics_port is not None:
             self._metrics_server = start_http_server(
-                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry)
+                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+            )
         if s.write_status:
             self.writer = StatusWriter(
-                self.store, KubernetesStatusClient.from_kubeconfig(s.kubeconfig),
-                interval_s=s.status_interval_s)
+                self.store,
+                KubernetesStatusClient.from_kubeconfig(s.kubeconfig),
+                interval_s=s.status_interval_s,
+            )
             await self.writer.start()
         if s.run_signer:
             self._start_signer()
@@ -177,8 +192,9 @@ class AggregatorService:
             return load_ca_from_secret(core, *secret) if secret else self._load_ca()
 
         self._signer = CSRSigner(client, ca, lambda: registered_clusters(custom))
-        self._signer_thread = threading.Thread(target=self._signer.run, daemon=True,
-                                               name="csr-signer")
+        self._signer_thread = threading.Thread(
+            target=self._signer.run, daemon=True, name="csr-signer"
+        )
         self._signer_thread.start()
 
     async def stop(self) -> None:

@@ -81,9 +81,13 @@ def hub(control_plane: ControlPlane) -> Iterator[Kube]:
     k = Kube(control_plane.hub_kubeconfig)
     crd = yaml.safe_load(CRD_FILE.read_text())
     name = crd["metadata"]["name"]
-    k.request("PATCH", f"{CRDS}/{name}", crd,
-              query={"fieldManager": "ocmfl-tests", "force": "true"},
-              content_type="application/apply-patch+yaml")
+    k.request(
+        "PATCH",
+        f"{CRDS}/{name}",
+        crd,
+        query={"fieldManager": "ocmfl-tests", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
 
     def established() -> bool:
         conds = ((k.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
@@ -98,9 +102,15 @@ def hub(control_plane: ControlPlane) -> Iterator[Kube]:
 def addon_on_cluster1(hub: Kube, control_plane: ControlPlane) -> Iterator[str]:
     """The addon enabled on the first cluster only (its ManagedClusterAddOn exists)."""
     cluster = control_plane.clusters[0]
-    hub.create(MCA_PATH.format(ns=cluster), {
-        "apiVersion": f"{constants.ADDON_GROUP}/v1alpha1", "kind": "ManagedClusterAddOn",
-        "metadata": {"name": constants.ADDON_NAME, "namespace": cluster}, "spec": {}})
+    hub.create(
+        MCA_PATH.format(ns=cluster),
+        {
+            "apiVersion": f"{constants.ADDON_GROUP}/v1alpha1",
+            "kind": "ManagedClusterAddOn",
+            "metadata": {"name": constants.ADDON_NAME, "namespace": cluster},
+            "spec": {},
+        },
+    )
     yield cluster
     hub.delete(f"{MCA_PATH.format(ns=cluster)}/{constants.ADDON_NAME}")
 
@@ -124,11 +134,14 @@ async def aggregator(
 ) -> AsyncIterator[tuple[AggregatorServer, StatusWriter, TestPKI]]:
     tpki = TestPKI(tmp_path / "pki")
     custom = __import__("kubernetes").client.CustomObjectsApi(
-        api_client(control_plane.hub_kubeconfig))
+        api_client(control_plane.hub_kubeconfig)
+    )
     store = ReportStore()
     server = AggregatorServer(
-        store, KubernetesClusterRegistry(custom, negative_ttl_s=0.5),
-        credentials=ReloadingServerCredentials.from_dir(tpki.server_dir()))
+        store,
+        KubernetesClusterRegistry(custom, negative_ttl_s=0.5),
+        credentials=ReloadingServerCredentials.from_dir(tpki.server_dir()),
+    )
     await server.start()
     writer = StatusWriter(store, KubernetesStatusClient(custom), interval_s=0.5)
     await writer.start()
@@ -138,21 +151,37 @@ async def aggregator(
 
 
 def agent_for(cluster: str, port: int, cert_dir: Path) -> Agent:
-    return Agent(AgentConfig(
-        cluster=cluster, hub_address=f"127.0.0.1:{port}", cert_dir=cert_dir, watch=False,
-        listen_host="127.0.0.1", port=0, health_port=None, backoff_initial_s=0.1,
-        backoff_max_s=0.5, cert_check_interval_s=0.2))
+    return Agent(
+        AgentConfig(
+            cluster=cluster,
+            hub_address=f"127.0.0.1:{port}",
+            cert_dir=cert_dir,
+            watch=False,
+            listen_host="127.0.0.1",
+            port=0,
+            health_port=None,
+            backoff_initial_s=0.1,
+            backoff_max_s=0.5,
+            cert_check_interval_s=0.2,
+        )
+    )
 
 
 async def post(agent: Agent, body: dict[str, Any]) -> int:
-    async with aiohttp.ClientSession() as s, s.post(
-            f"http://127.0.0.1:{agent.port}/v1/metrics", json=body) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{agent.port}/v1/metrics", json=body) as r,
+    ):
         return r.status
 
 
 async def test_report_reaches_federatedlearning_status(
-    hub: Kube, control_plane: ControlPlane, namespace: str, fl: dict[str, Any],
-    addon_on_cluster1: str, aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
+    hub: Kube,
+    control_plane: ControlPlane,
+    namespace: str,
+    fl: dict[str, Any],
+    addon_on_cluster1: str,
+    aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
 ) -> None:
     server, writer, tpki = aggregator
     cluster1, cluster2 = control_plane.clusters[0], control_plane.clusters[1]
@@ -161,9 +190,17 @@ async def test_report_reaches_federatedlearning_status(
         await a.start()
     try:
         for a in agents:
-            body = {"round": 2, "phase": "evaluate", "loss": 0.31, "accuracy": 0.91,
-                    "samples": 180, "duration_s": 1.2, "fl_namespace": namespace,
-                    "fl_name": "digits", "fl_uid": fl["metadata"]["uid"]}
+            body = {
+                "round": 2,
+                "phase": "evaluate",
+                "loss": 0.31,
+                "accuracy": 0.91,
+                "samples": 180,
+                "duration_s": 1.2,
+                "fl_namespace": namespace,
+                "fl_name": "digits",
+                "fl_uid": fl["metadata"]["uid"],
+            }
             assert await post(a, body) == 202
 
         def row() -> dict[str, Any] | None:
@@ -172,12 +209,20 @@ async def test_report_reaches_federatedlearning_status(
 
         got = await await_for(row, 30, "cluster1's row in status.clusters")
         assert (got["phase"], got["round"], got["accuracy"], got["loss"]) == (
-            "Running", 2, 0.91, 0.31)
+            "Running",
+            2,
+            0.91,
+            0.31,
+        )
         assert got["lastReportTime"].endswith("Z")
         # cluster2 has no ManagedClusterAddOn: refused, never in status
-        await await_for(lambda: server.metrics.registry.get_sample_value(
-            "ocmfl_reports_rejected_total", {"reason": "not_registered"}), 15,
-            "cluster2 refused")
+        await await_for(
+            lambda: server.metrics.registry.get_sample_value(
+                "ocmfl_reports_rejected_total", {"reason": "not_registered"}
+            ),
+            15,
+            "cluster2 refused",
+        )
         assert agents[1].buffer.acked == 0 and len(agents[1].buffer) == 1
         names = [r["name"] for r in fl_status(hub, namespace).get("clusters") or []]
         assert cluster2 not in names
@@ -195,15 +240,24 @@ def addon_agent_kubeconfig(control_plane: ControlPlane, cluster: str, path: Path
     subject = default_agent_subject(cluster)
     name = x509.Name(
         [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"][:2]]
-        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])])
+        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])]
+    )
     pair = pki.issue_cert_for_subject(name, ca)
     hub_cfg = yaml.safe_load(Path(control_plane.hub_kubeconfig).read_text())
     cfg = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "agent",
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "agent",
         "clusters": [{"name": "hub", "cluster": hub_cfg["clusters"][0]["cluster"]}],
-        "users": [{"name": "agent", "user": {
-            "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
-            "client-key-data": base64.b64encode(pair.key_pem).decode()}}],
+        "users": [
+            {
+                "name": "agent",
+                "user": {
+                    "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
+                    "client-key-data": base64.b64encode(pair.key_pem).decode(),
+                },
+            }
+        ],
         "contexts": [{"name": "agent", "context": {"cluster": "hub", "user": "agent"}}],
     }
     path.write_text(yaml.safe_dump(cfg))
@@ -214,25 +268,49 @@ def addon_agent_kubeconfig(control_plane: ControlPlane, cluster: str, path: Path
 def csr_rbac(hub: Kube, control_plane: ControlPlane) -> Iterator[None]:
     """Addon agents may create and read CSRs (what the agent's hub permissions would grant)."""
     name = f"ocmfl-test-csr-{uuid.uuid4().hex[:6]}"
-    hub.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", {
-        "metadata": {"name": name},
-        "rules": [{"apiGroups": ["certificates.k8s.io"],
-                   "resources": ["certificatesigningrequests"],
-                   "verbs": ["create", "get", "list", "watch"]}]})
-    hub.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": name},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
-                      "name": f"system:open-cluster-management:addon:{constants.ADDON_NAME}"}]})
+    hub.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "metadata": {"name": name},
+            "rules": [
+                {
+                    "apiGroups": ["certificates.k8s.io"],
+                    "resources": ["certificatesigningrequests"],
+                    "verbs": ["create", "get", "list", "watch"],
+                }
+            ],
+        },
+    )
+    hub.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": name},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": name,
+            },
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Group",
+                    "name": f"system:open-cluster-management:addon:{constants.ADDON_NAME}",
+                }
+            ],
+        },
+    )
     yield
     hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}")
     hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}")
 
 
 async def test_csr_signer_issues_identities_only_to_registered_clusters(
-    hub: Kube, control_plane: ControlPlane, addon_on_cluster1: str, csr_rbac: None,
-    tmp_path: Path, aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
+    hub: Kube,
+    control_plane: ControlPlane,
+    addon_on_cluster1: str,
+    csr_rbac: None,
+    tmp_path: Path,
+    aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
 ) -> None:
     from kubernetes import client as k8s
 
@@ -245,23 +323,33 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
     signer = CSRSigner(admin, lambda: tpki.ca, lambda: registered_clusters(custom))
     thread = threading.Thread(target=signer.run, daemon=True)
     thread.start()
-    foreign = hub.request("POST", CSRS, {
-        "metadata": {"generateName": "ocmfl-test-foreign-"},
-        "spec": {"signerName": "example.com/other", "usages": ["client auth"],
-                 "request": base64.b64encode(pki.csr_to_pem(
-                     pki.create_csr(cluster1, pki.generate_key()))).decode()}})
+    foreign = hub.request(
+        "POST",
+        CSRS,
+        {
+            "metadata": {"generateName": "ocmfl-test-foreign-"},
+            "spec": {
+                "signerName": "example.com/other",
+                "usages": ["client auth"],
+                "request": base64.b64encode(
+                    pki.csr_to_pem(pki.create_csr(cluster1, pki.generate_key()))
+                ).decode(),
+            },
+        },
+    )
     try:
         as_agent1 = k8s.CertificatesV1Api(
-            api_client(addon_agent_kubeconfig(control_plane, cluster1, tmp_path / "a1")))
-        pair = await request_certificate(as_agent1, cluster1, expiration_seconds=3600,
-                                         timeout_s=30)
+            api_client(addon_agent_kubeconfig(control_plane, cluster1, tmp_path / "a1"))
+        )
+        pair = await request_certificate(as_agent1, cluster1, expiration_seconds=3600, timeout_s=30)
         assert pki.cluster_from_certificate(pair.cert) == cluster1
         assert pki.verify_issued_by(pair.cert, tpki.ca.cert)
         life = pair.cert.not_valid_after_utc - pair.cert.not_valid_before_utc
         assert life <= pki.CLOCK_SKEW + dt.timedelta(hours=1)
 
         as_agent2 = k8s.CertificatesV1Api(
-            api_client(addon_agent_kubeconfig(control_plane, cluster2, tmp_path / "a2")))
+            api_client(addon_agent_kubeconfig(control_plane, cluster2, tmp_path / "a2"))
+        )
         with pytest.raises(RenewalError, match="UnknownCluster"):
             await request_certificate(as_agent2, cluster2, timeout_s=30)
 
@@ -270,9 +358,21 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
         agent = agent_for(cluster1, server.port, cert_dir)
         await agent.start()
         try:
-            assert await post(agent, {"round": 1, "phase": "fit", "loss": 0.5,
-                                      "samples": 10, "duration_s": 0.1,
-                                      "fl_namespace": "x", "fl_name": "y"}) == 202
+            assert (
+                await post(
+                    agent,
+                    {
+                        "round": 1,
+                        "phase": "fit",
+                        "loss": 0.5,
+                        "samples": 10,
+                        "duration_s": 0.1,
+                        "fl_namespace": "x",
+                        "fl_name": "y",
+                    },
+                )
+                == 202
+            )
             await await_for(lambda: agent.buffer.acked == 1, 15, "the report acked")
         finally:
             await agent.stop()
@@ -289,39 +389,76 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
 
 
 async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
-    hub: Kube, control_plane: ControlPlane, namespace: str, fl: dict[str, Any],
-    addon_on_cluster1: str, aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
+    hub: Kube,
+    control_plane: ControlPlane,
+    namespace: str,
+    fl: dict[str, Any],
+    addon_on_cluster1: str,
+    aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
 ) -> None:
     """A client Job run by the cluster's local node: Pending -> Running -> Succeeded."""
     server, _writer, tpki = aggregator
     cluster = control_plane.clusters[0]
     spoke = Kube(control_plane.cluster_kubeconfigs[cluster])
     spoke.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
-    labels = {constants.LABEL_COMPONENT: "client", constants.LABEL_OWNER_NAMESPACE: namespace,
-              constants.LABEL_OWNER_NAME: "digits",
-              constants.LABEL_OWNER_UID: fl["metadata"]["uid"]}
-    agent = Agent(AgentConfig(
-        cluster=cluster, hub_address=f"127.0.0.1:{server.port}",
-        cert_dir=tpki.client_dir(cluster), watch=True, watch_namespace=namespace,
-        kubeconfig=control_plane.cluster_kubeconfigs[cluster], listen_host="127.0.0.1",
-        port=0, health_port=None, backoff_initial_s=0.1, backoff_max_s=0.5))
+    labels = {
+        constants.LABEL_COMPONENT: "client",
+        constants.LABEL_OWNER_NAMESPACE: namespace,
+        constants.LABEL_OWNER_NAME: "digits",
+        constants.LABEL_OWNER_UID: fl["metadata"]["uid"],
+    }
+    agent = Agent(
+        AgentConfig(
+            cluster=cluster,
+            hub_address=f"127.0.0.1:{server.port}",
+            cert_dir=tpki.client_dir(cluster),
+            watch=True,
+            watch_namespace=namespace,
+            kubeconfig=control_plane.cluster_kubeconfigs[cluster],
+            listen_host="127.0.0.1",
+            port=0,
+            health_port=None,
+            backoff_initial_s=0.1,
+            backoff_max_s=0.5,
+        )
+    )
     await agent.start()
     try:
-        spoke.request("POST", f"/apis/batch/v1/namespaces/{namespace}/jobs", {
-            "metadata": {"name": "client", "labels": labels},
-            "spec": {"backoffLimit": 0, "template": {
-                "metadata": {"labels": labels},
-                "spec": {"restartPolicy": "Never", "containers": [{
-                    "name": "client", "image": constants.WORKLOAD_IMAGE,
-                    "command": ["python", "-c", "import time; time.sleep(3)"]}]}}}})
+        spoke.request(
+            "POST",
+            f"/apis/batch/v1/namespaces/{namespace}/jobs",
+            {
+                "metadata": {"name": "client", "labels": labels},
+                "spec": {
+                    "backoffLimit": 0,
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "restartPolicy": "Never",
+                            "containers": [
+                                {
+                                    "name": "client",
+                                    "image": constants.WORKLOAD_IMAGE,
+                                    "command": ["python", "-c", "import time; time.sleep(3)"],
+                                }
+                            ],
+                        },
+                    },
+                },
+            },
+        )
 
         def phase() -> str | None:
             row = server.store.snapshot(namespace, "digits").get(cluster)
             return row.phase if row else None
 
         await await_for(lambda: phase() == "Running", 60, "the client Running")
-        assert await post(agent, {"round": 1, "phase": "fit", "loss": 0.4, "samples": 50,
-                                  "duration_s": 0.5}) == 202  # run inferred from the watcher
+        assert (
+            await post(
+                agent, {"round": 1, "phase": "fit", "loss": 0.4, "samples": 50, "duration_s": 0.5}
+            )
+            == 202
+        )  # run inferred from the watcher
 
         def final_row() -> dict[str, Any] | None:
             rows = fl_status(hub, namespace).get("clusters") or []

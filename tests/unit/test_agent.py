@@ -30,9 +30,18 @@ from ocmfl.testing import TestPKI
 pytestmark = pytest.mark.timeout(60)
 
 RUN = ("fl", "mnist")
-POST = {"cluster": "cluster-a", "round": 1, "phase": "fit", "loss": 0.7, "accuracy": 0.6,
-        "samples": 120, "duration_s": 2.0, "fl_namespace": "fl", "fl_name": "mnist",
-        "fl_uid": "0a1b-2c3d"}
+POST = {
+    "cluster": "cluster-a",
+    "round": 1,
+    "phase": "fit",
+    "loss": 0.7,
+    "accuracy": 0.6,
+    "samples": 120,
+    "duration_s": 2.0,
+    "fl_namespace": "fl",
+    "fl_name": "mnist",
+    "fl_uid": "0a1b-2c3d",
+}
 
 
 def free_port() -> int:
@@ -92,10 +101,18 @@ def test_buffer_drops_oldest_but_never_the_final_report() -> None:
 
 
 def _pod(phase: str, uid: str = "p1") -> dict[str, Any]:
-    return {"metadata": {"uid": uid, "labels": {
-        constants.LABEL_COMPONENT: "client", constants.LABEL_OWNER_NAMESPACE: "fl",
-        constants.LABEL_OWNER_NAME: "mnist", constants.LABEL_OWNER_UID: POST["fl_uid"]}},
-        "status": {"phase": phase}}
+    return {
+        "metadata": {
+            "uid": uid,
+            "labels": {
+                constants.LABEL_COMPONENT: "client",
+                constants.LABEL_OWNER_NAMESPACE: "fl",
+                constants.LABEL_OWNER_NAME: "mnist",
+                constants.LABEL_OWNER_UID: POST["fl_uid"],
+            },
+        },
+        "status": {"phase": phase},
+    }
 
 
 def _job(cond: str | None) -> dict[str, Any]:
@@ -158,9 +175,11 @@ class Hub:
 
     async def start(self) -> None:
         self.server = AggregatorServer(
-            self.store, self.registry,
+            self.store,
+            self.registry,
             credentials=ReloadingServerCredentials.from_dir(self.server_dir),
-            address=f"127.0.0.1:{self.port}")
+            address=f"127.0.0.1:{self.port}",
+        )
         await self.server.start()
 
     async def stop(self) -> None:
@@ -180,10 +199,17 @@ async def hub(tpki: TestPKI) -> AsyncIterator[Hub]:
 @pytest.fixture
 async def agent(tpki: TestPKI, hub: Hub) -> AsyncIterator[Agent]:
     config = AgentConfig(
-        cluster="cluster-a", hub_address=f"127.0.0.1:{hub.port}",
-        cert_dir=tpki.client_dir("cluster-a"), watch=False, listen_host="127.0.0.1",
-        port=0, health_port=None, buffer_size=50, backoff_initial_s=0.05,
-        backoff_max_s=0.3, cert_check_interval_s=0.1,
+        cluster="cluster-a",
+        hub_address=f"127.0.0.1:{hub.port}",
+        cert_dir=tpki.client_dir("cluster-a"),
+        watch=False,
+        listen_host="127.0.0.1",
+        port=0,
+        health_port=None,
+        buffer_size=50,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.3,
+        cert_check_interval_s=0.1,
     )
     a = Agent(config)
     await a.start()
@@ -192,9 +218,10 @@ async def agent(tpki: TestPKI, hub: Hub) -> AsyncIterator[Agent]:
 
 
 async def post(agent: Agent, body: Any) -> tuple[int, dict[str, Any]]:
-    async with aiohttp.ClientSession() as s, s.post(
-        f"http://127.0.0.1:{agent.port}/v1/metrics", data=json.dumps(body)
-    ) as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{agent.port}/v1/metrics", data=json.dumps(body)) as r,
+    ):
         return r.status, await r.json()
 
 
@@ -214,8 +241,7 @@ async def test_posted_metrics_reach_the_hub(agent: Agent, hub: Hub) -> None:
     row = hub.store.snapshot(*RUN)["cluster-a"]
     assert (row.phase, row.round, row.samples, row.loss) == ("Running", 1, 120, 0.7)
     await eventually(lambda: len(agent.buffer) == 0)
-    async with aiohttp.ClientSession() as s, s.get(
-            f"http://127.0.0.1:{agent.port}/healthz") as r:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{agent.port}/healthz") as r:
         health = await r.json()
     assert health["hubConnected"] and health["delivered"] == 1
 
@@ -223,8 +249,10 @@ async def test_posted_metrics_reach_the_hub(agent: Agent, hub: Hub) -> None:
 async def test_bad_post_gets_400_with_a_message(agent: Agent) -> None:
     status, body = await post(agent, {**POST, "phase": "train"})
     assert status == 400 and body["error"].startswith("phase:")
-    async with aiohttp.ClientSession() as s, s.post(
-            f"http://127.0.0.1:{agent.port}/v1/metrics", data=b"{nope") as r:
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(f"http://127.0.0.1:{agent.port}/v1/metrics", data=b"{nope") as r,
+    ):
         assert r.status == 400 and "not JSON" in (await r.json())["error"]
 
 
@@ -281,10 +309,20 @@ async def test_agent_with_a_foreign_certificate_keeps_its_reports(
     other = TestPKI(tmp_path / "other")
     cert_dir = other.client_dir("cluster-a")
     pki.write_atomic(cert_dir / pki.CA_FILE, pki.cert_to_pem(tpki.ca.cert))
-    a = Agent(AgentConfig(
-        cluster="cluster-a", hub_address=f"127.0.0.1:{hub.port}", cert_dir=cert_dir,
-        watch=False, listen_host="127.0.0.1", port=0, health_port=None,
-        backoff_initial_s=0.05, backoff_max_s=0.2, cert_check_interval_s=0.1))
+    a = Agent(
+        AgentConfig(
+            cluster="cluster-a",
+            hub_address=f"127.0.0.1:{hub.port}",
+            cert_dir=cert_dir,
+            watch=False,
+            listen_host="127.0.0.1",
+            port=0,
+            health_port=None,
+            backoff_initial_s=0.05,
+            backoff_max_s=0.2,
+            cert_check_interval_s=0.1,
+        )
+    )
     await a.start()
     try:
         await post(a, POST)

@@ -29,10 +29,24 @@ def make_report(cluster: str, seq: int = 1, **kw: object) -> report_pb2.Report:
     ts = Timestamp()
     ts.FromDatetime(dt.datetime.now(dt.UTC))
     fields: dict[str, object] = dict(
-        cluster=cluster, fl_namespace="fl", fl_name="mnist", fl_uid="1234-abcd",
-        client_phase=report_pb2.CLIENT_PHASE_RUNNING, round=1, timestamp=ts, sequence=seq,
-        metrics=[report_pb2.RoundMetrics(round=1, phase=report_pb2.ROUND_PHASE_FIT,
-                                         loss=0.5, accuracy=0.8, samples=100, duration_s=1.5)],
+        cluster=cluster,
+        fl_namespace="fl",
+        fl_name="mnist",
+        fl_uid="1234-abcd",
+        client_phase=report_pb2.CLIENT_PHASE_RUNNING,
+        round=1,
+        timestamp=ts,
+        sequence=seq,
+        metrics=[
+            report_pb2.RoundMetrics(
+                round=1,
+                phase=report_pb2.ROUND_PHASE_FIT,
+                loss=0.5,
+                accuracy=0.8,
+                samples=100,
+                duration_s=1.5,
+            )
+        ],
     )
     fields.update(kw)
     return report_pb2.Report(**fields)  # type: ignore[arg-type]
@@ -61,12 +75,11 @@ def registry() -> InMemoryClusterRegistry:
 
 
 @pytest.fixture
-async def hub(
-    tpki: TestPKI, registry: InMemoryClusterRegistry
-) -> AsyncIterator[AggregatorServer]:
+async def hub(tpki: TestPKI, registry: InMemoryClusterRegistry) -> AsyncIterator[AggregatorServer]:
     creds = ReloadingServerCredentials.from_dir(tpki.server_dir())
-    server = AggregatorServer(ReportStore(), registry, credentials=creds,
-                              max_message_bytes=16 * 1024)
+    server = AggregatorServer(
+        ReportStore(), registry, credentials=creds, max_message_bytes=16 * 1024
+    )
     await server.start()
     yield server
     await server.stop(None)
@@ -90,8 +103,13 @@ async def send(
 async def test_report_from_registered_cluster_is_stored_and_acked(
     hub: AggregatorServer, tpki: TestPKI
 ) -> None:
-    acks = await send(hub, tpki, tpki.client_dir("cluster-a"),
-                      make_report("cluster-a", 1), make_report("cluster-a", 2, round=2))
+    acks = await send(
+        hub,
+        tpki,
+        tpki.client_dir("cluster-a"),
+        make_report("cluster-a", 1),
+        make_report("cluster-a", 2, round=2),
+    )
     assert acks == [1, 2]
     snap = hub.store.snapshot("fl", "mnist")
     assert snap["cluster-a"].phase == "Running"
@@ -112,8 +130,12 @@ async def test_certificate_for_a_sending_as_b_is_refused(
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "cluster-b" in (err.value.details() or "")
     assert hub.store.snapshot("fl", "mnist") == {}
-    assert hub.metrics.registry.get_sample_value(
-        "ocmfl_reports_rejected_total", {"reason": "cluster_mismatch"}) == 1
+    assert (
+        hub.metrics.registry.get_sample_value(
+            "ocmfl_reports_rejected_total", {"reason": "cluster_mismatch"}
+        )
+        == 1
+    )
 
 
 async def test_unregistered_cluster_is_refused(hub: AggregatorServer, tpki: TestPKI) -> None:
@@ -144,8 +166,7 @@ async def test_bad_client_certificates_are_refused(
 ) -> None:
     if case == "expired":
         past = dt.datetime.now(dt.UTC) - dt.timedelta(days=2)
-        client: Path | None = tpki.client_dir("cluster-a", lifetime=dt.timedelta(hours=1),
-                                              now=past)
+        client: Path | None = tpki.client_dir("cluster-a", lifetime=dt.timedelta(hours=1), now=past)
     elif case == "other_ca":
         client = TestPKI(tmp_path / "other").client_dir("cluster-a")
     elif case == "bad_subject":  # signed by our CA, but the CN names no cluster
@@ -154,19 +175,24 @@ async def test_bad_client_certificates_are_refused(
         from cryptography.x509.oid import NameOID
 
         key = pki.generate_key()
-        cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin")]))
-                .issuer_name(tpki.ca.cert.subject).public_key(key.public_key())
-                .serial_number(1).not_valid_before(dt.datetime.now(dt.UTC))
-                .not_valid_after(dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
-                .sign(tpki.ca.key, hashes.SHA256()))
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "admin")]))
+            .issuer_name(tpki.ca.cert.subject)
+            .public_key(key.public_key())
+            .serial_number(1)
+            .not_valid_before(dt.datetime.now(dt.UTC))
+            .not_valid_after(dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
+            .sign(tpki.ca.key, hashes.SHA256())
+        )
         client = pki.save_tls_dir(tmp_path / "bad", pki.CertAndKey(cert, key), tpki.ca.cert)
     else:
         client = None
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await send(hub, tpki, client, make_report("cluster-a"))
-    expected = (grpc.StatusCode.UNAUTHENTICATED if case == "bad_subject"
-                else grpc.StatusCode.UNAVAILABLE)  # refused in the TLS handshake
+    expected = (
+        grpc.StatusCode.UNAUTHENTICATED if case == "bad_subject" else grpc.StatusCode.UNAVAILABLE
+    )  # refused in the TLS handshake
     assert err.value.code() == expected
     assert hub.store.snapshot("fl", "mnist") == {}
 
@@ -176,8 +202,16 @@ async def test_bad_client_certificates_are_refused(
     [
         ("fl_namespace", {"fl_namespace": "Not_A_Namespace"}),
         ("client_phase", {"client_phase": report_pb2.CLIENT_PHASE_UNSPECIFIED}),
-        ("metrics[0].accuracy", {"metrics": [report_pb2.RoundMetrics(
-            round=1, phase=report_pb2.ROUND_PHASE_EVALUATE, accuracy=1.5)]}),
+        (
+            "metrics[0].accuracy",
+            {
+                "metrics": [
+                    report_pb2.RoundMetrics(
+                        round=1, phase=report_pb2.ROUND_PHASE_EVALUATE, accuracy=1.5
+                    )
+                ]
+            },
+        ),
         ("metrics[0].phase", {"metrics": [report_pb2.RoundMetrics(round=1)]}),
         ("timestamp", {"timestamp": None}),
         ("sequence", {"sequence": 0}),
@@ -201,9 +235,7 @@ async def test_malformed_report_is_refused_naming_the_field(
     assert (err.value.details() or "").startswith(field + ":")
 
 
-async def test_bad_streams_do_not_harm_another_stream(
-    hub: AggregatorServer, tpki: TestPKI
-) -> None:
+async def test_bad_streams_do_not_harm_another_stream(hub: AggregatorServer, tpki: TestPKI) -> None:
     ca = pki.cert_to_pem(tpki.ca.cert)
     async with channel_for(hub.port, tpki.client_dir("cluster-b"), ca) as good_channel:
         good = report_pb2_grpc.StatusServiceStub(good_channel).StreamReports()
@@ -260,8 +292,9 @@ async def test_concurrent_streams_from_many_clusters(
     for n in names:
         registry.add(n)
     dirs = {n: tpki.client_dir(n) for n in names}
-    results = await asyncio.gather(*(
-        send(hub, tpki, dirs[n], *(make_report(n, s) for s in range(1, 6))) for n in names))
+    results = await asyncio.gather(
+        *(send(hub, tpki, dirs[n], *(make_report(n, s) for s in range(1, 6))) for n in names)
+    )
     assert all(r == [1, 2, 3, 4, 5] for r in results)
     assert sorted(hub.store.snapshot("fl", "mnist")) == names
 
@@ -275,20 +308,29 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
 
     tpki = TestPKI(tmp_path, key_kind="rsa")
     ca_dir = pki.save_tls_dir(tmp_path / "ca", tpki.ca, None)
-    service = AggregatorService(AggregatorSettings(
-        listen="127.0.0.1:0", ca_dir=ca_dir, clusters=["cluster-a"], metrics_port=0,
-        metrics_host="127.0.0.1"))
+    service = AggregatorService(
+        AggregatorSettings(
+            listen="127.0.0.1:0",
+            ca_dir=ca_dir,
+            clusters=["cluster-a"],
+            metrics_port=0,
+            metrics_host="127.0.0.1",
+        )
+    )
     port = await service.start()
     try:
         assert service.server is not None
-        acks = await send(service.server, tpki, tpki.client_dir("cluster-a"),
-                          make_report("cluster-a", 7))
+        acks = await send(
+            service.server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a", 7)
+        )
         assert acks == [7]
         metrics_port = service._metrics_server[0].server_port
         body = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read())
-        assert b'ocmfl_cluster_accuracy{cluster="cluster-a",name="mnist",namespace="fl"} 0.8' \
-            in body
+            lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
+        )
+        assert (
+            b'ocmfl_cluster_accuracy{cluster="cluster-a",name="mnist",namespace="fl"} 0.8' in body
+        )
         assert port == service.server.port
     finally:
         await service.stop()
@@ -300,8 +342,9 @@ class FakeCustomObjects:
     def __init__(self, clusters: dict[str, bool], addons: set[str]) -> None:
         self.clusters, self.addons, self.calls = clusters, addons, 0
 
-    def get_cluster_custom_object(self, group: str, version: str, plural: str,
-                                  name: str) -> dict[str, object]:
+    def get_cluster_custom_object(
+        self, group: str, version: str, plural: str, name: str
+    ) -> dict[str, object]:
         from kubernetes.client.exceptions import ApiException
 
         self.calls += 1
@@ -309,8 +352,9 @@ class FakeCustomObjects:
             raise ApiException(status=404)
         return {"metadata": {"name": name}, "spec": {"hubAcceptsClient": self.clusters[name]}}
 
-    def get_namespaced_custom_object(self, group: str, version: str, namespace: str,
-                                     plural: str, name: str) -> dict[str, object]:
+    def get_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, name: str
+    ) -> dict[str, object]:
         from kubernetes.client.exceptions import ApiException
 
         assert name == "federated-learning" and plural == "managedclusteraddons"
@@ -322,8 +366,9 @@ class FakeCustomObjects:
 async def test_kubernetes_registry_needs_acceptance_and_the_addon() -> None:
     from hub_controller.aggregator import KubernetesClusterRegistry
 
-    api = FakeCustomObjects({"ok": True, "not-accepted": False, "no-addon": True},
-                            {"ok", "not-accepted"})
+    api = FakeCustomObjects(
+        {"ok": True, "not-accepted": False, "no-addon": True}, {"ok", "not-accepted"}
+    )
     now = [0.0]
     reg = KubernetesClusterRegistry(api, ttl_s=30, negative_ttl_s=5, clock=lambda: now[0])
     assert await reg.is_registered("ok")

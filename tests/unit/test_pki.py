@@ -28,24 +28,29 @@ def test_csr_signed_into_a_client_cert_for_its_cluster(ca: pki.CertAndKey) -> No
     cert = pki.sign_csr(pki.create_csr("edge-1", key), ca, lifetime=dt.timedelta(hours=2))
     assert pki.cluster_from_certificate(cert) == "edge-1"
     assert cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value == (
-        constants.CERT_CN_PREFIX + "edge-1")
+        constants.CERT_CN_PREFIX + "edge-1"
+    )
     eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
     assert list(eku) == [ExtendedKeyUsageOID.CLIENT_AUTH]
     assert pki.verify_issued_by(cert, ca.cert)
-    assert cert.not_valid_after_utc - cert.not_valid_before_utc <= dt.timedelta(
-        hours=2) + pki.CLOCK_SKEW
+    assert (
+        cert.not_valid_after_utc - cert.not_valid_before_utc
+        <= dt.timedelta(hours=2) + pki.CLOCK_SKEW
+    )
 
 
 def test_lifetime_is_capped_at_max_and_ca_expiry() -> None:
     short_ca = pki.create_ca(lifetime=dt.timedelta(hours=1), key_kind="ec")
-    cert = pki.sign_csr(pki.create_csr("a", pki.generate_key()), short_ca,
-                        lifetime=dt.timedelta(days=30))
+    cert = pki.sign_csr(
+        pki.create_csr("a", pki.generate_key()), short_ca, lifetime=dt.timedelta(days=30)
+    )
     assert cert.not_valid_after_utc <= short_ca.cert.not_valid_after_utc
 
 
 def test_server_cert_has_dns_and_ip_sans(ca: pki.CertAndKey) -> None:
-    pair = pki.issue_server_cert(ca, dns_names=["hub.local", "localhost"],
-                                 ip_addresses=["127.0.0.1"])
+    pair = pki.issue_server_cert(
+        ca, dns_names=["hub.local", "localhost"], ip_addresses=["127.0.0.1"]
+    )
     san = pair.cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["hub.local", "localhost"]
     assert san.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
@@ -74,24 +79,40 @@ def test_rsa_ca_for_ocm_custom_signer() -> None:
         _name((NameOID.COMMON_NAME, "edge-1")),  # no prefix
         _name((NameOID.COMMON_NAME, "cluster:edge-1")),  # no O
         _name((NameOID.ORGANIZATION_NAME, "other"), (NameOID.COMMON_NAME, "cluster:edge-1")),
-        _name((NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
-              (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
-              (NameOID.COMMON_NAME, "cluster:edge-1")),  # two O
-        _name((NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
-              (NameOID.COMMON_NAME, "cluster:edge-1"),
-              (NameOID.COMMON_NAME, "cluster:edge-2")),  # two CN
-        _name((NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
-              (NameOID.COMMON_NAME, "cluster:Edge_1")),  # not a cluster name
-        _name((NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
-              (NameOID.COMMON_NAME, "cluster:")),
+        _name(
+            (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
+            (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
+            (NameOID.COMMON_NAME, "cluster:edge-1"),
+        ),  # two O
+        _name(
+            (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
+            (NameOID.COMMON_NAME, "cluster:edge-1"),
+            (NameOID.COMMON_NAME, "cluster:edge-2"),
+        ),  # two CN
+        _name(
+            (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
+            (NameOID.COMMON_NAME, "cluster:Edge_1"),
+        ),  # not a cluster name
+        _name(
+            (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
+            (NameOID.COMMON_NAME, "cluster:"),
+        ),
         # OCM form whose groups name another cluster
-        _name((NameOID.ORGANIZATION_NAME,
-               f"system:open-cluster-management:cluster:b:addon:{constants.ADDON_NAME}"),
-              (NameOID.COMMON_NAME, f"system:open-cluster-management:cluster:a:addon:"
-                                    f"{constants.ADDON_NAME}:agent:x")),
+        _name(
+            (
+                NameOID.ORGANIZATION_NAME,
+                f"system:open-cluster-management:cluster:b:addon:{constants.ADDON_NAME}",
+            ),
+            (
+                NameOID.COMMON_NAME,
+                f"system:open-cluster-management:cluster:a:addon:{constants.ADDON_NAME}:agent:x",
+            ),
+        ),
         # OCM form of another addon
-        _name((NameOID.ORGANIZATION_NAME, "system:open-cluster-management:cluster:a:addon:z"),
-              (NameOID.COMMON_NAME, "system:open-cluster-management:cluster:a:addon:z:agent:x")),
+        _name(
+            (NameOID.ORGANIZATION_NAME, "system:open-cluster-management:cluster:a:addon:z"),
+            (NameOID.COMMON_NAME, "system:open-cluster-management:cluster:a:addon:z:agent:x"),
+        ),
     ],
 )
 def test_ambiguous_or_foreign_subjects_are_rejected(subject: x509.Name) -> None:
@@ -106,8 +127,13 @@ def test_unreadable_certificate_is_an_identity_error() -> None:
 
 def test_csr_with_bad_signature_is_refused(ca: pki.CertAndKey) -> None:
     csr = pki.create_csr("a", pki.generate_key())
-    der = bytearray(csr.public_bytes(__import__("cryptography.hazmat.primitives.serialization",
-                                                fromlist=["Encoding"]).Encoding.DER))
+    der = bytearray(
+        csr.public_bytes(
+            __import__(
+                "cryptography.hazmat.primitives.serialization", fromlist=["Encoding"]
+            ).Encoding.DER
+        )
+    )
     der[-3] ^= 0xFF  # corrupt the signature
     bad = x509.load_der_x509_csr(bytes(der))
     with pytest.raises(pki.CSRError):

@@ -36,9 +36,11 @@ def agent_csr(cluster: str = "cluster-a", **spec: Any) -> dict[str, Any]:
     """A CSR as the agent creates it, with the requester fields the API server fills."""
     csr = csr_object(cluster, pki.generate_key())
     csr["metadata"]["name"] = "x"
-    csr["spec"].update(username=f"system:open-cluster-management:cluster:{cluster}:addon:"
-                                f"{constants.ADDON_NAME}:agent:{constants.ADDON_NAME}-agent",
-                       groups=[agent_group(cluster), "system:authenticated"])
+    csr["spec"].update(
+        username=f"system:open-cluster-management:cluster:{cluster}:addon:"
+        f"{constants.ADDON_NAME}:agent:{constants.ADDON_NAME}-agent",
+        groups=[agent_group(cluster), "system:authenticated"],
+    )
     csr["spec"].update(spec)
     return csr
 
@@ -86,9 +88,11 @@ def test_cluster_label_must_match_the_subject() -> None:
 
 def test_subject_without_a_cluster_is_denied() -> None:
     key = pki.generate_key()
-    req = (x509.CertificateSigningRequestBuilder()
-           .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cluster-a")]))
-           .sign(key, hashes.SHA256()))
+    req = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cluster-a")]))
+        .sign(key, hashes.SHA256())
+    )
     csr = agent_csr(request=base64.b64encode(pki.csr_to_pem(req)).decode())
     decision = decide_csr(csr, KNOWN)
     assert isinstance(decision, Deny) and decision.reason == "BadSubject"
@@ -136,9 +140,13 @@ def test_renewal_is_due_with_a_fifth_of_the_lifetime_left() -> None:
 
 def test_addon_template_registration_has_no_shared_subject() -> None:
     [reg] = custom_signer_registration("ocm-fl-ca", "ocm-fl")
-    assert reg == {"type": "CustomSigner", "customSigner": {
-        "signerName": constants.SIGNER_NAME,
-        "signingCA": {"name": "ocm-fl-ca", "namespace": "ocm-fl"}}}
+    assert reg == {
+        "type": "CustomSigner",
+        "customSigner": {
+            "signerName": constants.SIGNER_NAME,
+            "signingCA": {"name": "ocm-fl-ca", "namespace": "ocm-fl"},
+        },
+    }
     assert agent_cert_dir() == constants.AGENT_CERT_DIR
     assert agent_cert_dir() == "/managed/federated-learning.open-cluster-management.io-agent"
     assert agent_cert_secret_name().endswith("-client-cert")
@@ -148,7 +156,8 @@ def test_ocm_default_subject_maps_to_its_cluster() -> None:
     subject = default_agent_subject("cluster-a")
     name = x509.Name(
         [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"]]
-        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])])
+        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])]
+    )
     assert pki.cluster_from_subject(name) == "cluster-a"
 
 
@@ -188,8 +197,9 @@ async def test_agent_renews_its_certificate_when_due(tmp_path: Any) -> None:
 
     ca = pki.create_ca(key_kind="ec")
     api = FakeCertsAPI(ca, KNOWN)
-    old = pki.issue_client_cert("cluster-a", ca, lifetime=dt.timedelta(hours=1),
-                                now=pki.utcnow() - dt.timedelta(minutes=55))
+    old = pki.issue_client_cert(
+        "cluster-a", ca, lifetime=dt.timedelta(hours=1), now=pki.utcnow() - dt.timedelta(minutes=55)
+    )
     pki.save_tls_dir(tmp_path, old, None)
     assert await renew_if_due(api, "cluster-a", tmp_path, poll_s=0.01)
     new, _ = pki.load_tls_dir(tmp_path)

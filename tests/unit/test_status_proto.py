@@ -11,11 +11,11 @@ GENERATED = ROOT / "ocmfl" / "status" / "v1"
 
 
 def test_generated_stubs_match_the_proto(tmp_path: Path) -> None:
-    subprocess.run([str(ROOT / "hack" / "gen-proto.sh"), str(tmp_path)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(ROOT / "hack" / "gen-proto.sh"), str(tmp_path)], check=True, capture_output=True
+    )
     fresh = tmp_path / "ocmfl" / "status" / "v1"
     names = sorted(p.name for p in fresh.iterdir())
-    assert names == ["report_pb2.py", "report_pb2.pyi", "report_pb2_grpc.py",
-                     "report_pb2_grpc.pyi"]
+    assert names == ["report_pb2.py", "report_pb2.pyi", "report_pb2_grpc.py", "report_pb2_grpc.pyi"]
     stale = [n for n in names if not filecmp.cmp(fresh / n, GENERATED / n, shallow=False)]
     assert not stale, f"regenerate with hack/gen-proto.sh: {stale} differ from the proto"

@@ -18,18 +18,35 @@ from ocmfl.status.v1 import report_pb2
 pytestmark = pytest.mark.timeout(30)
 
 
-def report(cluster: str, rnd: int, *, acc: float | None = None, uid: str = "u1",
-           when: dt.datetime | None = None, final: bool = False,
-           phase: ClientPhase = report_pb2.CLIENT_PHASE_RUNNING) -> report_pb2.Report:
+def report(
+    cluster: str,
+    rnd: int,
+    *,
+    acc: float | None = None,
+    uid: str = "u1",
+    when: dt.datetime | None = None,
+    final: bool = False,
+    phase: ClientPhase = report_pb2.CLIENT_PHASE_RUNNING,
+) -> report_pb2.Report:
     ts = Timestamp()
     ts.FromDatetime(when or dt.datetime.now(dt.UTC))
-    m = report_pb2.RoundMetrics(round=rnd, phase=report_pb2.ROUND_PHASE_EVALUATE, loss=1.0 / rnd,
-                                samples=10)
+    m = report_pb2.RoundMetrics(
+        round=rnd, phase=report_pb2.ROUND_PHASE_EVALUATE, loss=1.0 / rnd, samples=10
+    )
     if acc is not None:
         m.accuracy = acc
-    return report_pb2.Report(cluster=cluster, fl_namespace="fl", fl_name="job", fl_uid=uid,
-                             client_phase=phase, round=rnd, metrics=[m],
-                             timestamp=ts, final=final, sequence=rnd)
+    return report_pb2.Report(
+        cluster=cluster,
+        fl_namespace="fl",
+        fl_name="job",
+        fl_uid=uid,
+        client_phase=phase,
+        round=rnd,
+        metrics=[m],
+        timestamp=ts,
+        final=final,
+        sequence=rnd,
+    )
 
 
 def test_store_keeps_latest_state_and_all_rounds() -> None:
@@ -40,8 +57,11 @@ def test_store_keeps_latest_state_and_all_rounds() -> None:
     store.apply("a", report("a", 2, acc=0.7, when=now))
     store.apply("a", report("a", 1, acc=0.5, when=now - dt.timedelta(seconds=5)))  # late
     row = store.snapshot("fl", "job")["a"]
-    assert (row.round, row.accuracy, sorted(row.rounds)) == (2, 0.7, [(1, "evaluate"),
-                                                                      (2, "evaluate")])
+    assert (row.round, row.accuracy, sorted(row.rounds)) == (
+        2,
+        0.7,
+        [(1, "evaluate"), (2, "evaluate")],
+    )
     assert seen == [("fl", "job")] * 2
     store.apply("a", report("a", 1, uid="u2"))  # the resource was recreated
     assert store.snapshot("fl", "job")["a"].round == 1
@@ -49,8 +69,7 @@ def test_store_keeps_latest_state_and_all_rounds() -> None:
 
 def test_merge_keeps_fields_other_writers_own() -> None:
     store = ReportStore()
-    store.apply("a", report("a", 3, acc=0.9, final=True,
-                            phase=report_pb2.CLIENT_PHASE_SUCCEEDED))
+    store.apply("a", report("a", 3, acc=0.9, final=True, phase=report_pb2.CLIENT_PHASE_SUCCEEDED))
     existing: list[dict[str, Any]] = [
         {"name": "a", "phase": "Applied", "dataPath": "/data", "workApplied": True},
         {"name": "b", "phase": "Pending"},
@@ -63,8 +82,10 @@ def test_merge_keeps_fields_other_writers_own() -> None:
 
 class FakeStatusClient:
     def __init__(self) -> None:
-        self.obj: dict[str, Any] = {"metadata": {"resourceVersion": "1"},
-                                    "status": {"clusters": [{"name": "a", "dataPath": "/d"}]}}
+        self.obj: dict[str, Any] = {
+            "metadata": {"resourceVersion": "1"},
+            "status": {"clusters": [{"name": "a", "dataPath": "/d"}]},
+        }
         self.patches: list[dict[str, Any]] = []
         self.conflicts = 0
         self.gone = False
