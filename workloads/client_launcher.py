@@ -10,13 +10,14 @@ the SuperNode's exit code (305: key not registered on the server).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -32,7 +33,12 @@ from ocmfl.constants import (
 )
 from workloads import flower_env as fe
 from workloads.data import PartitionError, load_partition
-from workloads.fedapp.settings import NODE_AGENT_ENDPOINT, NODE_CLUSTER, NODE_DATA_DIR
+from workloads.fedapp.settings import (
+    CLIENT_OVERRIDABLE,
+    NODE_AGENT_ENDPOINT,
+    NODE_CLUSTER,
+    NODE_DATA_DIR,
+)
 from workloads.nodekeys import ensure_keypair, public_key_of
 
 PREFIX = "ocm-fl-client"
@@ -44,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PREFIX, description=__doc__.split("\n")[0])
     p.add_argument(
         "--server-address",
+        "--server",
         default=f"127.0.0.1:{SUPERLINK_PORT}",
         help="host:port of the SuperLink Fleet API (or the mTLS proxy in front)",
     )
@@ -64,7 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="create --auth-key (and .pub) when it does not exist",
     )
-    p.add_argument("--cluster-name", default=os.environ.get(ENV_CLUSTER_NAME, ""))
+    p.add_argument("--cluster-name", "--cluster", default=os.environ.get(ENV_CLUSTER_NAME, ""))
+    p.add_argument("--task", default="", help="expected task; the partition's manifest must match")
+    p.add_argument(
+        "--run-config",
+        type=Path,
+        default=None,
+        help="JSON object of per-cluster overrides: lr, local-epochs, batch-size",
+    )
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -110,13 +124,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def node_config(cluster: str, data_dir: Path, agent_endpoint: str) -> dict[str, str]:
+def node_config(
+    cluster: str,
+    data_dir: Path,
+    agent_endpoint: str,
+    overrides: Mapping[str, int | float] | None = None,
+) -> dict[str, str | int | float]:
     """Node config the ClientApp reads (``context.node_config``)."""
-    return {
+    config: dict[str, str | int | float] = {
         NODE_CLUSTER: cluster,
         NODE_DATA_DIR: str(data_dir.resolve()),
         NODE_AGENT_ENDPOINT: agent_endpoint,
     }
+    config.update(overrides or {})
+    return config
+
+
+def read_overrides(path: Path | None) -> dict[str, int | float]:
+    """Per-cluster run-config overrides from a JSON file (only client-side training keys)."""
+    if path is None:
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--run-config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"--run-config {path}: expected a JSON object")
+    out: dict[str, int | float] = {}
+    for key, value in data.items():
+        if key not in CLIENT_OVERRIDABLE:
+            continue  # server-side keys (rounds, strategy...) are the server's business
+        kind = CLIENT_OVERRIDABLE[key]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"--run-config {path}: {key} must be a number")
+        out[key] = kind(value)
+    return out
 
 
 def supernode_command(args: argparse.Namespace, node_config_file: Path) -> list[str]:
@@ -152,6 +194,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         partition = load_partition(args.data_dir)
     except PartitionError as exc:
         return _fail(str(exc))
+    if args.task and partition.manifest.get("task") != args.task:
+        return _fail(
+            f"{partition.path} holds task {partition.manifest.get('task')!r}, not {args.task!r}"
+        )
+    try:
+        overrides = read_overrides(args.run_config)
+    except ValueError as exc:
+        return _fail(str(exc))
     if not Path(args.root_certificates).is_file():
         return _fail(f"--root-certificates {args.root_certificates} does not exist")
     key_path = Path(args.auth_key)
@@ -166,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     state.mkdir(parents=True, exist_ok=True)
     config_file = state / "node-config.toml"
     config_file.write_text(
-        tomli_w.dumps(node_config(args.cluster_name, args.data_dir, args.agent_endpoint))
+        tomli_w.dumps(node_config(args.cluster_name, args.data_dir, args.agent_endpoint, overrides))
     )
     env = fe.flower_env(state / "flwr-home")
     print(

@@ -89,6 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--wait-clients-timeout",
+        "--clients-ready-timeout",
         type=float,
         default=600.0,
         help="seconds to wait for --min-clients online SuperNodes",
@@ -102,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--status-interval", type=float, default=15.0, help="seconds between run status checks"
     )
+    g.add_argument("--run-id", default="", help="label for logs (e.g. NAMESPACE/NAME)")
+    g.add_argument(
+        "--termination-log",
+        type=Path,
+        default=Path("/dev/termination-log"),
+        help="when this file exists, write the final model JSON to it (Kubernetes)",
+    )
     g.add_argument("--app-dir", type=Path, default=DEFAULT_APP_DIR)
     g.add_argument("--result-file", type=Path, default=None, help="write the outcome as JSON here")
     r = p.add_argument_group("training (Flower run config)")
@@ -109,6 +117,11 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--rounds", type=int, default=d.num_server_rounds)
     r.add_argument("--strategy", default=d.strategy, choices=STRATEGIES)
     r.add_argument("--proximal-mu", type=float, default=d.proximal_mu, help="FedProx mu")
+    r.add_argument(
+        "--strategy-params",
+        default="{}",
+        help='JSON object, e.g. {"proximalMu": 0.01, "fractionTrain": 0.5}; wins over flags',
+    )
     r.add_argument("--lr", type=float, default=d.lr)
     r.add_argument("--local-epochs", type=int, default=d.local_epochs)
     r.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -122,7 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     r.add_argument("--seed", type=int, default=d.seed)
     r.add_argument(
-        "--storage-dir", required=True, type=Path, help="checkpoints, final model, manifest.json"
+        "--storage-dir",
+        "--model-dir",
+        required=True,
+        type=Path,
+        help="checkpoints, final model, manifest.json",
     )
     r.add_argument("--init-model", type=Path, default=None, help=".npz to start from")
     r.add_argument(
@@ -137,23 +154,39 @@ def settings_from_args(args: argparse.Namespace) -> RunSettings:
     def absolute(path: Path | None) -> str:
         return str(path.resolve()) if path is not None else ""
 
+    params = strategy_params(args.strategy_params)
     return RunSettings(
         task=args.task,
         num_server_rounds=args.rounds,
         strategy=args.strategy,
-        proximal_mu=args.proximal_mu,
+        proximal_mu=float(params.get("proximalMu", args.proximal_mu)),
         lr=args.lr,
         local_epochs=args.local_epochs,
         batch_size=args.batch_size,
         min_clients=args.min_clients,
-        fraction_train=args.fraction_train,
-        fraction_evaluate=args.fraction_evaluate,
+        fraction_train=float(params.get("fractionTrain", args.fraction_train)),
+        fraction_evaluate=float(params.get("fractionEvaluate", args.fraction_evaluate)),
         round_timeout=args.round_timeout,
         seed=args.seed,
         storage_dir=absolute(args.storage_dir),
         init_model=absolute(args.init_model),
         test_dir=absolute(args.test_dir),
     )
+
+
+def strategy_params(text: str) -> dict[str, Any]:
+    """Parse --strategy-params (JSON object with camelCase keys, as in the FL resource)."""
+    try:
+        params = json.loads(text or "{}")
+    except ValueError as exc:
+        raise ValueError(f"--strategy-params is not JSON: {exc}") from None
+    if not isinstance(params, dict):
+        raise ValueError("--strategy-params must be a JSON object")
+    known = {"proximalMu", "fractionTrain", "fractionEvaluate"}
+    unknown = set(params) - known
+    if unknown:
+        raise ValueError(f"--strategy-params: unknown keys {sorted(unknown)}")
+    return params
 
 
 def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
@@ -421,6 +454,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dumps({"ok": result.ok, "reason": result.reason, **result.details}, indent=2)
             + "\n"
         )
+    final = result.details.get("final")
+    if result.ok and isinstance(final, dict) and args.termination_log.is_file():
+        with contextlib.suppress(OSError):
+            args.termination_log.write_text(
+                json.dumps(
+                    {
+                        "path": str(Path(settings.storage_dir) / final["path"]),
+                        "round": final["round"],
+                        "sha256": final["sha256"],
+                        "metrics": final.get("metrics", {}).get("server", {}),
+                    }
+                )
+            )
     print(f"{PREFIX}: {'completed' if result.ok else 'failed'}: {result.reason}", flush=True)
     return 0 if result.ok else 1
 

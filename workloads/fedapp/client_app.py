@@ -21,6 +21,7 @@ from workloads.fedapp.settings import (
     NODE_CLUSTER,
     NODE_DATA_DIR,
     RunSettings,
+    client_settings,
 )
 from workloads.metrics_hook import LocalMetrics, post_metrics
 from workloads.tasks import Task, get_task
@@ -71,7 +72,7 @@ def _reply(
 def train_handler(msg: Message, context: Context) -> Message:
     """Train the received global model on the local partition."""
     started = time.monotonic()
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = client_settings(context.run_config, context.node_config)
     cluster, task, part = _load(context, settings)
     config = msg.content.config_records["config"]
     server_round = int(_number(config.get("server-round", 0)))
@@ -108,7 +109,7 @@ def train_handler(msg: Message, context: Context) -> Message:
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
     started = time.monotonic()
-    settings = RunSettings.from_run_config(context.run_config)
+    settings = client_settings(context.run_config, context.node_config)
     cluster, task, part = _load(context, settings)
     server_round = int(_number(msg.content.config_records["config"].get("server-round", 0)))
     model = task.build_model()

@@ -17,6 +17,12 @@ STRATEGIES = ("fedavg", "fedprox")
 NODE_CLUSTER = "cluster-name"
 NODE_DATA_DIR = "data-dir"
 NODE_AGENT_ENDPOINT = "agent-endpoint"
+# Run-config keys a cluster may override for itself (node config wins in the ClientApp).
+CLIENT_OVERRIDABLE: dict[str, type[int] | type[float]] = {
+    "lr": float,
+    "local-epochs": int,
+    "batch-size": int,
+}
 
 
 @dataclass(frozen=True)
@@ -78,3 +84,10 @@ class RunSettings:
     def to_run_config(self) -> dict[str, str | int | float]:
         """The settings as Flower run config (kebab-case keys)."""
         return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
+
+def client_settings(run_config: Mapping[str, Any], node_config: Mapping[str, Any]) -> RunSettings:
+    """The run settings as this client sees them: node-config overrides win."""
+    merged = dict(run_config)
+    merged.update({k: v for k, v in node_config.items() if k in CLIENT_OVERRIDABLE})
+    return RunSettings.from_run_config(merged)
