@@ -167,6 +167,10 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool) 
     srv_crt, srv_key = serving.write(pki, "apiserver")
     admin = certs.issue(ca, "ocmfl-admin", orgs=("system:masters",), client=True)
     admin.write(pki, "admin")
+    # Front-proxy identity: with a requestheader CA configured, the library-go servers of the
+    # OCM controllers find a complete extension-apiserver-authentication ConfigMap.
+    proxy_crt, proxy_key = certs.issue(ca, "front-proxy-client", client=True).write(
+        pki, "front-proxy-client")
     sa_key, sa_pub = certs.make_signing_key()
     (pki / "sa.key").write_bytes(sa_key)
     (pki / "sa.pub").write_bytes(sa_pub)
@@ -213,6 +217,12 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool) 
             "--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none",
             "--enable-priority-and-fairness=false", "--profiling=false",
             f"--cert-dir={d / 'certs' / n}",
+            f"--requestheader-client-ca-file={ca_crt}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={proxy_crt}", f"--proxy-client-key-file={proxy_key}",
         ], logs / f"kube-apiserver-{n}.log"))
         p.port = port
         apis[n] = p
