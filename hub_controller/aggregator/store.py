@@ -50,16 +50,23 @@ class ClusterReport:
     label_histogram: dict[str, int] = field(default_factory=dict)
     rounds: dict[tuple[int, str], RoundRow] = field(default_factory=dict)
     reports: int = 0
+    # (round, phase order) and value of the latest row carrying loss / accuracy
+    _latest: dict[str, tuple[tuple[int, int], float]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def _note(self, row: RoundRow) -> None:
+        order = (row.round, _PHASE_ORDER.get(row.phase, 9))
+        for what in ("loss", "accuracy"):
+            value: float | None = getattr(row, what)
+            best = self._latest.get(what)
+            if value is not None and (best is None or order >= best[0]):
+                self._latest[what] = (order, value)
 
     def latest(self, what: str) -> float | None:
         """Latest loss or accuracy: the last round's evaluate value, else its fit value."""
-        for key in sorted(
-            self.rounds, key=lambda k: (k[0], _PHASE_ORDER.get(k[1], 9)), reverse=True
-        ):
-            value: float | None = getattr(self.rounds[key], what)
-            if value is not None:
-                return value
-        return None
+        best = self._latest.get(what)
+        return best[1] if best else None
 
     @property
     def loss(self) -> float | None:
@@ -100,7 +107,62 @@ class ClusterReport:
 def _copy(state: ClusterReport) -> ClusterReport:
     """A copy that shares nothing mutable (RoundRows are frozen)."""
     return dataclasses.replace(
-        state, rounds=dict(state.rounds), label_histogram=dict(state.label_histogram)
+        state,
+        rounds=dict(state.rounds),
+        label_histogram=dict(state.label_histogram),
+        _latest=dict(state._latest),
+    )
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What `ReportStore.apply` tells the aggregator about the state it folded into."""
+
+    cluster: str
+    round: int
+    loss: float | None
+    accuracy: float | None
+    final: bool
+
+
+def _fresh(current: ClusterReport | None, cluster: str, report: report_pb2.Report) -> bool:
+    """True when `report` starts a new state (first report, or a new resource UID)."""
+    return current is None or bool(
+        report.fl_uid and current.fl_uid and report.fl_uid != current.fl_uid
+    )
+
+
+def _fold_into(state: ClusterReport, report: report_pb2.Report, newer: bool) -> None:
+    for m in report.metrics:
+        phase = ROUND_PHASE_NAMES[m.phase]
+        row = RoundRow(
+            round=m.round,
+            phase=phase,
+            loss=m.loss if m.HasField("loss") else None,
+            accuracy=m.accuracy if m.HasField("accuracy") else None,
+            samples=m.samples,
+            duration_s=m.duration_s,
+        )
+        state.rounds[(m.round, phase)] = row
+        state._note(row)
+        state.round = max(state.round, m.round)
+    state.reports += 1
+    if newer:
+        state.last_report_time = report.timestamp.ToDatetime(tzinfo=dt.UTC)
+        state.phase = CLIENT_PHASE_NAMES[report.client_phase]
+        state.round = max(state.round, report.round)
+        state.agent_version = report.agent_version
+        state.fl_uid = report.fl_uid or state.fl_uid
+        if report.HasField("data"):
+            state.sample_count = report.data.sample_count
+            state.label_histogram = dict(report.data.label_histogram)
+    state.final = state.final or report.final
+
+
+def _new_state(cluster: str, report: report_pb2.Report) -> ClusterReport:
+    ts = report.timestamp.ToDatetime(tzinfo=dt.UTC)
+    return ClusterReport(
+        cluster=cluster, fl_uid=report.fl_uid, phase="Pending", round=0, last_report_time=ts
     )
 
 
@@ -110,40 +172,14 @@ def fold_report(
     """Pure: the state after `report` (already validated) from `cluster` arrives.
 
     A report for a new resource UID replaces the old state; older reports (by timestamp) only
-    add round rows they carry; a final report stays final.
+    add the round rows they carry; a final report stays final.
     """
-    ts = report.timestamp.ToDatetime(tzinfo=dt.UTC)
-    if current is not None and report.fl_uid and current.fl_uid and report.fl_uid != current.fl_uid:
-        current = None
-    new = (
-        _copy(current)
-        if current is not None
-        else ClusterReport(
-            cluster=cluster, fl_uid=report.fl_uid, phase="Pending", round=0, last_report_time=ts
-        )
-    )
-    for m in report.metrics:
-        phase = ROUND_PHASE_NAMES[m.phase]
-        new.rounds[(m.round, phase)] = RoundRow(
-            round=m.round,
-            phase=phase,
-            loss=m.loss if m.HasField("loss") else None,
-            accuracy=m.accuracy if m.HasField("accuracy") else None,
-            samples=m.samples,
-            duration_s=m.duration_s,
-        )
-    new.reports += 1
-    newer = current is None or ts >= current.last_report_time
-    if newer:
-        new.last_report_time = ts
-        new.phase = CLIENT_PHASE_NAMES[report.client_phase]
-        new.round = max(report.round, max((r for r, _ in new.rounds), default=0))
-        new.agent_version = report.agent_version
-        new.fl_uid = report.fl_uid or new.fl_uid
-        if report.HasField("data"):
-            new.sample_count = report.data.sample_count
-            new.label_histogram = dict(report.data.label_histogram)
-    new.final = new.final or report.final
+    if current is None or _fresh(current, cluster, report):
+        new, newer = _new_state(cluster, report), True
+    else:
+        new = _copy(current)
+        newer = report.timestamp.ToDatetime(tzinfo=dt.UTC) >= current.last_report_time
+    _fold_into(new, report, newer)
     return new
 
 
@@ -155,14 +191,23 @@ class ReportStore:
         self._data: dict[ResourceKey, dict[str, ClusterReport]] = {}
         self._subscribers: list[ChangeCallback] = []
 
-    def apply(self, cluster: str, report: report_pb2.Report) -> ClusterReport:
-        """Fold a validated report from the authenticated `cluster`; notify subscribers."""
+    def apply(self, cluster: str, report: report_pb2.Report) -> Applied:
+        """Fold a validated report from the authenticated `cluster`; notify subscribers.
+
+        Same result as `fold_report`, computed in place (the store's objects never leave
+        it: `snapshot` hands out copies).
+        """
         key = (report.fl_namespace, report.fl_name)
         with self._lock:
             rows = self._data.setdefault(key, {})
-            state = fold_report(rows.get(cluster), cluster, report)
-            rows[cluster] = state
-            result = _copy(state)
+            state = rows.get(cluster)
+            if state is None or _fresh(state, cluster, report):
+                state = rows[cluster] = _new_state(cluster, report)
+                newer = True
+            else:
+                newer = report.timestamp.ToDatetime(tzinfo=dt.UTC) >= state.last_report_time
+            _fold_into(state, report, newer)
+            result = Applied(cluster, state.round, state.loss, state.accuracy, state.final)
             subscribers = list(self._subscribers)
         for cb in subscribers:
             cb(*key)
