@@ -222,3 +222,93 @@ def test_pods_on_different_clusters_listen_on_the_same_port_without_collision(
 
     for c, ip in ips.items():
         assert wait_for(functools.partial(answer, ip), 20, f"answer from {c}") == f"srv-{c}"
+
+
+def test_on_failure_pods_restart_until_they_succeed(
+    spokes: dict[str, Kube], namespace: str
+) -> None:
+    k = spokes[sorted(spokes)[0]]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    pod = _pod("flaky", BUSYBOX, ["sh", "-c", "test -f /scratch/once && exit 0; "
+                                              "touch /scratch/once; exit 7"])
+    pod["spec"]["restartPolicy"] = "OnFailure"
+    pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "s", "mountPath": "/scratch"}]
+    pod["spec"]["volumes"] = [{"name": "s", "emptyDir": {}}]
+    k.create(pods, pod)
+
+    def succeeded() -> dict[str, Any] | None:
+        got = k.get(f"{pods}/flaky") or {}
+        return got if got.get("status", {}).get("phase") == "Succeeded" else None
+
+    cs = wait_for(succeeded, 30, "Succeeded")["status"]["containerStatuses"][0]
+    assert cs["restartCount"] == 1
+    assert cs["lastState"]["terminated"]["exitCode"] == 7
+    assert not Path("/scratch/once").exists()  # the mount was private to the pod
+
+
+def test_deleting_a_pod_stops_its_processes(spokes: dict[str, Kube], namespace: str) -> None:
+    k = spokes[sorted(spokes)[0]]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    k.create(pods, _pod("sleeper", BUSYBOX, ["sh", "-c", "sleep 300 & sleep 300"]))
+
+    def pid() -> int | None:
+        got = k.get(f"{pods}/sleeper") or {}
+        for cs in got.get("status", {}).get("containerStatuses") or []:
+            if "running" in cs.get("state", {}):
+                return int(cs["containerID"].removeprefix("local://"))
+        return None
+
+    leader = wait_for(pid, 30, "running")
+    group = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(p) == leader]
+    assert len(group) >= 2  # sh and its background sleep
+    k.delete(f"{pods}/sleeper")
+    wait_for(lambda: k.get(f"{pods}/sleeper") is None, 30, "pod gone")
+    wait_for(lambda: all(not _alive(p) for p in group), 10, "process group gone")
+
+
+def _pgid(proc: Path) -> int:
+    try:
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def _alive(proc: Path) -> bool:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_hub_load_balancer_is_reachable_from_a_cluster_pod(
+    hub: Kube, spokes: dict[str, Kube], namespace: str
+) -> None:
+    web = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "web", "labels": {"app": "web"}},
+           "spec": {"containers": [{"name": "c", "image": WORKLOAD_IMAGE,
+                                    "command": ["python", "-c", SERVER],
+                                    "ports": [{"name": "tcp", "containerPort": 18080}]}]}}
+    hub.create(f"/api/v1/namespaces/{namespace}/pods", web)
+    hub.create(f"/api/v1/namespaces/{namespace}/services", {
+        "metadata": {"name": "web"},
+        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
+                 "ports": [{"port": 443, "targetPort": "tcp"}]}})
+
+    def ingress() -> str | None:
+        svc = hub.get(f"/api/v1/namespaces/{namespace}/services/web") or {}
+        ing = svc.get("status", {}).get("loadBalancer", {}).get("ingress") or []
+        return ing[0]["ip"] if ing else None
+
+    ip = wait_for(ingress, 30, "LoadBalancer ingress")
+    k = spokes[sorted(spokes)[0]]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    client = ("import socket,sys; s=socket.create_connection((sys.argv[1], 443), timeout=5); "
+              "print(s.recv(100).decode())")
+    k.create(pods, _pod("client", WORKLOAD_IMAGE, ["python", "-c", client, ip]))
+
+    def done() -> str | None:
+        got = k.get(f"{pods}/client") or {}
+        return got.get("status", {}).get("phase") if got.get("status", {}).get("phase") in (
+            "Succeeded", "Failed") else None
+
+    assert wait_for(done, 30, "client finished") == "Succeeded"
