@@ -184,13 +184,20 @@ class CSRSigner:
         self.known_clusters = known_clusters
         self.clock = clock
         self._stop = threading.Event()
+        # UIDs signed by this process: the watch still shows them approved-but-unsigned for
+        # one more event, and a certificate can be set only once.
+        self._signed: set[str] = set()
 
     def handle(self, csr: dict[str, Any]) -> Decision:
         """Decide on one CSR (camelCase dict) and write the outcome."""
+        if (csr.get("spec") or {}).get("signerName") != constants.SIGNER_NAME:
+            return Ignore("not our signer")  # without listing clusters
         decision = decide_csr(csr, self.known_clusters())
-        name = csr["metadata"]["name"]
+        name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")
         if isinstance(decision, Ignore):
             return decision
+        if isinstance(decision, Approve) and uid in self._signed:
+            return Ignore("signed by this signer already")
         if isinstance(decision, Deny) or not decision.already_approved:
             body = dict(csr)
             status = dict(body.get("status") or {})
@@ -204,6 +211,7 @@ class CSRSigner:
             log.info("CSR %s: %s", name, decision)
         if isinstance(decision, Approve):
             cert = sign_request(csr, decision, self.ca())
+            self._signed.add(uid)
             self.certs.patch_certificate_signing_request_status(
                 name, {"status": {"certificate": cert}}
             )
