@@ -95,9 +95,9 @@ def split_indices(
 ) -> list[IntArray]:
     """Assign every index of ``y`` to one of ``len(sizes)`` partitions.
 
-    ``iid``: shuffled, cut by ``sizes``. ``label-skew``: each class is spread over the
-    partitions with Dirichlet(``alpha``) proportions scaled by ``sizes`` (smaller alpha, more
-    skew); each partition gets at least one sample.
+    ``iid``: shuffled, cut by ``sizes``. ``label-skew``: partition sizes follow ``sizes``
+    exactly, and each partition draws its labels from its own Dirichlet(``alpha``) preference
+    over the classes (smaller alpha, more skew) as far as the classes have samples left.
     """
     rng = np.random.default_rng(seed)
     k = len(sizes)
@@ -108,19 +108,32 @@ def split_indices(
         return [np.sort(order[bounds[i] : bounds[i + 1]]).astype(np.int64) for i in range(k)]
     if split != "label-skew":
         raise ValueError(f"unknown split {split!r}: expected 'iid' or 'label-skew'")
-    parts: list[list[int]] = [[] for _ in range(k)]
-    for label in np.unique(y):
-        idx = rng.permutation(np.flatnonzero(y == label))
-        weights = rng.dirichlet([alpha] * k) * np.asarray(sizes)
-        weights = weights / weights.sum()
-        bounds = np.cumsum([0, *_cuts(len(idx), list(weights))])
-        for i in range(k):
-            parts[i].extend(int(j) for j in idx[bounds[i] : bounds[i + 1]])
-    for i in range(k):  # never leave a partition empty: borrow from the largest one
-        if not parts[i]:
-            donor = max(range(k), key=lambda j: len(parts[j]))
-            parts[i].append(parts[donor].pop())
-    return [np.sort(np.asarray(p, dtype=np.int64)) for p in parts]
+    labels = np.unique(y)
+    pools = {int(c): list(rng.permutation(np.flatnonzero(y == c))) for c in labels}
+    targets = _cuts(len(y), sizes)
+    parts: list[IntArray] = []
+    for i, target in enumerate(targets):
+        if i == k - 1:  # the last partition takes what is left (exactly its target)
+            rest = [j for pool in pools.values() for j in pool]
+            parts.append(np.sort(np.asarray(rest, dtype=np.int64)))
+            break
+        prefs = rng.dirichlet([alpha] * len(labels))
+        want = dict(zip((int(c) for c in labels), _cuts(target, list(prefs)), strict=True))
+        take = {c: min(n, len(pools[c])) for c, n in want.items()}
+        short = target - sum(take.values())
+        # Fill any shortfall from the classes this partition prefers most, then the fullest.
+        by_pref = sorted(take, key=lambda c: (-want[c], -len(pools[c])))
+        while short > 0:
+            for c in by_pref:
+                if short > 0 and take[c] < len(pools[c]):
+                    take[c] += 1
+                    short -= 1
+        chosen: list[int] = []
+        for c, n in take.items():
+            chosen.extend(int(j) for j in pools[c][:n])
+            pools[c] = pools[c][n:]
+        parts.append(np.sort(np.asarray(chosen, dtype=np.int64)))
+    return parts
 
 
 def label_histogram(y: IntArray) -> dict[str, int]:

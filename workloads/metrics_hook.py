@@ -39,10 +39,10 @@ def post_metrics(
         return False
     url = endpoint.rstrip("/") + METRICS_PATH
     body = json.dumps(asdict(metrics)).encode()
-    request = urllib.request.Request(
-        url, data=body, method="POST", headers={"Content-Type": "application/json"}
-    )
     try:
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return 200 <= int(response.status) < 300
     except (urllib.error.URLError, OSError, ValueError) as exc:

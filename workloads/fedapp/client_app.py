@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
+import numpy.typing as npt
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ocmfl.constants import ENV_AGENT_ENDPOINT, ENV_CLUSTER_NAME, ENV_DATA_DIR
 from workloads.data import Partition, load_partition
-from workloads.fedapp.arrays import from_array_record, to_array_record
+from workloads.fedapp.arrays import from_array_record, named_to_array_record
 from workloads.fedapp.settings import (
     NODE_AGENT_ENDPOINT,
     NODE_CLUSTER,
@@ -23,13 +26,12 @@ from workloads.fedapp.settings import (
     RunSettings,
     client_settings,
 )
+from workloads.fedapp.strategies import CLIENT_RECORD  # every reply: {"cluster": name}
 from workloads.metrics_hook import LocalMetrics, post_metrics
 from workloads.tasks import Task, get_task
-from workloads.tasks.common import evaluate, set_weights, train
+from workloads.tasks.common import evaluate, get_weights, set_weights, train
 
 app = ClientApp()
-
-CLIENT_RECORD = "client"  # ConfigRecord in every reply: {"cluster": name}
 
 
 def _node_value(context: Context, key: str, env: str) -> str:
@@ -46,6 +48,12 @@ def _number(value: object) -> float:
 def _load(context: Context, settings: RunSettings) -> tuple[str, Task, Partition]:
     cluster = _node_value(context, NODE_CLUSTER, ENV_CLUSTER_NAME) or "unknown"
     data_dir = _node_value(context, NODE_DATA_DIR, ENV_DATA_DIR)
+    task, part = load_local(cluster, data_dir, settings)
+    return cluster, task, part
+
+
+def load_local(cluster: str, data_dir: str, settings: RunSettings) -> tuple[Task, Partition]:
+    """This cluster's task and partition; only ``data_dir`` is read."""
     if not data_dir:
         raise RuntimeError(f"cluster {cluster}: no data directory configured ({NODE_DATA_DIR})")
     task = get_task(settings.task)
@@ -54,7 +62,7 @@ def _load(context: Context, settings: RunSettings) -> tuple[str, Task, Partition
         raise RuntimeError(
             f"{data_dir} holds task {partition.manifest.get('task')!r}, run wants {task.name!r}"
         )
-    return cluster, task, partition
+    return task, partition
 
 
 def _reply(
@@ -68,17 +76,29 @@ def _reply(
     return Message(content=content, reply_to=msg)
 
 
-@app.train()
-def train_handler(msg: Message, context: Context) -> Message:
-    """Train the received global model on the local partition."""
+@dataclass(frozen=True)
+class LocalResult:
+    """What one local fit/evaluate produced, before it becomes a reply."""
+
+    weights: dict[str, npt.NDArray[Any]] | None
+    loss: float
+    accuracy: float
+    samples: int
+    duration_s: float
+
+
+def local_fit(
+    task: Task,
+    part: Partition,
+    weights: Mapping[str, npt.NDArray[Any]],
+    settings: RunSettings,
+    server_round: int,
+    proximal_mu: float,
+) -> LocalResult:
+    """Train the global weights on this partition (FedProx term when mu > 0)."""
     started = time.monotonic()
-    settings = client_settings(context.run_config, context.node_config)
-    cluster, task, part = _load(context, settings)
-    config = msg.content.config_records["config"]
-    server_round = int(_number(config.get("server-round", 0)))
-    mu = _number(config.get("proximal-mu", 0.0)) if settings.strategy == "fedprox" else 0.0
     model = task.build_model()
-    set_weights(model, list(from_array_record(msg.content.array_records["arrays"]).values()))
+    set_weights(model, list(weights.values()))
     result = train(
         model,
         part.x,
@@ -86,51 +106,70 @@ def train_handler(msg: Message, context: Context) -> Message:
         epochs=settings.local_epochs,
         lr=settings.lr,
         batch_size=settings.batch_size,
-        proximal_mu=mu,
+        proximal_mu=proximal_mu,
         seed=settings.seed + server_round,
     )
-    duration = time.monotonic() - started
-    post_metrics(
-        _node_value(context, NODE_AGENT_ENDPOINT, ENV_AGENT_ENDPOINT),
-        LocalMetrics(
-            cluster, server_round, "fit", result.loss, result.accuracy, result.samples, duration
-        ),
+    names = list(model.state_dict().keys())
+    new = dict(zip(names, get_weights(model), strict=True))
+    return LocalResult(
+        new, result.loss, result.accuracy, result.samples, time.monotonic() - started
     )
+
+
+def local_evaluate(
+    task: Task, part: Partition, weights: Mapping[str, npt.NDArray[Any]]
+) -> LocalResult:
+    """Evaluate the global weights on this partition."""
+    started = time.monotonic()
+    model = task.build_model()
+    set_weights(model, list(weights.values()))
+    result = evaluate(model, part.x, part.y)
+    return LocalResult(
+        None, result.loss, result.accuracy, result.samples, time.monotonic() - started
+    )
+
+
+def _config_number(msg: Message, key: str, default: float) -> float:
+    return _number(msg.content.config_records["config"].get(key, default))
+
+
+@app.train()
+def train_handler(msg: Message, context: Context) -> Message:
+    """Train the received global model on the local partition."""
+    settings = client_settings(context.run_config, context.node_config)
+    cluster, task, part = _load(context, settings)
+    server_round = int(_config_number(msg, "server-round", 0))
+    mu = _config_number(msg, "proximal-mu", 0.0) if settings.strategy == "fedprox" else 0.0
+    weights = from_array_record(msg.content.array_records["arrays"])
+    res = local_fit(task, part, weights, settings, server_round, mu)
+    _post(context, cluster, server_round, "fit", res)
     metrics = {
-        "train-loss": result.loss,
-        "train-accuracy": result.accuracy,
-        "num-examples": result.samples,
-        "duration-s": duration,
+        "train-loss": res.loss,
+        "train-accuracy": res.accuracy,
+        "num-examples": res.samples,
+        "duration-s": res.duration_s,
     }
-    return _reply(msg, cluster, metrics, to_array_record(model))
+    assert res.weights is not None
+    return _reply(msg, cluster, metrics, named_to_array_record(res.weights))
 
 
 @app.evaluate()
 def evaluate_handler(msg: Message, context: Context) -> Message:
     """Evaluate the received global model on the local partition."""
-    started = time.monotonic()
     settings = client_settings(context.run_config, context.node_config)
     cluster, task, part = _load(context, settings)
-    server_round = int(_number(msg.content.config_records["config"].get("server-round", 0)))
-    model = task.build_model()
-    set_weights(model, list(from_array_record(msg.content.array_records["arrays"]).values()))
-    result = evaluate(model, part.x, part.y)
-    duration = time.monotonic() - started
+    server_round = int(_config_number(msg, "server-round", 0))
+    weights = from_array_record(msg.content.array_records["arrays"])
+    res = local_evaluate(task, part, weights)
+    _post(context, cluster, server_round, "evaluate", res)
+    metrics = {"eval-loss": res.loss, "eval-accuracy": res.accuracy, "num-examples": res.samples}
+    return _reply(msg, cluster, metrics, None)
+
+
+def _post(context: Context, cluster: str, server_round: int, phase: str, res: LocalResult) -> None:
     post_metrics(
         _node_value(context, NODE_AGENT_ENDPOINT, ENV_AGENT_ENDPOINT),
         LocalMetrics(
-            cluster,
-            server_round,
-            "evaluate",
-            result.loss,
-            result.accuracy,
-            result.samples,
-            duration,
+            cluster, server_round, phase, res.loss, res.accuracy, res.samples, res.duration_s
         ),
     )
-    metrics = {
-        "eval-loss": result.loss,
-        "eval-accuracy": result.accuracy,
-        "num-examples": result.samples,
-    }
-    return _reply(msg, cluster, metrics, None)

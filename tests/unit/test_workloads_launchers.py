@@ -1,0 +1,90 @@
+"""Launcher pieces that need no processes: flags -> run config, node config, parsing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workloads import client_launcher, server_launcher
+from workloads.flower_env import flower_env, write_connection
+
+BASE = ["--state-dir", "st", "--ssl-ca-certfile", "ca", "--ssl-certfile", "c",
+        "--ssl-keyfile", "k", "--supernode-keys", "keys", "--storage-dir", "store"]  # fmt: skip
+
+
+def test_server_flags_become_run_config_with_absolute_paths() -> None:
+    args = server_launcher.build_parser().parse_args(
+        [*BASE, "--rounds", "5", "--strategy", "fedprox", "--min-clients", "3",
+         "--strategy-params", '{"proximalMu": 0.5, "fractionTrain": 0.5}', "--test-dir", "t"]
+    )  # fmt: skip
+    settings = server_launcher.settings_from_args(args)
+    config = settings.to_run_config()
+    assert config["num-server-rounds"] == 5 and config["strategy"] == "fedprox"
+    assert config["proximal-mu"] == 0.5 and config["fraction-train"] == 0.5
+    assert config["min-clients"] == 3
+    assert Path(str(config["storage-dir"])).is_absolute()
+    assert Path(str(config["test-dir"])).is_absolute() and config["init-model"] == ""
+
+
+def test_controller_style_aliases_are_accepted() -> None:
+    args = server_launcher.build_parser().parse_args(
+        [*BASE[:-2], "--model-dir", "/models", "--clients-ready-timeout", "30"]
+    )
+    assert str(args.storage_dir) == "/models" and args.wait_clients_timeout == 30.0
+
+
+def test_unknown_strategy_params_are_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown keys"):
+        server_launcher.strategy_params('{"momentum": 1}')
+
+
+def test_bad_settings_fail_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert server_launcher.main([*BASE, "--rounds", "0"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == ["ocm-fl-server: failed: invalid settings: num-server-rounds must be >= 1"]
+
+
+def test_online_count_only_counts_our_online_nodes() -> None:
+    nodes = {"nodes": [{"node-id": "1", "status": "online"},
+                       {"node-id": "2", "status": "registered"},
+                       {"node-id": "3", "status": "online"}]}  # fmt: skip
+    assert server_launcher.online_count(nodes, {"1", "2"}) == 1
+
+
+def test_flower_env_is_absolute_and_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", raising=False)
+    env = flower_env(Path("rel"))
+    assert env["FLWR_HOME"] == str(tmp_path / "rel")
+    assert env["FLWR_TELEMETRY_ENABLED"] == "0"
+    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.25"
+    text = write_connection(tmp_path / "h", "127.0.0.1:9092", Path("ca.crt")).read_text()
+    assert 'address = "127.0.0.1:9092"' in text and str(tmp_path / "ca.crt") in text
+
+
+def test_client_node_config_carries_cluster_data_and_overrides(tmp_path: Path) -> None:
+    overrides_file = tmp_path / "rc.json"
+    overrides_file.write_text(json.dumps({"lr": 0.01, "local-epochs": 2, "num-server-rounds": 9}))
+    overrides = client_launcher.read_overrides(overrides_file)
+    assert overrides == {"lr": 0.01, "local-epochs": 2}
+    config = client_launcher.node_config("c1", Path("d"), "http://127.0.0.1:8088", overrides)
+    assert config["cluster-name"] == "c1" and Path(str(config["data-dir"])).is_absolute()
+    assert config["agent-endpoint"] == "http://127.0.0.1:8088" and config["lr"] == 0.01
+
+
+def test_client_fails_fast_naming_a_missing_data_dir(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = client_launcher.main(
+        ["--root-certificates", "ca", "--auth-key", "k", "--cluster", "c1",
+         "--data-dir", str(tmp_path / "missing")]
+    )  # fmt: skip
+    assert code == client_launcher.EXIT_BAD_INPUT
+    assert str(tmp_path / "missing") in capsys.readouterr().out
+
+
+def test_flower_exit_code_is_read_from_its_log_line() -> None:
+    assert client_launcher.flower_exit_code("\x1b[91mERROR \x1b[0m: Exit Code: 305") == 305
+    assert client_launcher.flower_exit_code("INFO: all good") is None
