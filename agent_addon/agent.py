@@ -46,6 +46,9 @@ class AgentConfig:
     # kubeconfig (OCM KubeClient registration mounts one at /managed/hub-kubeconfig/kubeconfig).
     csr_hub_kubeconfig: str | None = None
     csr_check_interval_s: float = 300.0
+    # Unsent reports are saved here (and reloaded on start); None keeps them in memory only.
+    state_dir: Path | None = None
+    save_interval_s: float = 1.0
 
 
 def _env(*names: str, default: str | None = None) -> str | None:
@@ -61,6 +64,13 @@ def _default_ca_file(cert_dir: Path) -> Path:
     CustomSigner secret carries no CA)."""
     own = cert_dir / "ca.crt"
     return own if own.exists() else Path(constants.AGENT_HUB_CA_DIR) / "ca.crt"
+
+
+def _state_dir(flag: str | None) -> Path | None:
+    if flag:
+        return Path(flag)
+    default = Path(constants.AGENT_STATE_DIR)
+    return default if default.is_dir() else None
 
 
 def parse_args(argv: list[str] | None = None) -> AgentConfig:
@@ -99,6 +109,11 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         default=None,
         help="CSR mode: renew the client cert via the hub CSR signer",
     )
+    p.add_argument(
+        "--state-dir",
+        default=_env(constants.ENV_AGENT_STATE_DIR),
+        help=f"keep unsent reports here (default {constants.AGENT_STATE_DIR} when it exists)",
+    )
     p.add_argument("--log-level", default=_env(constants.ENV_LOG_LEVEL, default="INFO"))
     a = p.parse_args(argv)
     logging.basicConfig(
@@ -120,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         buffer_size=a.buffer_size,
         server_name=a.server_name,
         csr_hub_kubeconfig=a.csr_hub_kubeconfig,
+        state_dir=_state_dir(a.state_dir),
     )
 
 
@@ -143,6 +159,26 @@ class Agent:
         self._runner: web.AppRunner | None = None
         self._watcher: ClientWatcher | None = None
         self._renewer: asyncio.Task[None] | None = None
+        self._saver: asyncio.Task[None] | None = None
+
+    @property
+    def pending_file(self) -> Path | None:
+        d = self.config.state_dir
+        return d / "pending-reports.bin" if d else None
+
+    def save(self) -> None:
+        """Persist unsent reports now (no-op without a state dir)."""
+        if self.pending_file is not None:
+            try:
+                self.buffer.save(self.pending_file)
+            except OSError as e:
+                log.warning("cannot save pending reports: %s", e)
+
+    async def _save_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.save_interval_s)
+            if self.buffer.dirty:
+                self.save()
 
     def health(self) -> dict[str, Any]:
         return {
@@ -155,9 +191,16 @@ class Agent:
         }
 
     def on_phases(self, view: PhaseView) -> None:
-        self.state.on_phases(view)
+        reports = self.state.on_phases(view)
+        if any(r.final for r in reports):
+            self.save()  # a final report must survive an agent restart
 
     async def start(self) -> None:
+        if self.pending_file is not None:
+            loaded = self.buffer.load(self.pending_file)
+            if loaded:
+                log.info("re-queued %d unsent reports from %s", loaded, self.pending_file)
+            self._saver = asyncio.create_task(self._save_loop(), name="save-reports")
         self._runner = web.AppRunner(make_app(self.state, self.health))
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.listen_host, self.config.port)
@@ -210,10 +253,12 @@ class Agent:
             await self.buffer.wait_empty(drain_s)
         if self._watcher is not None:
             self._watcher.stop()
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        for task in (self._renewer, self._saver):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.streamer.stop()
+        self.save()
         if self._runner is not None:
             await self._runner.cleanup()

@@ -2,14 +2,18 @@
 
 Reports get increasing sequence numbers. When full, the oldest non-final report is dropped
 (and counted); a final report is never dropped. The hub's Ack removes a report.
+`save`/`load` keep pending reports across agent restarts (length-prefixed protobufs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 from collections import OrderedDict
+from pathlib import Path
 
+from ocmfl.pki import write_atomic
 from ocmfl.status.v1 import report_pb2
 
 
@@ -25,6 +29,7 @@ class ReportBuffer:
         self.dropped = 0
         self.acked = 0
         self._changed = asyncio.Event()
+        self.dirty = False  # changed since the last save
 
     def __len__(self) -> int:
         return len(self._items)
@@ -67,7 +72,34 @@ class ReportBuffer:
     def has_final(self) -> bool:
         return any(r.final for r in self._items.values())
 
+    def save(self, path: Path) -> None:
+        """Write every pending report to `path` atomically (oldest first)."""
+        blob = b"".join(
+            struct.pack(">I", len(data)) + data
+            for data in (r.SerializeToString() for r in self._items.values())
+        )
+        write_atomic(path, blob, 0o600)
+        self.dirty = False
+
+    def load(self, path: Path) -> int:
+        """Queue the reports saved at `path` (renumbered); how many. A torn tail is ignored."""
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        n, pos = 0, 0
+        while pos + 4 <= len(blob):
+            (size,) = struct.unpack_from(">I", blob, pos)
+            chunk = blob[pos + 4 : pos + 4 + size]
+            if len(chunk) < size:
+                break
+            self.add(report_pb2.Report.FromString(chunk))
+            pos += 4 + size
+            n += 1
+        return n
+
     def _notify(self) -> None:
+        self.dirty = True
         # Wake every current waiter; later waiters wait on a fresh event.
         event, self._changed = self._changed, asyncio.Event()
         event.set()

@@ -84,3 +84,5 @@ ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the CA tls.crt/tls.key
 ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
 ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all
 ENV_RUN_CSR_SIGNER: Final = "OCMFL_RUN_CSR_SIGNER"  # hub: "true" = also run our own CSR signer
+AGENT_STATE_DIR: Final = "/var/lib/ocm-fl"  # agent: unsent reports survive restarts here
+ENV_AGENT_STATE_DIR: Final = "OCMFL_AGENT_STATE_DIR"

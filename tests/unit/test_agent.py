@@ -335,3 +335,56 @@ async def test_agent_with_a_foreign_certificate_keeps_its_reports(
         assert "cluster-a" in hub.store.snapshot(*RUN)
     finally:
         await a.stop()
+
+
+def test_buffer_save_and_load_round_trip(tmp_path: Path) -> None:
+    buf = ReportBuffer()
+    for r in range(1, 4):
+        buf.add(report_pb2.Report(cluster="cluster-a", round=r, final=r == 3))
+    buf.ack(1)
+    path = tmp_path / "pending.bin"
+    buf.save(path)
+    assert not buf.dirty
+    with path.open("ab") as f:  # a torn write at the tail is ignored
+        f.write(b"\x00\x00\x01")
+    again = ReportBuffer()
+    assert again.load(path) == 2
+    assert [(r.round, r.final, r.sequence) for r in again.pending()] == [
+        (2, False, 1),
+        (3, True, 2),
+    ]
+    assert ReportBuffer().load(tmp_path / "missing") == 0
+
+
+async def test_final_report_survives_an_agent_restart_while_the_hub_is_down(
+    tpki: TestPKI, hub: Hub, tmp_path: Path
+) -> None:
+    await hub.stop()
+    config = AgentConfig(
+        cluster="cluster-a",
+        hub_address=f"127.0.0.1:{hub.port}",
+        cert_dir=tpki.client_dir("cluster-a"),
+        watch=False,
+        listen_host="127.0.0.1",
+        port=0,
+        health_port=None,
+        backoff_initial_s=0.05,
+        backoff_max_s=0.2,
+        state_dir=tmp_path / "state",
+    )
+    first = Agent(config)
+    await first.start()
+    await post(first, POST)
+    first.on_phases(phases_by_run([_pod("Succeeded")], [_job("Complete")]))
+    assert (tmp_path / "state" / "pending-reports.bin").exists()  # saved at once
+    await first.stop()
+
+    await hub.start()
+    second = Agent(config)
+    await second.start()
+    try:
+        await eventually(lambda: len(second.buffer) == 0)
+        row = hub.store.snapshot(*RUN)["cluster-a"]
+        assert row.final and row.phase == "Succeeded" and row.round == 1
+    finally:
+        await second.stop()
