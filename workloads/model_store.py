@@ -142,6 +142,12 @@ class ModelStore:
             info[key] = value
             self._write_manifest(manifest)
 
+    def append_info(self, key: str, value: Any) -> None:
+        """Append to a list of facts in the manifest (e.g. every (re)start of training)."""
+        manifest = self.manifest()
+        manifest.setdefault("info", {}).setdefault(key, []).append(value)
+        self._write_manifest(manifest)
+
     def latest(self) -> Checkpoint | None:
         """The newest checkpoint whose file is intact, or None."""
         for entry in reversed(self.manifest()["checkpoints"]):

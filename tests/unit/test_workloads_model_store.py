@@ -67,3 +67,10 @@ def test_set_info_keeps_the_first_value(tmp_path: Path) -> None:
     store.set_info("start", {"round": 0})
     store.set_info("start", {"round": 5})
     assert store.manifest()["info"]["start"] == {"round": 0}
+
+
+def test_append_info_keeps_every_value(tmp_path: Path) -> None:
+    store = ModelStore(tmp_path)
+    store.append_info("starts", {"round": 0})
+    store.append_info("starts", {"round": 2})
+    assert store.manifest()["info"]["starts"] == [{"round": 0}, {"round": 2}]

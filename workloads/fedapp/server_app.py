@@ -77,7 +77,9 @@ def run_training(grid: Grid, settings: RunSettings) -> dict[str, Any]:
     def on_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
         metrics = server_eval(arrays)
         if server_round == 0:
-            store.set_info("start", {"round": done, "server": metrics})
+            store.append_info(
+                "starts", {"round": done, "rounds_to_run": remaining, "server": metrics}
+            )
             return MetricRecord(metrics) if metrics else None
         global_round = done + server_round
         store.save_checkpoint(
