@@ -362,22 +362,17 @@ def test_aggregator_address_defaults_to_service_and_follows_external_address(hel
     assert address(render(helm, "aggregator.externalAddress=hub:30443")) == "hub:30443"
 
 
-def test_colleague_addon_template_module_agrees_with_the_chart(helm: str) -> None:
-    try:
-        mod = importlib.import_module("hub_controller.addon_template")
-    except ModuleNotFoundError:
-        pytest.skip("hub_controller/addon_template.py not written yet")
-    rendered = one(render(helm), "AddOnTemplate")["spec"]["registration"]
-    fns = [
-        f
-        for n, f in vars(mod).items()
-        if callable(f) and "registration" in n.lower() and not n.startswith("_")
-    ]
-    if not fns:
-        pytest.skip("hub_controller.addon_template has no *registration* function")
-    got = fns[0](ca_secret="ocm-fl-ca", ca_namespace=NAMESPACE)
-    got_list = got if isinstance(got, list) else [got]
-    assert got_list == rendered
+def test_chart_registration_equals_hub_controller_addon_template(helm: str) -> None:
+    from hub_controller import addon_template
+
+    docs = render(helm)
+    rendered = one(docs, "AddOnTemplate")["spec"]["registration"]
+    assert rendered == addon_template.custom_signer_registration("ocm-fl-ca", NAMESPACE)
+    dep = next(m for m in agent_manifests(docs) if m["kind"] == "Deployment")
+    env = {
+        e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env[constants.ENV_AGENT_CERT_DIR] == addon_template.agent_cert_dir()
 
 
 def _assert_hardened(pod: dict[str, Any]) -> None:
