@@ -312,3 +312,44 @@ def test_hub_load_balancer_is_reachable_from_a_cluster_pod(
             "Succeeded", "Failed") else None
 
     assert wait_for(done, 30, "client finished") == "Succeeded"
+
+
+def test_manifestwork_deployment_becomes_ready_and_reports_replicas(
+    hub: Kube, spokes: dict[str, Kube], namespace: str
+) -> None:
+    cluster = sorted(spokes)[-1]
+    works = f"/apis/{WORK_GROUP}/v1/namespaces/{cluster}/manifestworks"
+    name = f"{namespace}-deploy"
+    deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
+              "metadata": {"name": "sleepy", "namespace": namespace},
+              "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "sleepy"}},
+                       "template": {"metadata": {"labels": {"app": "sleepy"}}, "spec": {
+                           "terminationGracePeriodSeconds": 1,
+                           "containers": [{"name": "c", "image": BUSYBOX,
+                                           "command": ["sleep", "3600"]}]}}}}
+    hub.create(works, {
+        "apiVersion": f"{WORK_GROUP}/v1", "kind": "ManifestWork",
+        "metadata": {"name": name, "namespace": cluster},
+        "spec": {"workload": {"manifests": [deploy]}, "manifestConfigs": [{
+            "resourceIdentifier": {"group": "apps", "resource": "deployments",
+                                   "namespace": namespace, "name": "sleepy"},
+            "feedbackRules": [{"type": "WellKnownStatus"}]}]},
+    })
+
+    def ready_replicas() -> int | None:
+        work = hub.get(f"{works}/{name}") or {}
+        for m in work.get("status", {}).get("resourceStatus", {}).get("manifests") or []:
+            for v in m.get("statusFeedback", {}).get("values") or []:
+                if v["name"] == "ReadyReplicas" and v["fieldValue"].get("integer") == 2:
+                    return 2
+        return None
+
+    assert wait_for(ready_replicas, 60, "ReadyReplicas=2 on the hub") == 2
+    hub.delete(f"{works}/{name}")
+
+    def no_pods() -> bool:
+        got = spokes[cluster].request("GET", f"/api/v1/namespaces/{namespace}/pods",
+                                      query={"labelSelector": "app=sleepy"})
+        return not got["items"]
+
+    wait_for(no_pods, 60, "deployment pods removed")
