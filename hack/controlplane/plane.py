@@ -121,10 +121,11 @@ def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
         existing = State.load(d)
         if existing is not None:
             if healthy(existing):
-                if existing.clusters == cluster_names(clusters):
+                if existing.clusters == cluster_names(clusters) and existing.ocm == ocm:
                     return existing
                 raise PlaneError(
-                    f"a plane with clusters {existing.clusters} already runs in {d}; run "
+                    f"a plane with clusters {existing.clusters} (ocm={existing.ocm}) already "
+                    f"runs in {d}; run "
                     "`python -m hack.controlplane down` or use another OCMFL_CP_DIR")
             _down_locked(d)
         missing = build.missing_binaries()
@@ -176,7 +177,7 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool) 
     (pki / "sa.pub").write_bytes(sa_pub)
 
     state = State(dir=str(d), clusters=clusters, etcd_data=str(etcd_data_dir(d)),
-                  started_at=time.time())
+                  started_at=time.time(), ocm=ocm)
     state.save()
 
     def track(p: Proc) -> Proc:

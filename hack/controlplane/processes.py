@@ -72,6 +72,7 @@ class State:
     etcd_data: str = ""
     started_at: float = 0.0
     startup_seconds: float = 0.0
+    ocm: bool = True  # OCM placement controller and work agents running
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE
