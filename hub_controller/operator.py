@@ -144,6 +144,16 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
 
 
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    """The pod's service account, else the kubeconfig KUBECONFIG names (read at login time,
+    unlike the kubernetes library's default path, which is fixed at import)."""
+    info: kopf.ConnectionInfo | None = kopf.login_with_service_account(
+        **kwargs
+    ) or kopf.login_with_kubeconfig(**kwargs)
+    return info
+
+
 # --- indexes -------------------------------------------------------------------------------
 @kopf.index(GROUP, VERSION, PLURAL)
 def fl_idx(namespace: str | None, name: str, uid: str, meta: Any, spec: Any, **_: Any) -> Any:
