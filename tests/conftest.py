@@ -14,14 +14,16 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import pytest
 
-from hack.controlplane.plane import ControlPlane
+if TYPE_CHECKING:
+    from hack.controlplane.plane import ControlPlane
 
 
 @pytest.fixture(scope="session")
-def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
+def control_plane() -> Iterator[ControlPlane]:
     """The running local control plane (see module docstring)."""
     from hack.controlplane import plane, processes
 
@@ -29,7 +31,7 @@ def control_plane(request: pytest.FixtureRequest) -> Iterator[ControlPlane]:
     before = processes.State.load()
     reused = before is not None and plane.healthy(before)
     state = plane.up(n)
-    yield ControlPlane.from_state(state)
+    yield plane.ControlPlane.from_state(state)
     if not reused:
         plane.down()
 
