@@ -306,3 +306,70 @@ def test_invalid_resource_fails_with_a_useful_message_and_applies_nothing(
     assert not works_of(hub, namespace)
     events = (hub.get(f"/api/v1/namespaces/{namespace}/events") or {}).get("items", [])
     assert any(e.get("reason") == "InvalidSpec" for e in events)
+
+
+def test_selected_cluster_without_the_claim_is_reported_and_gets_no_work(
+    hub: Kube, spokes: dict[str, Kube], bound: str, claim: str, operator: KopfRunner
+) -> None:
+    namespace = bound
+    first, second = sorted(spokes)[:2]
+    set_claim(spokes[first], claim, "/srv/data/only-here")
+    body = fl_body(namespace, claim)
+    body["spec"]["client"]["placement"] = {
+        "clusterSets": ["global"],
+        "predicates": [
+            {
+                "requiredClusterSelector": {
+                    "labelSelector": {
+                        "matchExpressions": [
+                            {"key": "name", "operator": "In", "values": [first, second]}
+                        ]
+                    }
+                }
+            }
+        ],
+    }
+    hub.create(fl_path(namespace), body)
+
+    def rows() -> dict[str, dict[str, Any]] | None:
+        got = hub.get(fl_path(namespace, FL_NAME)) or {}
+        found = {r["name"]: r for r in (got.get("status") or {}).get("clusters", [])}
+        return found if {first, second} <= set(found) else None
+
+    found = wait_for(rows, 60, "both clusters in status")
+    assert found[second]["phase"] == "NoData"
+    assert f"no ClusterClaim {claim}" in found[second]["reason"]
+    assert found[first]["dataPath"] == "/srv/data/only-here"
+    assert set(works_of(hub, namespace)) == {first}
+
+
+def test_server_starts_once_enough_clusters_are_ready(
+    hub: Kube, spokes: dict[str, Kube], bound: str, claim: str, operator: KopfRunner
+) -> None:
+    namespace = bound
+    first = sorted(spokes)[0]
+    set_claim(spokes[first], claim, "/srv/data/x")
+    hub.create(fl_path(namespace), fl_body(namespace, claim, minAvailableClients=1))
+    selector = f"{constants.LABEL_OWNER_NAME}={FL_NAME},{constants.LABEL_COMPONENT}=server"
+    jobs = wait_for(
+        lambda: (
+            hub.get(f"/apis/batch/v1/namespaces/{namespace}/jobs", {"labelSelector": selector})
+            or {}
+        ).get("items"),
+        60,
+        "server Job",
+    )
+    container = jobs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["ocm-fl-server"]
+
+    def phase() -> str | None:
+        got = hub.get(fl_path(namespace, FL_NAME)) or {}
+        p = (got.get("status") or {}).get("phase")
+        return str(p) if p in ("Running", "Completed", "Failed") else None
+
+    wait_for(phase, 60, "phase past Waiting")
+    conds = {
+        c["type"]: c
+        for c in ((hub.get(fl_path(namespace, FL_NAME)) or {}).get("status") or {})["conditions"]
+    }
+    assert conds["ClientsReady"]["status"] == "True"
