@@ -1,4 +1,5 @@
-"""`ocm-fl-hub`: run the FederatedLearning controller (kopf) on the hub.
+"""`ocm-fl-hub`: run the FederatedLearning controller (kopf) on the hub, with the agents'
+report aggregator in the same process (hub_controller.aggregator.kopf_hooks).
 
 Cluster-wide by default. `--namespace` (repeatable, globs allowed) limits the namespaced
 watches, which include the ManifestWorks in the cluster namespaces: list those too (or a glob
@@ -24,6 +25,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument(
+        "--no-aggregator",
+        action="store_true",
+        help="do not run the report aggregator in this process (it starts only when the hub "
+        "CA is mounted anyway)",
+    )
+    parser.add_argument(
         "--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     args = parser.parse_args(argv)
@@ -34,6 +41,10 @@ def main(argv: list[str] | None = None) -> None:
     import kopf
 
     import hub_controller.operator  # noqa: F401  (registers the handlers)
+
+    if not args.no_aggregator:
+        # Registers startup/cleanup handlers: the aggregator's ReportStore feeds the status fold.
+        import hub_controller.aggregator.kopf_hooks  # noqa: F401
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -49,6 +49,7 @@ from hub_controller.status import (
     invalid_status,
     observation_digest,
     parse_status,
+    ready_clusters,
     should_start_server,
     status_patch,
     work_state,
@@ -335,7 +336,7 @@ def reconcile(
                 logger.info("deleting ManifestWork %s/%s: cluster left", namespace, name)
                 kube.delete(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name)
         if should_start_server(fl, obs, previous):
-            logger.info("%s clusters ready: starting the server", len(obs.resolutions))
+            logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
             kube.create(server_mod.desired_job(ref, fl))
             obs = replace(obs, server_job=JobState(exists=True))
     except KubeError as exc:

@@ -1,0 +1,65 @@
+"""The aggregator's ReportStore is a ReportSource: its reports reach the status fold."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from fl_fixtures import REF, spec
+
+from hub_controller.aggregator.store import ReportStore
+from hub_controller.clusters import ClusterResolution
+from hub_controller.placement import PlacementState
+from hub_controller.reports import ReportSource
+from hub_controller.server import JobState
+from hub_controller.status import Observations, WorkState, fold
+from ocmfl.status.v1 import report_pb2
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _report(cluster: str, accuracy: float, samples: int) -> report_pb2.Report:
+    r = report_pb2.Report(
+        cluster=cluster,
+        fl_namespace=REF.namespace,
+        fl_name=REF.name,
+        fl_uid=REF.uid,
+        client_phase=report_pb2.CLIENT_PHASE_RUNNING,
+        round=2,
+        sequence=1,
+    )
+    r.metrics.append(
+        report_pb2.RoundMetrics(
+            round=2,
+            phase=report_pb2.ROUND_PHASE_EVALUATE,
+            loss=0.3,
+            accuracy=accuracy,
+            samples=samples,
+        )
+    )
+    r.data.sample_count = samples
+    r.timestamp.FromDatetime(T0)
+    return r
+
+
+def test_aggregator_reports_fill_cluster_rows_and_accuracy() -> None:
+    store = ReportStore()
+    store.apply("a", _report("a", 0.9, 300))
+    store.apply("b", _report("b", 0.5, 100))
+    source: ReportSource = store
+    resolutions = (ClusterResolution("a", "/d/a", ""), ClusterResolution("b", "/d/b", ""))
+    works = {c: WorkState(cluster=c, name="w", applied=True) for c in ("a", "b")}
+    obs = Observations(
+        placement=PlacementState(exists=True, satisfied="True"),
+        resolutions=resolutions,
+        works=works,
+        server_job=JobState(exists=True, active=1),
+        server_address="127.0.0.1:9443",
+        reports=source.snapshot(REF.namespace, REF.name),
+    )
+    status = fold(spec(), 1, obs, None, T0)
+    assert status.round == 2
+    assert status.accuracy == 0.8
+    rows = {r.name: r for r in status.clusters}
+    assert rows["a"].samples == 300 and rows["a"].loss == 0.3
+    assert rows["a"].phase.value == "Running"
+    assert rows["a"].last_report_time == T0
