@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import kopf
 
-    import hub_controller.operator  # noqa: F401  (registers the handlers)
+    import hub_controller.operator  # registers the handlers
 
     if not args.no_aggregator:
         # Registers startup/cleanup handlers: the aggregator's ReportStore feeds the status fold.
