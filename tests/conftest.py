@@ -3,7 +3,8 @@
 Local control plane (hack/controlplane, test infrastructure):
 - `control_plane` (session): brings the plane up once per test session with 2 managed clusters
   (env OCMFL_CP_CLUSTERS overrides), reuses a healthy running one, and tears it down at the end
-  only if this session started it. Only tests marked `integration` or `e2e` may use it; nothing
+  only if this session started it. OCMFL_CP_ADDON_MANAGER=1 also runs OCM's addon manager on
+  the hub. Only tests marked `integration` or `e2e` may use it; nothing
   starts unless a test asks for it.
 - `namespace` (function): a fresh hub namespace, deleted after the test.
 Add further fixtures below; keep each one small and documented.
@@ -30,7 +31,7 @@ def control_plane() -> Iterator[ControlPlane]:
     n = int(os.environ.get("OCMFL_CP_CLUSTERS", "2"))
     before = processes.State.load()
     reused = before is not None and plane.healthy(before)
-    state = plane.up(n)
+    state = plane.up(n, addon_manager=os.environ.get("OCMFL_CP_ADDON_MANAGER") == "1")
     yield plane.ControlPlane.from_state(state)
     if not reused:
         plane.down()

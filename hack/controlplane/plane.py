@@ -111,17 +111,19 @@ def healthy(state: State) -> bool:
 
 
 def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
-       timeout: float = 120.0, ocm: bool = True) -> State:
+       timeout: float = 120.0, ocm: bool = True, addon_manager: bool = False) -> State:
     """Start the plane (or reuse a healthy one with the same clusters); return its state.
 
-    `ocm=False` leaves out the OCM controllers (Kubernetes + local nodes only).
+    `ocm=False` leaves out the OCM controllers (Kubernetes + local nodes only);
+    `addon_manager=True` also runs OCM's addon manager on the hub (v1alpha1 addon APIs).
     """
     d = state_dir or processes.state_dir()
     with _locked(d):
         existing = State.load(d)
         if existing is not None:
             if healthy(existing):
-                if existing.clusters == cluster_names(clusters) and existing.ocm == ocm:
+                if (existing.clusters == cluster_names(clusters) and existing.ocm == ocm
+                        and (existing.addon_manager or not addon_manager)):
                     return existing
                 raise PlaneError(
                     f"a plane with clusters {existing.clusters} (ocm={existing.ocm}) already "
@@ -137,7 +139,7 @@ def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
                 print(f"building missing binaries {missing}", flush=True)
             build.build_all(echo=echo)
         try:
-            return _start(d, cluster_names(clusters), echo, timeout, ocm)
+            return _start(d, cluster_names(clusters), echo, timeout, ocm, addon_manager)
         except BaseException:
             _down_locked(d)
             raise
@@ -148,7 +150,8 @@ def _say(echo: bool, msg: str) -> None:
         print(msg, flush=True)
 
 
-def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool) -> State:
+def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
+           addon_manager: bool) -> State:
     t0 = time.monotonic()
     for sub in ("logs", "pods"):
         shutil.rmtree(d / sub, ignore_errors=True)
@@ -177,7 +180,7 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool) 
     (pki / "sa.pub").write_bytes(sa_pub)
 
     state = State(dir=str(d), clusters=clusters, etcd_data=str(etcd_data_dir(d)),
-                  started_at=time.time(), ocm=ocm)
+                  started_at=time.time(), ocm=ocm, addon_manager=ocm and addon_manager)
     state.save()
 
     def track(p: Proc) -> Proc:
@@ -292,6 +295,15 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool) 
             f"--kubeconfig={state.kubeconfigs['hub']}", f"--listen=127.0.0.1:{port}",
             "--disable-leader-election", f"--namespace={HUB_NAMESPACE}",
         ], logs / "placement.log"))
+        p.port = port
+        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+    if state.addon_manager:
+        port = processes.free_port()
+        p = track(processes.spawn("addon-manager", [
+            str(build.binary("addon")), "manager",
+            f"--kubeconfig={state.kubeconfigs['hub']}", f"--listen=127.0.0.1:{port}",
+            "--disable-leader-election", f"--namespace={HUB_NAMESPACE}",
+        ], logs / "addon-manager.log"))
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
     state.save()

@@ -73,6 +73,7 @@ class State:
     started_at: float = 0.0
     startup_seconds: float = 0.0
     ocm: bool = True  # OCM placement controller and work agents running
+    addon_manager: bool = False  # OCM addon manager running on the hub
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE

@@ -353,3 +353,48 @@ def test_manifestwork_deployment_becomes_ready_and_reports_replicas(
         return not got["items"]
 
     wait_for(no_pods, 60, "deployment pods removed")
+
+
+def test_addon_template_agent_runs_on_the_cluster_and_becomes_available(
+    hub: Kube, spokes: dict[str, Kube], namespace: str, control_plane: ControlPlane
+) -> None:
+    from hack.controlplane.processes import State
+
+    state = State.load(Path(control_plane.state_dir))
+    if state is None or not state.addon_manager:
+        pytest.skip("addon manager not running (set OCMFL_CP_ADDON_MANAGER=1)")
+    group = "addon.open-cluster-management.io"
+    addon, cluster = f"demo-{namespace}", sorted(spokes)[0]
+    agent = {"apiVersion": "apps/v1", "kind": "Deployment",
+             "metadata": {"name": "agent", "namespace": namespace},
+             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "agent"}},
+                      "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {
+                          "terminationGracePeriodSeconds": 1,
+                          "containers": [{"name": "c", "image": BUSYBOX,
+                                          "command": ["sh", "-c", "sleep 3600"]}]}}}}
+    hub.create(f"/apis/{group}/v1alpha1/addontemplates", {
+        "apiVersion": f"{group}/v1alpha1", "kind": "AddOnTemplate",
+        "metadata": {"name": addon}, "spec": {"addonName": addon, "agentSpec": {
+            "workload": {"manifests": [agent]}}}})
+    hub.create(f"/apis/{group}/v1alpha1/clustermanagementaddons", {
+        "apiVersion": f"{group}/v1alpha1", "kind": "ClusterManagementAddOn",
+        "metadata": {"name": addon},
+        "spec": {"supportedConfigs": [{"group": group, "resource": "addontemplates",
+                                       "defaultConfig": {"name": addon}}],
+                 "installStrategy": {"type": "Manual"}}})
+    mca = f"/apis/{group}/v1alpha1/namespaces/{cluster}/managedclusteraddons"
+    hub.create(mca, {"apiVersion": f"{group}/v1alpha1", "kind": "ManagedClusterAddOn",
+                     "metadata": {"name": addon, "namespace": cluster}, "spec": {}})
+    try:
+        def available() -> bool:
+            got = hub.get(f"{mca}/{addon}") or {}
+            return any(c["type"] == "Available" and c["status"] == "True"
+                       for c in got.get("status", {}).get("conditions") or [])
+
+        wait_for(available, 90, "ManagedClusterAddOn Available")
+        dep = spokes[cluster].get(f"/apis/apps/v1/namespaces/{namespace}/deployments/agent")
+        assert dep is not None and dep["status"].get("readyReplicas") == 1
+    finally:
+        hub.delete(f"{mca}/{addon}")
+        hub.delete(f"/apis/{group}/v1alpha1/clustermanagementaddons/{addon}")
+        hub.delete(f"/apis/{group}/v1alpha1/addontemplates/{addon}")
