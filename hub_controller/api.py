@@ -191,8 +191,8 @@ RunConfigValue = int | float | bool | str
 
 
 # --- spec ----------------------------------------------------------------------------------
-class StrategyParams(_OpenModel):
-    """Strategy parameters; unknown keys are passed to the server as-is."""
+class StrategyParams(_Model):
+    """Strategy parameters (the server launcher refuses keys it does not know)."""
 
     proximal_mu: float | None = Field(default=None, ge=0, description="FedProx proximal term.")
     fraction_train: float = Field(default=1.0, gt=0, le=1)

@@ -46,7 +46,6 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
       --task NAME                   workload task, e.g. digits
       --model-dir PATH              checkpoints and the final model go here
       --init-model PATH|URI         optional pretrained start
-      --fleet-port PORT             port clusters connect to (constants.FLEET_PROXY_PORT)
       --clients-ready-timeout SECS  give up (exit 1) when min clients do not connect in time
       --round-timeout SECS          per-round timeout
       --run-id NAMESPACE/NAME       label for logs and the model store
@@ -69,8 +68,6 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
         server.task.value,
         "--model-dir",
         MODEL_DIR,
-        "--fleet-port",
-        str(constants.FLEET_PROXY_PORT),
         "--clients-ready-timeout",
         str(server.timeouts.clients_ready_seconds),
         "--round-timeout",

@@ -71,10 +71,9 @@ def test_fedprox_without_mu_asks_for_proximal_mu() -> None:
     assert ok.server.strategy.params.proximal_mu == 0.1
 
 
-def test_strategy_params_keep_unknown_keys() -> None:
-    s = parse_spec(spec_dict(strategy={"params": {"serverLearningRate": 0.5}}))
-    dumped = s.server.strategy.params.model_dump(by_alias=True)
-    assert dumped["serverLearningRate"] == 0.5
+def test_unknown_strategy_params_are_refused() -> None:
+    with pytest.raises(SpecError, match=r"spec\.server\.strategy\.params\.serverLearningRate"):
+        parse_spec(spec_dict(strategy={"params": {"serverLearningRate": 0.5}}))
 
 
 def test_override_needs_exactly_one_of_name_or_selector() -> None:
