@@ -13,6 +13,7 @@ import importlib
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -740,3 +741,26 @@ def test_kind_demo_uses_the_examples_data_claim() -> None:
     demo = (ROOT / "examples" / "kind" / "demo.sh").read_text()
     assert f"DATA_CLAIM:-{doc['spec']['client']['dataClaim']}}}" in demo
     assert "python -m workloads.data" in demo or "-m workloads.data partition" in demo
+
+
+def test_addon_image_entry_points_import_without_workload_packages() -> None:
+    """The addon image has `.[hub,agent,cli]` only: nothing it runs may import torch or Flower."""
+    modules = [
+        "hub_controller.__main__",
+        "hub_controller.operator",
+        "hub_controller.ca_init",
+        "hub_controller.cli",
+        "agent_addon.__main__",
+    ]
+    code = (
+        "import importlib, sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'torch', 'flwr', 'sklearn', 'workloads'}:\n"
+        "            raise ImportError(f'{name} is not in the addon image')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        f"for m in {modules!r}:\n"
+        "    importlib.import_module(m)\n"
+    )
+    res = _run([sys.executable, "-c", code])
+    assert res.returncode == 0, res.stderr[-3000:]
