@@ -12,17 +12,18 @@ import base64
 import contextlib
 import fcntl
 import hashlib
+import json
 import shutil
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from hack.controlplane import bootstrap, build, certs, processes
+from hack.controlplane import bootstrap, build, certs, podplan, processes
 from hack.controlplane.kube import Kube
 from hack.controlplane.processes import ComponentFailed, Proc, State
 from hack.controlplane.supervisor import READY_FILE
@@ -54,9 +55,56 @@ class PlaneError(RuntimeError):
     """The plane cannot be brought up (or reused) as asked."""
 
 
+MAX_CLUSTERS = podplan.SLOT_WIDTH - 1
+SLOTS = 8
+SLOTS_FILE = Path("/dev/shm/ocm-fl-cp-slots.json")
+
 def service_cidr(index: int) -> str:
-    """ClusterIP range of apiserver `index` (hub 0): loopback, distinct per apiserver."""
+    """ClusterIP range for address index `index`: loopback, distinct per apiserver and plane."""
     return f"127.{100 + index}.0.0/16"
+
+
+def _slot_table(update: Callable[[dict[str, int]], int | None]) -> int | None:
+    """Read-modify-write the shared slot table under an flock; drop planes that are gone."""
+    lock = SLOTS_FILE.with_suffix(".lock")
+    with lock.open("w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            table = json.loads(SLOTS_FILE.read_text())
+        except (OSError, ValueError):
+            table = {}
+        table = {k: int(v) for k, v in table.items()
+                 if (Path(k) / processes.STATE_FILE).exists()}
+        out = update(table)
+        SLOTS_FILE.write_text(json.dumps(table))
+        return out
+
+
+def claim_slot(d: Path) -> int:
+    """A loopback address slot no other running plane on this machine uses."""
+
+    def take(table: dict[str, int]) -> int:
+        key = str(d.resolve())
+        if key not in table:
+            used = set(table.values())
+            # Planes started before slots existed (or not registered) record none: slot 0.
+            for other in Path("/dev/shm").glob(f"*/{processes.STATE_FILE}"):
+                if str(other.parent.resolve()) != key:
+                    with contextlib.suppress(OSError, ValueError):
+                        used.add(int(json.loads(other.read_text()).get("slot", 0)))
+            free = sorted(set(range(SLOTS)) - used)
+            if not free:
+                raise PlaneError(f"{SLOTS} control planes already run on this machine")
+            table[key] = free[0]
+        return table[key]
+
+    got = _slot_table(take)
+    assert got is not None
+    return got
+
+
+def release_slot(d: Path) -> None:
+    _slot_table(lambda table: table.pop(str(d.resolve()), None))
 
 
 def cluster_names(n: int) -> list[str]:
@@ -118,6 +166,8 @@ def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
     `addon_manager=True` also runs OCM's addon manager on the hub (v1alpha1 addon APIs).
     """
     d = state_dir or processes.state_dir()
+    if not 1 <= clusters <= MAX_CLUSTERS:
+        raise PlaneError(f"--clusters must be 1..{MAX_CLUSTERS}")
     with _locked(d):
         existing = State.load(d)
         if existing is not None:
@@ -182,6 +232,8 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
     state = State(dir=str(d), clusters=clusters, etcd_data=str(etcd_data_dir(d)),
                   started_at=time.time(), ocm=ocm, addon_manager=ocm and addon_manager)
     state.save()
+    state.slot = claim_slot(d)
+    state.save()
 
     def track(p: Proc) -> Proc:
         state.procs.append(p)
@@ -214,7 +266,8 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
             "--bind-address=127.0.0.1", f"--secure-port={port}", "--advertise-address=127.0.0.1",
             f"--tls-cert-file={srv_crt}", f"--tls-private-key-file={srv_key}",
             f"--client-ca-file={ca_crt}", "--authorization-mode=RBAC",
-            f"--service-cluster-ip-range={service_cidr(i)}", "--allow-privileged=true",
+            f"--service-cluster-ip-range={service_cidr(podplan.node_index(state.slot, i))}",
+            "--allow-privileged=true",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
@@ -360,6 +413,7 @@ def _down_locked(d: Path) -> bool:
         shutil.rmtree(d / sub, ignore_errors=True)
     for fname in (processes.STATE_FILE, READY_FILE):
         (d / fname).unlink(missing_ok=True)
+    release_slot(d)
     return found
 
 

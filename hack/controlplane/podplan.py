@@ -423,6 +423,14 @@ def decode_secret(data: Mapping[str, str] | None) -> dict[str, str]:
     return {k: base64.b64decode(v).decode(errors="replace") for k, v in (data or {}).items()}
 
 
+SLOT_WIDTH = 10  # apiservers per plane slot (hub + 9 clusters)
+
+
+def node_index(slot: int, i: int) -> int:
+    """Address index of apiserver `i` (hub 0) of the plane in address slot `slot`."""
+    return slot * SLOT_WIDTH + i
+
+
 def pod_ip(node_index: int, n: int) -> str:
     """The n-th pod address on node `node_index`: 127.<20+index>.<hi>.<lo>, lo in 1..254."""
     hi, lo = divmod(n, 254)

@@ -74,6 +74,7 @@ class State:
     startup_seconds: float = 0.0
     ocm: bool = True  # OCM placement controller and work agents running
     addon_manager: bool = False  # OCM addon manager running on the hub
+    slot: int = 0  # address slot: planes running at once get disjoint loopback ranges
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE

@@ -12,6 +12,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from hack.controlplane import podplan
 from hack.controlplane.claims_mirror import ClaimsMirror
 from hack.controlplane.kube import Kube
 from hack.controlplane.localnode import LocalNode
@@ -40,7 +41,8 @@ def run(state_dir: Path) -> int:
     nodes = []
     for i, n in enumerate(names):
         port = int(state.apiservers[n].rsplit(":", 1)[1])
-        nodes.append(LocalNode(n, i, kubes[n], port, state_dir, stop))
+        index = podplan.node_index(state.slot, i)
+        nodes.append(LocalNode(n, index, kubes[n], port, state_dir, stop))
     mirrors = [ClaimsMirror(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
                for c in state.clusters]
     for node in nodes:
