@@ -48,6 +48,7 @@ PROXY_IMAGE: Final = f"{IMAGE_REGISTRY}/proxy:0.1.0"  # nginx mTLS terminator fo
 # --- ports ---------------------------------------------------------------------------------
 AGGREGATOR_PORT: Final = 9443  # hub: agent -> aggregator gRPC over mTLS
 HUB_METRICS_PORT: Final = 9090  # hub: Prometheus /metrics
+HUB_HEALTH_PORT: Final = 8080  # hub: kopf liveness /healthz (ocm-fl-hub --liveness)
 AGENT_LOCAL_PORT: Final = 8088  # cluster: FL client -> agent, HTTP JSON (POST /v1/metrics)
 AGENT_HEALTH_PORT: Final = 8089  # cluster: agent /healthz
 SUPERLINK_PORT: Final = 9092  # hub server pod: SuperLink, loopback only (all three APIs)

@@ -137,7 +137,12 @@ def test_hub_deployment_runs_ocm_fl_hub_non_root_with_read_only_root(helm: str) 
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     ports = {p["containerPort"] for p in c["ports"]}
-    assert ports == {constants.AGGREGATOR_PORT, constants.HUB_METRICS_PORT}
+    assert ports == {
+        constants.AGGREGATOR_PORT,
+        constants.HUB_METRICS_PORT,
+        constants.HUB_HEALTH_PORT,
+    }
+    assert f"--liveness=http://0.0.0.0:{constants.HUB_HEALTH_PORT}/healthz" in c["args"]
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert constants.HUB_CA_DIR in mounts and "/tmp" in mounts
     env = {e["name"]: e for e in c["env"]}
@@ -245,6 +250,7 @@ def test_values_mirror_shared_constants() -> None:
     assert image == constants.ADDON_IMAGE
     assert values["aggregator"]["port"] == constants.AGGREGATOR_PORT
     assert values["metrics"]["port"] == constants.HUB_METRICS_PORT
+    assert values["hub"]["healthPort"] == constants.HUB_HEALTH_PORT
     addon = values["addon"]
     assert addon["name"] == constants.ADDON_NAME
     assert addon["agentNamespace"] == constants.AGENT_NAMESPACE
