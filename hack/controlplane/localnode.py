@@ -203,7 +203,14 @@ class LocalNode:
                 if pod.get("status", {}).get("phase") in ("Succeeded", "Failed"):
                     continue
                 run = self._new_run(pod)
-            self._step(pod, run, services, pods)
+            try:
+                self._step(pod, run, services, pods)
+            except Exception as e:  # one broken pod must not stall the others
+                log.exception("pod %s/%s", run.ns, run.name)
+                for c in run.all():
+                    if not c.running and not c.done:
+                        c.waiting, c.fatal = ("LocalNodeError", f"{type(e).__name__}: {e}"), True
+                run.prepared = True
             self._report(pod, run)
         for uid in set(self.runs) - seen:
             run = self.runs[uid]
@@ -363,6 +370,11 @@ class LocalNode:
             except podplan.NotRunnable as e:
                 for c in run.all():
                     c.waiting, c.fatal = (e.reason, e.message), True
+                run.prepared = True
+                return
+            except OSError as e:  # e.g. a mountPath that cannot be created
+                for c in run.all():
+                    c.waiting, c.fatal = ("CreateContainerError", str(e)), True
                 run.prepared = True
                 return
         for c in run.all():
