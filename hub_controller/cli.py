@@ -1,37 +1,39 @@
 """`ocm-fl`: the administrator's view of a FederatedLearning resource.
 
-    ocm-fl status NAME [-n NS] [--context CTX]     phase, rounds, one row per cluster
-    ocm-fl watch NAME                               the same, live, until Completed/Failed
-    ocm-fl plot NAME -o metrics.png                 per-cluster loss/accuracy as a chart
-    ocm-fl model NAME                               the trained model artifact
+    ocm-fl status NAME [-n NS] [--context CTX] [--kubeconfig F]   header and one row per cluster
+    ocm-fl watch NAME [--timeout S]      the same live, until Completed (exit 0) / Failed (exit 1)
+    ocm-fl plot NAME -o metrics.png      loss and accuracy per round per cluster (status.history)
+    ocm-fl model NAME                    where the trained model is (exit 1 when none yet)
 
-Everything is read from the resource's status through the Kubernetes API (any kubeconfig
-and context); the formatting functions are pure and take the resource as a dict.
+Everything is read from the resource through the Kubernetes API (any kubeconfig and
+context; the namespace defaults to the context's). Rendering lives in
+`hub_controller.dashboard` (pure functions of the resource dict); the only door to the
+cluster is `connect()`, which tests replace with a fake.
+
+Exit codes: 0 ok; 1 the answer is "not (yet)": Failed, timed out, no model, no history;
+2 the resource or the API cannot be reached (not found, unreachable, bad kubeconfig, refused).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 import typer
-from rich.console import Console, Group
-from rich.table import Table
-from rich.text import Text
+from rich.console import Console
 
+from hub_controller import dashboard
 from ocmfl import constants
 
-FL = Mapping[str, Any]
-TERMINAL_PHASES = frozenset({"Completed", "Failed"})
-_PHASE_STYLE = {
-    "Completed": "bold green",
-    "Failed": "bold red",
-    "Running": "cyan",
-    "Succeeded": "green",
-    "NoData": "yellow",
-}
+EXIT_NOT_YET = 1
+EXIT_UNREACHABLE = 2
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+WATCH_CHUNK_SECONDS = 300  # one watch request at most this long, then resumed
+CONNECT_TIMEOUT_SECONDS = 10
 
 app = typer.Typer(
     name="ocm-fl",
@@ -40,321 +42,312 @@ app = typer.Typer(
     add_completion=False,
 )
 console = Console()
+err_console = Console(stderr=True)
 
 
-# --- pure: from the resource dict to what is shown ---------------------------------------
+# --- the door to the cluster ---------------------------------------------------------------
 
 
-def _status(fl: FL) -> Mapping[str, Any]:
-    return fl.get("status") or {}
+class CliError(Exception):
+    """A failure shown to the user as one line, with exit code 2."""
 
 
-def _fmt(value: Any, spec: str = "") -> str:
-    if value is None or value == "":
-        return "-"
-    if spec and isinstance(value, int | float):
-        return format(value, spec)
-    return str(value)
+class NotFoundError(CliError):
+    def __init__(self, name: str, namespace: str) -> None:
+        super().__init__(f"{constants.KIND.lower()} {name} not found in namespace {namespace}")
 
 
-def summary(fl: FL) -> dict[str, str]:
-    """One-line facts: phase, round/total, clients, accuracy, message."""
-    st = _status(fl)
-    total = st.get("totalRounds") or (fl.get("spec") or {}).get("server", {}).get("rounds")
-    return {
-        "name": f"{fl['metadata'].get('namespace', '')}/{fl['metadata']['name']}",
-        "phase": str(st.get("phase") or "Pending"),
-        "round": f"{st.get('round', 0)}/{_fmt(total)}",
-        "clients": _fmt(st.get("clients")),
-        "accuracy": _fmt(st.get("accuracy"), ".4f"),
-        "message": str(st.get("message") or ""),
-    }
+class Source(Protocol):
+    """What the commands need from the API server."""
+
+    @property
+    def namespace(self) -> str:
+        """The context's default namespace."""
+        ...
+
+    def get(self, name: str, namespace: str) -> dict[str, Any]:
+        """The resource now; NotFoundError / CliError on failure."""
+        ...
+
+    def watch(self, name: str, namespace: str, timeout: float | None) -> Iterator[dict[str, Any]]:
+        """The resource now, then after each change, until `timeout` seconds have passed."""
+        ...
 
 
-def cluster_rows(fl: FL) -> list[dict[str, str]]:
-    """One row per selected cluster, sorted by name."""
-    rows = []
-    for c in sorted(_status(fl).get("clusters") or [], key=lambda c: str(c.get("name"))):
-        rows.append(
-            {
-                "cluster": str(c.get("name")),
-                "phase": str(c.get("phase") or "-"),
-                "round": _fmt(c.get("round")),
-                "samples": _fmt(c.get("samples")),
-                "loss": _fmt(c.get("loss"), ".4f"),
-                "accuracy": _fmt(c.get("accuracy"), ".4f"),
-                "data": _fmt(c.get("dataPath")),
-                "last report": _fmt(c.get("lastReportTime")),
-                "reason": str(c.get("reason") or ""),
-            }
-        )
-    return rows
+class KubeSource:
+    """Source over the kubernetes client (CustomObjectsApi)."""
 
+    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
+        from kubernetes import client, config
 
-def condition_rows(fl: FL) -> list[dict[str, str]]:
-    """The status conditions, as shown."""
-    return [
-        {
-            "type": str(c.get("type")),
-            "status": str(c.get("status")),
-            "reason": str(c.get("reason") or ""),
-            "message": str(c.get("message") or ""),
-        }
-        for c in _status(fl).get("conditions") or []
-    ]
-
-
-def model_info(fl: FL) -> dict[str, Any] | None:
-    """The model artifact (path, round, sha256, metrics), or None before there is one."""
-    model = _status(fl).get("model")
-    return dict(model) if model else None
-
-
-def plot_series(fl: FL) -> dict[str, dict[str, float]]:
-    """{"loss": {cluster: value}, "accuracy": {cluster: value}} from the per-cluster rows."""
-    series: dict[str, dict[str, float]] = {"loss": {}, "accuracy": {}}
-    for c in _status(fl).get("clusters") or []:
-        for key in series:
-            value = c.get(key)
-            if isinstance(value, int | float):
-                series[key][str(c.get("name"))] = float(value)
-    return series
-
-
-def render(fl: FL) -> Group:
-    """The rich renderable of `ocm-fl status`."""
-    s = summary(fl)
-    head = Text.assemble(
-        (s["name"], "bold"),
-        "  phase ",
-        (s["phase"], _PHASE_STYLE.get(s["phase"], "")),
-        f"  round {s['round']}  clients {s['clients']}  accuracy {s['accuracy']}",
-    )
-    parts: list[Any] = [head]
-    if s["message"]:
-        parts.append(Text(s["message"], style="dim"))
-    rows = cluster_rows(fl)
-    if rows:
-        table = Table(title="clusters", title_justify="left")
-        for col in rows[0]:
-            table.add_column(col, overflow="fold", no_wrap=col in ("cluster", "phase"))
-        for row in rows:
-            table.add_row(
-                *(
-                    Text(v, style=_PHASE_STYLE.get(v, "")) if k == "phase" else v
-                    for k, v in row.items()
-                )
-            )
-        parts.append(table)
-    conditions = condition_rows(fl)
-    if conditions:
-        ctable = Table(title="conditions", title_justify="left")
-        for col in conditions[0]:
-            ctable.add_column(col, overflow="fold")
-        for row in conditions:
-            ctable.add_row(*row.values())
-        parts.append(ctable)
-    model = model_info(fl)
-    if model:
-        parts.append(Text(f"model: {model.get('path')} (round {_fmt(model.get('round'))})"))
-    return Group(*parts)
-
-
-def plot(fl: FL, out: Path) -> Path:
-    """Write a bar chart of each cluster's latest loss and accuracy to `out` (PNG, SVG...).
-
-    The status holds each cluster's latest values only (no per-round history), so this is a
-    snapshot; run it after Completed for the final numbers.
-    """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = plot_series(fl)
-    s = summary(fl)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, key in zip(axes, ("loss", "accuracy"), strict=True):
-        values = series[key]
-        names = sorted(values)
-        ax.bar(
-            names, [values[n] for n in names], color="tab:blue" if key == "loss" else "tab:green"
-        )
-        ax.set_title(f"{key} per cluster")
-        ax.set_xlabel("cluster")
-        if key == "accuracy":
-            ax.set_ylim(0, 1)
-            overall = _status(fl).get("accuracy")
-            if isinstance(overall, int | float):
-                ax.axhline(float(overall), color="black", linestyle="--", label="federated")
-                ax.legend()
-        if not names:
-            ax.text(0.5, 0.5, "no reports yet", ha="center", va="center", transform=ax.transAxes)
-    fig.suptitle(f"{s['name']}  {s['phase']}  round {s['round']}")
-    fig.tight_layout()
-    fig.savefig(out)
-    plt.close(fig)
-    return out
-
-
-# --- I/O edge: the Kubernetes API --------------------------------------------------------
-
-
-def _api(kubeconfig: str | None, context: str | None) -> Any:
-    from kubernetes import client, config
-
-    if kubeconfig is None and context is None:
+        self._server = "?"
         try:
+            api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
+                config_file=kubeconfig, context=context
+            )
+            self._namespace = _context_namespace(kubeconfig, context)
+        except config.ConfigException as e:
+            if kubeconfig is not None or context is not None or not SA_NAMESPACE_FILE.exists():
+                where = kubeconfig or "the default kubeconfig"
+                raise CliError(f"cannot load {where}: {e}") from e
             config.load_incluster_config()  # type: ignore[no-untyped-call]
-            return client.CustomObjectsApi()
-        except config.ConfigException:
-            pass
-    api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-        config_file=kubeconfig, context=context
-    )
-    return client.CustomObjectsApi(api_client)
+            api_client = client.ApiClient()
+            self._namespace = SA_NAMESPACE_FILE.read_text().strip() or "default"
+        self._server = str(api_client.configuration.host)
+        self._api = client.CustomObjectsApi(api_client)
 
+    @property
+    def namespace(self) -> str:
+        return self._namespace
 
-def load_fl(
-    name: str, namespace: str, kubeconfig: str | None, context: str | None
-) -> dict[str, Any]:
-    """GET the FederatedLearning resource."""
-    api = _api(kubeconfig, context)
-    obj: dict[str, Any] = api.get_namespaced_custom_object(
-        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
-    )
-    return obj
+    def _call(self, name: str, namespace: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
 
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as e:
+            if e.status == 404:
+                raise NotFoundError(name, namespace) from e
+            raise CliError(_api_error(e, self._server)) from e
+        except (HTTPError, OSError) as e:
+            raise CliError(f"cannot reach the Kubernetes API at {self._server}: {e}") from e
 
-def watch_fl(
-    name: str, namespace: str, kubeconfig: str | None, context: str | None
-) -> Iterator[dict[str, Any]]:
-    """The resource now, then on every change (a watch on that one object)."""
-    from kubernetes import watch
-
-    api = _api(kubeconfig, context)
-    yield api.get_namespaced_custom_object(
-        constants.GROUP, constants.VERSION, namespace, constants.PLURAL, name
-    )
-    while True:
-        stream = watch.Watch()  # type: ignore[no-untyped-call]
-        for event in stream.stream(  # type: ignore[no-untyped-call]
-            api.list_namespaced_custom_object,
+    def get(self, name: str, namespace: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self._call(
+            name,
+            namespace,
+            self._api.get_namespaced_custom_object,
             constants.GROUP,
             constants.VERSION,
             namespace,
             constants.PLURAL,
-            field_selector=f"metadata.name={name}",
-            timeout_seconds=300,
-        ):
-            if event["type"] in ("ADDED", "MODIFIED"):
-                yield event["object"]
-            elif event["type"] == "DELETED":
+            name,
+            _request_timeout=(CONNECT_TIMEOUT_SECONDS, 60),
+        )
+        return obj
+
+    def watch(self, name: str, namespace: str, timeout: float | None) -> Iterator[dict[str, Any]]:
+        from kubernetes import watch
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        obj = self.get(name, namespace)
+        yield obj
+        rv = str(obj["metadata"]["resourceVersion"])
+        while True:
+            left = WATCH_CHUNK_SECONDS if deadline is None else deadline - time.monotonic()
+            if left <= 0:
                 return
+            chunk = max(1, min(WATCH_CHUNK_SECONDS, int(left + 0.999)))
+            stream = watch.Watch()  # type: ignore[no-untyped-call]
+            events = stream.stream(  # type: ignore[no-untyped-call]
+                self._api.list_namespaced_custom_object,
+                constants.GROUP,
+                constants.VERSION,
+                namespace,
+                constants.PLURAL,
+                field_selector=f"metadata.name={name}",
+                resource_version=rv,
+                timeout_seconds=chunk,
+                _request_timeout=(CONNECT_TIMEOUT_SECONDS, chunk + 30),
+            )
+            try:
+                for event in self._events(name, namespace, events):
+                    if event["type"] == "DELETED":
+                        raise NotFoundError(name, namespace)
+                    if event["type"] in ("ADDED", "MODIFIED"):
+                        rv = str(event["object"]["metadata"]["resourceVersion"])
+                        yield event["object"]
+            except _Expired:  # resourceVersion too old: read the object again
+                obj = self.get(name, namespace)
+                rv = str(obj["metadata"]["resourceVersion"])
+                yield obj
+
+    def _events(self, name: str, namespace: str, events: Any) -> Iterator[dict[str, Any]]:
+        from kubernetes.client.exceptions import ApiException
+
+        it = iter(events)
+        while True:
+            try:
+                event: dict[str, Any] = self._call(name, namespace, next, it)
+            except StopIteration:
+                return
+            except CliError as e:
+                cause = e.__cause__
+                if isinstance(cause, ApiException) and cause.status == 410:
+                    raise _Expired from e
+                raise
+            yield event
 
 
-# Swappable in tests: (name, namespace, kubeconfig, context) -> resource / stream.
-Loader = Callable[[str, str, str | None, str | None], dict[str, Any]]
-Watcher = Callable[[str, str, str | None, str | None], Iterator[dict[str, Any]]]
-loader: Loader = load_fl
-watcher: Watcher = watch_fl
+class _Expired(Exception):
+    pass
+
+
+def _api_error(e: Any, server: str) -> str:
+    message = ""
+    with contextlib.suppress(TypeError, ValueError, AttributeError):
+        message = str(json.loads(e.body).get("message") or "")
+    return f"Kubernetes API at {server} answered {e.status} {e.reason}" + (
+        f": {message}" if message else ""
+    )
+
+
+def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
+    """The namespace set on `context` (else the current context) in the kubeconfig."""
+    from kubernetes import config
+
+    contexts, current = config.list_kube_config_contexts(kubeconfig)  # type: ignore[no-untyped-call]
+    chosen = current
+    if context is not None:
+        chosen = next((c for c in contexts or [] if c.get("name") == context), None)
+    ns = ((chosen or {}).get("context") or {}).get("namespace")
+    return str(ns) if ns else "default"
+
+
+def connect(kubeconfig: str | None, context: str | None) -> Source:
+    """The one function that talks to the cluster (tests replace it with a fake)."""
+    return KubeSource(kubeconfig, context)
 
 
 # --- commands ------------------------------------------------------------------------------
 
 NameArg = Annotated[str, typer.Argument(help="FederatedLearning name")]
-NamespaceOpt = Annotated[str, typer.Option("--namespace", "-n", help="its namespace")]
+NamespaceOpt = Annotated[
+    str | None,
+    typer.Option("--namespace", "-n", help="its namespace [default: the context's namespace]"),
+]
 ContextOpt = Annotated[str | None, typer.Option("--context", help="kubeconfig context")]
 KubeconfigOpt = Annotated[
-    str | None, typer.Option("--kubeconfig", envvar="KUBECONFIG", help="kubeconfig file")
+    str | None,
+    typer.Option("--kubeconfig", help="kubeconfig file [default: $KUBECONFIG, ~/.kube/config]"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
-def _get(name: str, namespace: str, kubeconfig: str | None, context: str | None) -> dict[str, Any]:
-    from kubernetes.client.exceptions import ApiException
+def _fail(message: str, code: int) -> typer.Exit:
+    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    return typer.Exit(code)
 
+
+def _open(kubeconfig: str | None, context: str | None, namespace: str | None) -> tuple[Source, str]:
     try:
-        return loader(name, namespace, kubeconfig, context)
-    except ApiException as e:
-        if e.status == 404:
-            console.print(f"[red]FederatedLearning {namespace}/{name} not found[/red]")
-            raise typer.Exit(2) from e
-        raise
+        source = connect(kubeconfig, context)
+        return source, namespace or source.namespace
+    except CliError as e:
+        raise _fail(str(e), EXIT_UNREACHABLE) from e
+
+
+def _get(
+    name: str, namespace: str | None, kubeconfig: str | None, context: str | None
+) -> dict[str, Any]:
+    source, ns = _open(kubeconfig, context, namespace)
+    try:
+        return source.get(name, ns)
+    except CliError as e:
+        raise _fail(str(e), EXIT_UNREACHABLE) from e
 
 
 @app.command()
 def status(
     name: NameArg,
-    namespace: NamespaceOpt = "default",
+    namespace: NamespaceOpt = None,
     context: ContextOpt = None,
     kubeconfig: KubeconfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Phase, round, clients and one row per cluster."""
+    """Phase, round/totalRounds, clients, accuracy, failing conditions, one row per cluster."""
     fl = _get(name, namespace, kubeconfig, context)
     if as_json:
-        typer.echo(json.dumps({**summary(fl), "clusters": cluster_rows(fl)}, indent=2))
+        out = {
+            **dashboard.summary(fl),
+            "conditions": dashboard.problem_conditions(fl),
+            "clusters": dashboard.cluster_rows(fl),
+        }
+        typer.echo(json.dumps(out, indent=2))
         return
-    console.print(render(fl))
+    console.print(dashboard.render_dashboard(fl))
 
 
 @app.command()
 def watch(
     name: NameArg,
-    namespace: NamespaceOpt = "default",
+    namespace: NamespaceOpt = None,
     context: ContextOpt = None,
     kubeconfig: KubeconfigOpt = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option("--timeout", min=0, help="give up after this many seconds (exit 1)"),
+    ] = None,
 ) -> None:
-    """Follow the status live until Completed or Failed (exit 0 / 1)."""
+    """Follow the resource live until Completed (exit 0) or Failed (exit 1)."""
     from rich.live import Live
 
-    phase = ""
-    with Live(console=console, auto_refresh=False) as live:
-        for fl in watcher(name, namespace, kubeconfig, context):
-            live.update(render(fl), refresh=True)
-            phase = summary(fl)["phase"]
-            if phase in TERMINAL_PHASES:
-                break
-    if phase == "Failed":
-        raise typer.Exit(1)
+    source, ns = _open(kubeconfig, context, namespace)
+    view: dashboard.LiveView | None = None
+    try:
+        with Live(console=console, refresh_per_second=1) as live:
+            for fl in source.watch(name, ns, timeout):
+                if view is None:
+                    view = dashboard.LiveView(fl)
+                    live.update(view)
+                view.fl = fl
+                live.refresh()
+                if dashboard.phase(fl) in dashboard.TERMINAL_PHASES:
+                    break
+    except CliError as e:
+        raise _fail(str(e), EXIT_UNREACHABLE) from e
+    last = dashboard.summary(view.fl if view else {"metadata": {"name": name, "namespace": ns}})
+    if last["phase"] == "Completed":
+        return
+    if last["phase"] == "Failed":
+        raise _fail(f"{last['name']} failed: {last['message'] or '-'}", EXIT_NOT_YET)
+    waited = f"after {timeout:g}s" if timeout is not None else "(watch ended)"
+    raise _fail(
+        f"timed out {waited}: {last['name']} is {last['phase']}, round {last['round']}",
+        EXIT_NOT_YET,
+    )
 
 
 @app.command("plot")
 def plot_cmd(
     name: NameArg,
-    out: Annotated[Path, typer.Option("--output", "-o", help="image file (.png, .svg, ...)")],
-    namespace: NamespaceOpt = "default",
+    out: Annotated[Path, typer.Option("--output", "-o", help="image file (.png, .svg, .pdf)")],
+    namespace: NamespaceOpt = None,
     context: ContextOpt = None,
     kubeconfig: KubeconfigOpt = None,
 ) -> None:
-    """Chart each cluster's latest loss and accuracy."""
+    """Loss and accuracy per round per cluster (from status.history), written to a file."""
     fl = _get(name, namespace, kubeconfig, context)
-    console.print(f"wrote {plot(fl, out)}")
+    try:
+        written = dashboard.plot_history(fl, out)
+    except dashboard.NoHistoryError as e:
+        raise _fail(str(e), EXIT_NOT_YET) from e
+    console.print(f"wrote {written}", highlight=False)
 
 
 @app.command()
 def model(
     name: NameArg,
-    namespace: NamespaceOpt = "default",
+    namespace: NamespaceOpt = None,
     context: ContextOpt = None,
     kubeconfig: KubeconfigOpt = None,
     as_json: JsonOpt = False,
 ) -> None:
-    """Where the trained model is, its round, digest and metrics (exit 1 if none yet)."""
+    """Where the trained model is: path, round, sha256, metrics (exit 1 if none yet)."""
     fl = _get(name, namespace, kubeconfig, context)
-    info = model_info(fl)
-    if info is None:
-        console.print(f"no model yet (phase {summary(fl)['phase']})")
-        raise typer.Exit(1)
+    info = dashboard.model_info(fl)
+    table = dashboard.render_model(fl)
+    if info is None or table is None:
+        s = dashboard.summary(fl)
+        raise _fail(
+            f"no model yet: {s['name']} has no status.model (phase {s['phase']}, "
+            f"round {s['round']})",
+            EXIT_NOT_YET,
+        )
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
-    table = Table(show_header=False)
-    for key in ("path", "round", "sha256"):
-        table.add_row(key, _fmt(info.get(key)))
-    for key, value in sorted((info.get("metrics") or {}).items()):
-        table.add_row(key, _fmt(value, ".4f"))
     console.print(table)
 
 

@@ -1,28 +1,38 @@
-"""`ocm-fl` CLI against FederatedLearning resources given as dicts (no cluster)."""
+"""`ocm-fl` CLI and its pure rendering (hub_controller.dashboard), on resources given as dicts.
+
+The Kubernetes API is replaced by a fake `cli.connect`; only the unreachable-API and
+bad-kubeconfig tests use the real client (against a closed 127.0.0.1 port / missing file).
+"""
 
 from __future__ import annotations
 
 import json
+import struct
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from hub_controller import cli
+from hub_controller import cli, dashboard
 from ocmfl import constants
 
 runner = CliRunner()
+NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def resource(phase: str = "Running", model: bool = False) -> dict[str, Any]:
+def resource(phase: str = "Running", model: bool = False, history: bool = True) -> dict[str, Any]:
     status: dict[str, Any] = {
         "phase": phase,
         "round": 2,
         "totalRounds": 3,
-        "clients": "2/2",
+        "clients": "2/3",
         "accuracy": 0.91,
         "message": "training",
         "conditions": [
@@ -32,7 +42,14 @@ def resource(phase: str = "Running", model: bool = False) -> dict[str, Any]:
                 "reason": "AllDecisionsScheduled",
                 "message": "",
                 "lastTransitionTime": "2026-01-01T00:00:00Z",
-            }
+            },
+            {
+                "type": "ClientsReady",
+                "status": "False",
+                "reason": "ClusterNoData",
+                "message": "cluster3 has no ClusterClaim fl-data",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            },
         ],
         "clusters": [
             {
@@ -43,11 +60,33 @@ def resource(phase: str = "Running", model: bool = False) -> dict[str, Any]:
                 "loss": 0.31,
                 "accuracy": 0.9,
                 "dataPath": "/data/c2",
+                "lastReportTime": "2026-01-01T11:59:48Z",
             },
-            {"name": "cluster1", "phase": "Running", "round": 2, "loss": 0.25, "accuracy": 0.92},
-            {"name": "cluster3", "phase": "NoData", "reason": "no ClusterClaim"},
+            {
+                "name": "cluster1",
+                "phase": "Running",
+                "round": 2,
+                "samples": 1078,
+                "loss": 0.25,
+                "accuracy": 0.92,
+                "dataPath": "/data/c1",
+                "lastReportTime": "2026-01-01T11:55:00+00:00",
+            },
+            {"name": "cluster3", "phase": "NoData", "reason": "no ClusterClaim fl-data"},
         ],
     }
+    if history:
+        status["history"] = [
+            {"round": r, "cluster": c, "loss": loss, "accuracy": acc, "samples": n}
+            for r, c, loss, acc, n in [
+                (1, "cluster1", 0.6, 0.80, 1078),
+                (1, "cluster2", 0.7, 0.78, 719),
+                (1, "global", 0.64, 0.79, None),
+                (2, "cluster1", 0.25, 0.92, 1078),
+                (2, "cluster2", 0.31, None, 719),
+                (2, "global", 0.27, 0.91, None),
+            ]
+        ]
     if model:
         status["model"] = {
             "path": "/var/lib/ocm-fl/models/fl/digits/final.pt",
@@ -58,41 +97,58 @@ def resource(phase: str = "Running", model: bool = False) -> dict[str, Any]:
     return {
         "apiVersion": constants.API_VERSION,
         "kind": constants.KIND,
-        "metadata": {"name": "digits", "namespace": "fl"},
-        "spec": {"server": {"rounds": 3}, "client": {"dataClaim": "x"}},
+        "metadata": {"name": "digits", "namespace": "fl", "resourceVersion": "7"},
+        "spec": {"server": {"rounds": 3}, "client": {"dataClaim": "fl-data"}},
         "status": status,
     }
 
 
+@dataclass
+class FakeSource:
+    """Stands in for the API server: `get` returns the last item, `watch` yields them all."""
+
+    items: list[dict[str, Any]] = field(default_factory=list)
+    namespace: str = "fl"
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    then_raise: Exception | None = None
+
+    def get(self, name: str, namespace: str) -> dict[str, Any]:
+        self.calls.append(("get", name, namespace))
+        if not self.items:
+            raise cli.NotFoundError(name, namespace)
+        return self.items[-1]
+
+    def watch(self, name: str, namespace: str, timeout: float | None) -> Iterator[dict[str, Any]]:
+        self.calls.append(("watch", name, namespace, timeout))
+        yield from self.items
+        if self.then_raise is not None:
+            raise self.then_raise
+
+
 @pytest.fixture
-def serve(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[dict[str, Any]]]:
-    """Make the CLI read these resources: `get` returns the last, `watch` yields them all."""
-    items: list[dict[str, Any]] = []
-    calls: list[tuple[Any, ...]] = []
+def source(monkeypatch: pytest.MonkeyPatch) -> FakeSource:
+    """Make every command read from a FakeSource; remembers connect()'s arguments too."""
+    fake = FakeSource()
 
-    def load(name: str, ns: str, kubeconfig: str | None, context: str | None) -> dict[str, Any]:
-        calls.append((name, ns, kubeconfig, context))
-        return items[-1]
+    def connect(kubeconfig: str | None, context: str | None) -> cli.Source:
+        fake.calls.append(("connect", kubeconfig, context))
+        return fake
 
-    def watch(
-        name: str, ns: str, kubeconfig: str | None, context: str | None
-    ) -> Iterator[dict[str, Any]]:
-        calls.append((name, ns, kubeconfig, context))
-        yield from items
+    monkeypatch.setattr(cli, "connect", connect)
+    monkeypatch.setattr(cli, "console", Console(width=200))
+    monkeypatch.setattr(cli, "err_console", Console(width=200, stderr=True))
+    return fake
 
-    monkeypatch.setattr(cli, "loader", load)
-    monkeypatch.setattr(cli, "watcher", watch)
-    monkeypatch.setattr(cli, "console", Console(width=160))
-    yield items
+
+# --- pure rendering --------------------------------------------------------------------------
 
 
 def test_summary_shows_round_of_total_clients_and_accuracy() -> None:
-    s = cli.summary(resource())
-    assert s == {
+    assert dashboard.summary(resource()) == {
         "name": "fl/digits",
         "phase": "Running",
         "round": "2/3",
-        "clients": "2/2",
+        "clients": "2/3",
         "accuracy": "0.9100",
         "message": "training",
     }
@@ -101,94 +157,252 @@ def test_summary_shows_round_of_total_clients_and_accuracy() -> None:
 def test_summary_of_a_fresh_resource_is_pending_with_spec_rounds() -> None:
     fl = resource()
     del fl["status"]
-    s = cli.summary(fl)
+    s = dashboard.summary(fl)
     assert s["phase"] == "Pending" and s["round"] == "0/3" and s["accuracy"] == "-"
 
 
-def test_cluster_rows_are_sorted_and_missing_values_are_dashes() -> None:
-    rows = cli.cluster_rows(resource())
+@pytest.mark.parametrize(
+    ("seconds", "shown"), [(0, "0s ago"), (12, "12s ago"), (125, "2m ago"), (7300, "2h ago")]
+)
+def test_ago_is_the_largest_whole_unit(seconds: int, shown: str) -> None:
+    ts = datetime.fromtimestamp(NOW.timestamp() - seconds, UTC).isoformat()
+    assert dashboard.ago(ts, NOW) == shown
+
+
+def test_ago_of_a_missing_or_future_time() -> None:
+    assert dashboard.ago(None, NOW) == "-"
+    assert dashboard.ago("2026-01-01T12:00:05Z", NOW) == "0s ago"  # clock skew
+    assert dashboard.ago("not a time", NOW) == "not a time"
+
+
+def test_cluster_rows_are_sorted_with_every_column_and_dashes_for_missing_values() -> None:
+    rows = dashboard.cluster_rows(resource(), NOW)
     assert [r["cluster"] for r in rows] == ["cluster1", "cluster2", "cluster3"]
-    assert rows[1]["samples"] == "719" and rows[1]["loss"] == "0.3100"
-    assert rows[2]["phase"] == "NoData" and rows[2]["loss"] == "-"
-    assert rows[2]["reason"] == "no ClusterClaim"
-
-
-def test_plot_series_has_only_clusters_that_reported() -> None:
-    series = cli.plot_series(resource())
-    assert series == {
-        "loss": {"cluster2": 0.31, "cluster1": 0.25},
-        "accuracy": {"cluster2": 0.9, "cluster1": 0.92},
+    assert list(rows[0]) == list(dashboard.CLUSTER_COLUMNS)
+    assert rows[1] == {
+        "cluster": "cluster2",
+        "phase": "Running",
+        "data path": "/data/c2",
+        "samples": "719",
+        "round": "2",
+        "loss": "0.3100",
+        "accuracy": "0.9000",
+        "last report": "12s ago",
+        "reason": "",
     }
+    assert rows[0]["last report"] == "5m ago"
+    assert rows[2]["phase"] == "NoData" and rows[2]["loss"] == "-"
+    assert rows[2]["reason"] == "no ClusterClaim fl-data"
 
 
-def test_status_command_prints_clusters_and_conditions(serve: list[dict[str, Any]]) -> None:
-    serve.append(resource())
+def test_only_conditions_that_are_not_true_are_problems() -> None:
+    assert dashboard.problem_conditions(resource()) == [
+        {
+            "type": "ClientsReady",
+            "status": "False",
+            "reason": "ClusterNoData",
+            "message": "cluster3 has no ClusterClaim fl-data",
+        }
+    ]
+
+
+def test_history_series_per_metric_per_cluster_sorted_by_round() -> None:
+    fl = resource()
+    fl["status"]["history"].insert(0, {"round": 2, "cluster": "cluster1", "loss": 9.0})
+    series = dashboard.history_series(fl)
+    assert series["loss"]["cluster1"] == [(1, 0.6), (2, 0.25)]  # later entry wins
+    assert series["accuracy"]["cluster2"] == [(1, 0.78)]  # null accuracy left out
+    assert set(series["loss"]) == {"cluster1", "cluster2", "global"}
+
+
+def test_history_figure_has_loss_and_accuracy_axes_with_a_line_per_cluster() -> None:
+    fig = dashboard.history_figure(resource())
+    assert len(fig.axes) == 2
+    loss, acc = fig.axes
+    assert loss.get_title() == "loss per round" and acc.get_title() == "accuracy per round"
+    assert sorted(str(line.get_label()) for line in loss.get_lines()) == [
+        "cluster1",
+        "cluster2",
+        "global",
+    ]
+
+
+def test_history_figure_without_history_says_so() -> None:
+    with pytest.raises(dashboard.NoHistoryError, match="no per-round metrics yet"):
+        dashboard.history_figure(resource(history=False))
+
+
+def test_render_dashboard_is_usable_without_the_cli() -> None:
+    con = Console(width=200, record=True)
+    con.print(dashboard.render_dashboard(resource(), NOW))
+    text = con.export_text()
+    assert "fl/digits" in text and "12s ago" in text and "/data/c1" in text
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def test_status_prints_header_problem_conditions_and_cluster_rows(source: FakeSource) -> None:
+    source.items.append(resource())
     res = runner.invoke(cli.app, ["status", "digits", "-n", "fl", "--context", "kind-hub"])
     assert res.exit_code == 0, res.output
-    for text in ("fl/digits", "Running", "2/3", "cluster1", "cluster3", "PlacementSatisfied"):
-        assert text in res.output
+    out = res.output
+    for text in ("fl/digits", "Running", "round 2/3", "clients 2/3", "0.9100", "training"):
+        assert text in out
+    assert "ClientsReady=False ClusterNoData: cluster3 has no ClusterClaim fl-data" in out
+    assert "PlacementSatisfied" not in out  # True conditions are not shown
+    rows = [line for line in out.splitlines() if "cluster" in line and "/data/" in line]
+    assert len(rows) == 2 and "1078" in rows[0] and "0.2500" in rows[0] and "ago" in rows[0]
+    assert any("cluster3" in line and "NoData" in line for line in out.splitlines())
+    assert source.calls == [("connect", None, "kind-hub"), ("get", "digits", "fl")]
 
 
-def test_status_json_is_machine_readable(serve: list[dict[str, Any]]) -> None:
-    serve.append(resource())
-    res = runner.invoke(cli.app, ["status", "digits", "-n", "fl", "--json"])
+def test_namespace_defaults_to_the_contexts(source: FakeSource) -> None:
+    source.items.append(resource())
+    source.namespace = "team-a"
+    res = runner.invoke(cli.app, ["status", "digits", "--kubeconfig", "/k.yaml"])
     assert res.exit_code == 0, res.output
-    data = json.loads(res.output)
+    assert source.calls == [("connect", "/k.yaml", None), ("get", "digits", "team-a")]
+
+
+def test_status_json_is_machine_readable(source: FakeSource) -> None:
+    source.items.append(resource())
+    res = runner.invoke(cli.app, ["status", "digits", "--json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
     assert data["phase"] == "Running" and len(data["clusters"]) == 3
+    assert [c["type"] for c in data["conditions"]] == ["ClientsReady"]
 
 
-def test_watch_stops_at_completed_with_exit_zero(serve: list[dict[str, Any]]) -> None:
-    serve += [resource("Running"), resource("Completed", model=True), resource("Running")]
-    res = runner.invoke(cli.app, ["watch", "digits", "-n", "fl"])
-    assert res.exit_code == 0, res.output
-    assert "Completed" in res.output
-
-
-def test_watch_exits_one_when_training_failed(serve: list[dict[str, Any]]) -> None:
-    serve += [resource("Running"), resource("Failed")]
-    res = runner.invoke(cli.app, ["watch", "digits", "-n", "fl"])
-    assert res.exit_code == 1
-
-
-def test_model_command_prints_the_artifact(serve: list[dict[str, Any]]) -> None:
-    serve.append(resource("Completed", model=True))
-    res = runner.invoke(cli.app, ["model", "digits", "-n", "fl", "--json"])
-    assert res.exit_code == 0, res.output
-    info = json.loads(res.output)
-    assert info["round"] == 3 and info["metrics"]["accuracy"] == 0.93
-    res = runner.invoke(cli.app, ["model", "digits", "-n", "fl"])
-    assert res.exit_code == 0 and "final.pt" in res.output
-
-
-def test_model_command_exits_one_before_there_is_a_model(serve: list[dict[str, Any]]) -> None:
-    serve.append(resource("Running"))
-    res = runner.invoke(cli.app, ["model", "digits", "-n", "fl"])
-    assert res.exit_code == 1
-    assert "no model yet" in res.output
-
-
-def test_plot_command_writes_a_png(serve: list[dict[str, Any]], tmp_path: Path) -> None:
-    serve.append(resource("Completed", model=True))
-    out = tmp_path / "metrics.png"
-    res = runner.invoke(cli.app, ["plot", "digits", "-n", "fl", "-o", str(out)])
-    assert res.exit_code == 0, res.output
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_plot_without_reports_still_writes_a_chart(tmp_path: Path) -> None:
-    fl = resource()
-    fl["status"]["clusters"] = []
-    out = cli.plot(fl, tmp_path / "empty.svg")
-    assert out.read_text().lstrip().startswith("<?xml")
-
-
-def test_missing_resource_exits_two(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kubernetes.client.exceptions import ApiException
-
-    def load(*_: Any) -> dict[str, Any]:
-        raise ApiException(status=404, reason="Not Found")
-
-    monkeypatch.setattr(cli, "loader", load)
+def test_missing_resource_exits_two_naming_it(source: FakeSource) -> None:
     res = runner.invoke(cli.app, ["status", "nope", "-n", "fl"])
     assert res.exit_code == 2
-    assert "not found" in res.output
+    assert "federatedlearning nope not found in namespace fl" in res.stderr
+
+
+def test_watch_stops_at_completed_with_exit_zero(source: FakeSource) -> None:
+    source.items += [resource("Running"), resource("Completed", model=True), resource("Failed")]
+    res = runner.invoke(cli.app, ["watch", "digits", "--timeout", "30"])
+    assert res.exit_code == 0, res.output
+    assert "Completed" in res.output and "cluster1" in res.output
+    assert "2/3" in res.output  # the round progress bar
+    assert source.calls[-1] == ("watch", "digits", "fl", 30.0)
+
+
+def test_watch_exits_one_when_training_failed(source: FakeSource) -> None:
+    failed = resource("Failed")
+    failed["status"]["message"] = "round 2 timed out"
+    source.items += [resource("Running"), failed]
+    res = runner.invoke(cli.app, ["watch", "digits"])
+    assert res.exit_code == 1
+    assert "fl/digits failed: round 2 timed out" in res.stderr
+
+
+def test_watch_exits_one_on_timeout(source: FakeSource) -> None:
+    source.items += [resource("Running")]  # the watch ends (timeout) before a final phase
+    res = runner.invoke(cli.app, ["watch", "digits", "--timeout", "5"])
+    assert res.exit_code == 1
+    assert "timed out after 5s: fl/digits is Running, round 2/3" in res.stderr
+
+
+def test_watch_exits_two_when_the_resource_is_deleted(source: FakeSource) -> None:
+    source.items += [resource("Running")]
+    source.then_raise = cli.NotFoundError("digits", "fl")
+    res = runner.invoke(cli.app, ["watch", "digits"])
+    assert res.exit_code == 2
+    assert "not found in namespace fl" in res.stderr
+
+
+def test_model_prints_the_artifact(source: FakeSource) -> None:
+    source.items.append(resource("Completed", model=True))
+    res = runner.invoke(cli.app, ["model", "digits", "--json"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.stdout)
+    assert info["round"] == 3 and info["metrics"]["accuracy"] == 0.93
+    res = runner.invoke(cli.app, ["model", "digits"])
+    assert res.exit_code == 0, res.output
+    assert "final.pt" in res.output and "ab" * 32 in res.output and "0.9300" in res.output
+
+
+def test_model_exits_one_before_there_is_a_model(source: FakeSource) -> None:
+    source.items.append(resource("Running"))
+    res = runner.invoke(cli.app, ["model", "digits"])
+    assert res.exit_code == 1
+    assert "no model yet" in res.stderr and "phase Running" in res.stderr
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", data[16:24])
+    return width, height
+
+
+def test_plot_writes_a_png_of_the_history(source: FakeSource, tmp_path: Path) -> None:
+    source.items.append(resource("Completed", model=True))
+    out = tmp_path / "metrics.png"
+    res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    width, height = _png_size(out.read_bytes())
+    assert width > height > 100  # two subplots side by side
+    assert len(dashboard.history_figure(source.items[-1]).axes) == 2
+
+
+def test_plot_history_writes_svg_for_the_demo(tmp_path: Path) -> None:
+    out = dashboard.plot_history(resource(), tmp_path / "m.svg")
+    assert "<svg" in out.read_text()
+
+
+def test_plot_without_history_exits_one(source: FakeSource, tmp_path: Path) -> None:
+    source.items.append(resource(history=False))
+    out = tmp_path / "metrics.png"
+    res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
+    assert res.exit_code == 1
+    assert "no per-round metrics yet" in res.stderr and not out.exists()
+
+
+# --- the real client, without a cluster ------------------------------------------------------
+
+
+def _kubeconfig(path: Path, server: str, namespace: str | None = None) -> Path:
+    ctx: dict[str, Any] = {"cluster": "c", "user": "u"}
+    if namespace:
+        ctx["namespace"] = namespace
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [
+                    {"name": "main", "context": ctx},
+                    {"name": "other", "context": {"cluster": "c", "user": "u", "namespace": "o"}},
+                ],
+                "current-context": "main",
+            }
+        )
+    )
+    return path
+
+
+def test_context_namespace_from_the_kubeconfig(tmp_path: Path) -> None:
+    kc = str(_kubeconfig(tmp_path / "kc", "https://127.0.0.1:1", namespace="team-a"))
+    assert cli._context_namespace(kc, None) == "team-a"
+    assert cli._context_namespace(kc, "other") == "o"
+    bare = str(_kubeconfig(tmp_path / "bare", "https://127.0.0.1:1"))
+    assert cli._context_namespace(bare, None) == "default"
+
+
+def test_unreachable_api_exits_two_with_the_address(tmp_path: Path) -> None:
+    kc = _kubeconfig(tmp_path / "kc", "http://127.0.0.1:1")
+    res = runner.invoke(cli.app, ["status", "digits", "--kubeconfig", str(kc)])
+    assert res.exit_code == 2
+    assert "cannot reach the Kubernetes API at http://127.0.0.1:1" in res.stderr
+
+
+def test_unknown_context_or_missing_kubeconfig_exits_two(tmp_path: Path) -> None:
+    kc = _kubeconfig(tmp_path / "kc", "http://127.0.0.1:1")
+    res = runner.invoke(cli.app, ["status", "d", "--kubeconfig", str(kc), "--context", "nope"])
+    assert res.exit_code == 2 and "cannot load" in res.stderr
+    res = runner.invoke(cli.app, ["model", "d", "--kubeconfig", str(tmp_path / "missing")])
+    assert res.exit_code == 2 and "cannot load" in res.stderr

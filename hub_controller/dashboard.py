@@ -1,0 +1,334 @@
+"""Pure rendering of a FederatedLearning resource (a dict, as the Kubernetes API returns it).
+
+Used by the `ocm-fl` CLI and by the local demo: nothing here talks to a cluster.
+
+    render_dashboard(fl)        header + cluster table (rich renderable)   `ocm-fl status`
+    render_live(fl)             header + round progress bar + cluster table `ocm-fl watch`
+    render_model(fl)            the model artifact, or None before there is one
+    history_figure(fl)          loss/accuracy per round per cluster (matplotlib Figure)
+    plot_history(fl, path)      the same, written to an image file
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from rich.console import Group, RenderableType
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+FL = Mapping[str, Any]
+TERMINAL_PHASES: Final = frozenset({"Completed", "Failed"})
+GLOBAL_SERIES: Final = "global"  # history entries of the aggregated (federated) metrics
+METRICS: Final = ("loss", "accuracy")
+CLUSTER_COLUMNS: Final = (
+    "cluster",
+    "phase",
+    "data path",
+    "samples",
+    "round",
+    "loss",
+    "accuracy",
+    "last report",
+    "reason",
+)
+_PHASE_STYLE: Final = {
+    "Completed": "bold green",
+    "Succeeded": "green",
+    "Failed": "bold red",
+    "Running": "cyan",
+    "Waiting": "yellow",
+    "NoData": "yellow",
+}
+
+
+class NoHistoryError(ValueError):
+    """The resource has no per-round metrics to plot (yet)."""
+
+
+# --- facts ---------------------------------------------------------------------------------
+
+
+def _status(fl: FL) -> Mapping[str, Any]:
+    return fl.get("status") or {}
+
+
+def _fmt(value: Any, spec: str = "") -> str:
+    """A value as shown: '-' when absent, numbers with `spec`."""
+    if value is None or value == "":
+        return "-"
+    if spec and isinstance(value, int | float) and not isinstance(value, bool):
+        return format(value, spec)
+    return str(value)
+
+
+def full_name(fl: FL) -> str:
+    meta = fl.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def total_rounds(fl: FL) -> int | None:
+    """status.totalRounds, else spec.server.rounds, else None."""
+    total = _status(fl).get("totalRounds") or ((fl.get("spec") or {}).get("server") or {}).get(
+        "rounds"
+    )
+    return int(total) if isinstance(total, int | float) else None
+
+
+def phase(fl: FL) -> str:
+    return str(_status(fl).get("phase") or "Pending")
+
+
+def summary(fl: FL) -> dict[str, str]:
+    """Header facts: name, phase, round/totalRounds, clients, accuracy, message."""
+    st = _status(fl)
+    return {
+        "name": full_name(fl),
+        "phase": phase(fl),
+        "round": f"{st.get('round') or 0}/{_fmt(total_rounds(fl))}",
+        "clients": _fmt(st.get("clients")),
+        "accuracy": _fmt(st.get("accuracy"), ".4f"),
+        "message": str(st.get("message") or ""),
+    }
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        ts = value
+    elif isinstance(value, str) and value:
+        try:
+            ts = datetime.fromisoformat(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return ts if ts.tzinfo else ts.replace(tzinfo=UTC)
+
+
+def ago(value: Any, now: datetime) -> str:
+    """'12s ago', '4m ago', '2h ago', '3d ago' for an RFC 3339 time; '-' when absent."""
+    ts = _parse_time(value)
+    if ts is None:
+        return _fmt(value)
+    seconds = max(0, int((now - ts).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit} ago"
+    return f"{seconds}s ago"
+
+
+def cluster_rows(fl: FL, now: datetime | None = None) -> list[dict[str, str]]:
+    """One row per selected cluster (keys: CLUSTER_COLUMNS), sorted by cluster name."""
+    now = now or datetime.now(UTC)
+    rows = []
+    for c in sorted(_status(fl).get("clusters") or [], key=lambda c: str(c.get("name"))):
+        rows.append(
+            {
+                "cluster": str(c.get("name")),
+                "phase": _fmt(c.get("phase")),
+                "data path": _fmt(c.get("dataPath")),
+                "samples": _fmt(c.get("samples")),
+                "round": _fmt(c.get("round")),
+                "loss": _fmt(c.get("loss"), ".4f"),
+                "accuracy": _fmt(c.get("accuracy"), ".4f"),
+                "last report": ago(c.get("lastReportTime"), now),
+                "reason": str(c.get("reason") or ""),
+            }
+        )
+    return rows
+
+
+def problem_conditions(fl: FL) -> list[dict[str, str]]:
+    """Conditions whose status is not True (type, status, reason, message)."""
+    return [
+        {
+            "type": str(c.get("type")),
+            "status": str(c.get("status")),
+            "reason": str(c.get("reason") or ""),
+            "message": str(c.get("message") or ""),
+        }
+        for c in _status(fl).get("conditions") or []
+        if str(c.get("status")) != "True"
+    ]
+
+
+def model_info(fl: FL) -> dict[str, Any] | None:
+    """status.model (path, round, sha256, metrics), or None before there is one."""
+    model = _status(fl).get("model")
+    return dict(model) if model else None
+
+
+# --- rich renderables ----------------------------------------------------------------------
+
+
+def _styled_phase(value: str) -> Text:
+    return Text(value, style=_PHASE_STYLE.get(value, ""))
+
+
+def render_header(fl: FL) -> RenderableType:
+    """Name, phase, round/total, clients, accuracy, message and the conditions not True."""
+    s = summary(fl)
+    parts: list[RenderableType] = [
+        Text.assemble(
+            (s["name"], "bold"),
+            "  phase ",
+            _styled_phase(s["phase"]),
+            f"  round {s['round']}  clients {s['clients']}  accuracy {s['accuracy']}",
+        )
+    ]
+    if s["message"]:
+        parts.append(Text(s["message"], style="dim"))
+    for cond in problem_conditions(fl):
+        line = Text.assemble(
+            ("! ", "yellow"), (cond["type"], "bold"), f"={cond['status']} ", cond["reason"]
+        )
+        if cond["message"]:
+            line.append(f": {cond['message']}")
+        parts.append(line)
+    return Group(*parts)
+
+
+def render_clusters(fl: FL, now: datetime | None = None) -> Table:
+    """The cluster table (one row per selected cluster)."""
+    table = Table(title="clusters", title_justify="left")
+    for col in CLUSTER_COLUMNS:
+        numeric = col in ("samples", "round", "loss", "accuracy")
+        table.add_column(
+            col,
+            justify="right" if numeric else "left",
+            overflow="fold",
+            no_wrap=col in ("cluster", "phase", "last report"),
+        )
+    rows = cluster_rows(fl, now)
+    for row in rows:
+        table.add_row(*(_styled_phase(v) if k == "phase" else v for k, v in row.items()))
+    if not rows:
+        table.caption = "no clusters selected yet"
+    return table
+
+
+def render_dashboard(fl: FL, now: datetime | None = None) -> RenderableType:
+    """What `ocm-fl status` prints: the header and the cluster table."""
+    return Group(render_header(fl), render_clusters(fl, now))
+
+
+def render_progress(fl: FL) -> Progress:
+    """A progress bar of rounds: round / totalRounds."""
+    progress = Progress(
+        TextColumn("rounds"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}")
+    )
+    done = int(_status(fl).get("round") or 0)
+    progress.add_task(phase(fl), total=total_rounds(fl), completed=done)
+    return progress
+
+
+def render_live(fl: FL, now: datetime | None = None) -> RenderableType:
+    """What `ocm-fl watch` shows: header, round progress bar, cluster table."""
+    return Group(render_header(fl), render_progress(fl), render_clusters(fl, now))
+
+
+@dataclass
+class LiveView:
+    """Holds the latest resource; re-rendered at each refresh so 'ago' times keep moving."""
+
+    fl: FL
+
+    def __rich__(self) -> RenderableType:
+        return render_live(self.fl, datetime.now(UTC))
+
+
+def render_model(fl: FL) -> Table | None:
+    """The model artifact as a two-column table, or None when status.model is not set."""
+    info = model_info(fl)
+    if info is None:
+        return None
+    table = Table(show_header=False, title=f"model of {full_name(fl)}", title_justify="left")
+    table.add_column("key", style="bold")
+    table.add_column("value", overflow="fold")
+    for key in ("path", "round", "sha256"):
+        table.add_row(key, _fmt(info.get(key)))
+    for key, value in sorted((info.get("metrics") or {}).items()):
+        table.add_row(f"metrics.{key}", _fmt(value, ".4f"))
+    return table
+
+
+# --- per-round history ---------------------------------------------------------------------
+
+Series = dict[str, dict[str, list[tuple[int, float]]]]
+
+
+def history_series(fl: FL) -> Series:
+    """{metric: {cluster: [(round, value), ...] sorted by round}} from status.history.
+
+    Entries without a value for a metric are left out of that metric; a repeated
+    (round, cluster) keeps the last entry.
+    """
+    points: dict[str, dict[str, dict[int, float]]] = {m: {} for m in METRICS}
+    for entry in _status(fl).get("history") or []:
+        rnd, cluster = entry.get("round"), entry.get("cluster")
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or not cluster:
+            continue
+        for metric in METRICS:
+            value = entry.get(metric)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                points[metric].setdefault(str(cluster), {})[rnd] = float(value)
+    return {
+        metric: {c: sorted(by_round.items()) for c, by_round in sorted(per.items())}
+        for metric, per in points.items()
+    }
+
+
+def history_figure(fl: FL) -> Figure:
+    """Two subplots, loss and accuracy per round, one line per cluster ('global' dashed).
+
+    Raises NoHistoryError when status.history holds no loss or accuracy values.
+    """
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    series = history_series(fl)
+    if not any(series.values()):
+        s = summary(fl)
+        raise NoHistoryError(
+            f"no per-round metrics yet: status.history of {s['name']} is empty "
+            f"(phase {s['phase']}, round {s['round']})"
+        )
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, metric in zip(axes, METRICS, strict=True):
+        lines = series[metric]
+        for cluster, pts in lines.items():
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            if cluster == GLOBAL_SERIES:
+                ax.plot(xs, ys, "k--", marker="s", linewidth=2.2, label="global", zorder=3)
+            else:
+                ax.plot(xs, ys, marker="o", label=cluster)
+        ax.set_title(f"{metric} per round")
+        ax.set_xlabel("round")
+        ax.set_ylabel(metric)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(True, alpha=0.3)
+        if lines:
+            ax.legend(fontsize="small")
+        else:
+            ax.text(
+                0.5, 0.5, f"no {metric} reported", ha="center", va="center", transform=ax.transAxes
+            )
+    s = summary(fl)
+    fig.suptitle(f"{s['name']}  {s['phase']}  round {s['round']}")
+    return fig
+
+
+def plot_history(fl: FL, path: str | Path) -> Path:
+    """Write history_figure(fl) to `path` (format from the suffix: .png, .svg, .pdf ...)."""
+    out = Path(path)
+    history_figure(fl).savefig(out)
+    return out
