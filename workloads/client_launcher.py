@@ -4,7 +4,8 @@ Checks the data directory first (a missing or malformed one fails here, naming t
 reads the SuperNode private key (or creates one with ``--generate-key``), then runs
 ``flower-supernode`` with TLS server verification and SuperNode authentication, passing the
 cluster name, data directory and agent endpoint to the ClientApp as node config. Exits with
-the SuperNode's exit code (305: key not registered on the server).
+0 when stopped by a signal, 2 for bad input, 3 when the server refuses the node (Flower
+exit code 305: key not registered), 4 when it cannot connect for --connect-timeout.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from workloads.nodekeys import ensure_keypair, public_key_of
 
 PREFIX = "ocm-fl-client"
 EXIT_BAD_INPUT = 2
+EXIT_REFUSED = 3  # Flower's 305 (SuperNode not registered) does not fit an exit status
+EXIT_DISCONNECTED = 4
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -301,7 +304,7 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
                 f"not connected for {waited:.0f}s",
                 flush=True,
             )
-            return flower_code or code
+            return EXIT_REFUSED if flower_code == 305 else EXIT_DISCONNECTED
         time.sleep(backoff)
         backoff = min(backoff * 2, 10.0)
 

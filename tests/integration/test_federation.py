@@ -1,0 +1,206 @@
+"""A real federation on 127.0.0.1: SuperLink + 2 SuperNodes as processes, TLS, node auth.
+
+One federation is shared by the tests of this module (they run in file order; the last one
+breaks a client on purpose). Certificates come from ocmfl.pki, SuperNode keys from
+workloads.nodekeys; the launchers `ocm-fl-server` / `ocm-fl-client` start everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ocmfl import pki
+from workloads.client_launcher import EXIT_REFUSED
+from workloads.data import load_partition, partition
+from workloads.model_store import ModelStore
+from workloads.nodekeys import write_keypair
+
+pytestmark = [pytest.mark.federation, pytest.mark.timeout(900)]
+
+BIN = Path(sys.executable).parent
+CLUSTERS = ("cluster1", "cluster2")
+ROUNDS = 3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as fh:
+        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def _wait_for(predicate: Any, timeout: float, what: str, proc: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"{what}: process exited early with {proc.returncode}")
+        time.sleep(1.0)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+@dataclass
+class Federation:
+    root: Path
+    port: int
+    tls: Path
+    keys: Path
+    pubs: Path
+    data: Path
+    clients: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def server_cmd(self, storage: Path, rounds: int = ROUNDS, *extra: str) -> list[str]:
+        return [
+            str(BIN / "ocm-fl-server"),
+            "--state-dir", str(self.root / "server-state"),
+            "--superlink-address", f"127.0.0.1:{self.port}",
+            "--ssl-ca-certfile", str(self.tls / "ca.crt"),
+            "--ssl-certfile", str(self.tls / "tls.crt"),
+            "--ssl-keyfile", str(self.tls / "tls.key"),
+            "--supernode-keys", str(self.pubs),
+            "--min-clients", "2",
+            "--wait-clients-timeout", "180",
+            "--status-interval", "5",
+            "--rounds", str(rounds),
+            "--lr", "0.1",
+            "--storage-dir", str(storage),
+            "--test-dir", str(self.data / "test"),
+            *extra,
+        ]  # fmt: skip
+
+    def client_cmd(self, name: str, key: str, connect_timeout: float = 300) -> list[str]:
+        return [
+            str(BIN / "ocm-fl-client"),
+            "--server-address", f"127.0.0.1:{self.port}",
+            "--root-certificates", str(self.tls / "ca.crt"),
+            "--auth-key", str(self.keys / key),
+            "--cluster-name", name,
+            "--data-dir", str(self.data / (name if name in CLUSTERS else CLUSTERS[0])),
+            "--state-dir", str(self.root / f"client-{name}"),
+            "--port", str(_free_port()),
+            "--connect-timeout", str(connect_timeout),
+        ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    root = tmp_path_factory.mktemp("federation")
+    ca = pki.create_ca(key_kind="ec")
+    server = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    tls = pki.save_tls_dir(root / "tls", server, ca.cert)
+    keys, pubs = root / "keys", root / "pubs"
+    pubs.mkdir()
+    for name in (*CLUSTERS, "rogue"):
+        pub = write_keypair(keys / name, comment=name)
+        if name in CLUSTERS:  # the rogue key is never registered
+            (pubs / f"{name}.pub").write_bytes(pub.read_bytes())
+    partition(root / "data", list(CLUSTERS), split="label-skew", sizes="2,1", seed=0)
+    f = Federation(root, _free_port(), tls, keys, pubs, root / "data")
+    try:
+        for name in CLUSTERS:
+            f.clients[name] = _spawn(f.client_cmd(name, name), root / f"{name}.log")
+        for name in CLUSTERS:  # data checked, SuperNode starting
+            log = root / f"{name}.log"
+            _wait_for(lambda log=log: "connecting to" in log.read_text(), 60,
+                      f"{name} client start", f.clients[name])  # fmt: skip
+        yield f
+    finally:
+        for proc in f.clients.values():
+            _kill_group(proc, signal.SIGTERM)
+
+
+def _checkpoint_rounds(storage: Path) -> list[int]:
+    path = storage / "manifest.json"
+    if not path.exists():
+        return []
+    try:
+        return [c["round"] for c in json.loads(path.read_text())["checkpoints"]]
+    except (ValueError, KeyError):
+        return []
+
+
+def test_training_survives_server_restart_and_beats_the_initial_model(fed: Federation) -> None:
+    storage = fed.root / "model"
+    log = fed.root / "server.log"
+    rogue = _spawn(fed.client_cmd("rogue", "rogue", connect_timeout=20), fed.root / "rogue.log")
+    first = _spawn(fed.server_cmd(storage), log)
+    try:
+        _wait_for(lambda: 1 in _checkpoint_rounds(storage), 300, "round 1 checkpoint", first)
+    finally:
+        _kill_group(first)  # the whole hub side dies, as when its pod is deleted
+    killed_after = max(_checkpoint_rounds(storage))
+    assert killed_after < ROUNDS, "server finished before it could be killed"
+
+    second = subprocess.run(fed.server_cmd(storage), capture_output=True, text=True, timeout=600)
+    last_line = second.stdout.strip().splitlines()[-1]
+    assert second.returncode == 0, second.stdout[-3000:]
+    assert last_line.startswith("ocm-fl-server: completed: ") and "3 rounds" in last_line
+
+    store = ModelStore(storage)
+    manifest = store.manifest()
+    assert [c["round"] for c in manifest["checkpoints"]] == [1, 2, 3]
+    starts = manifest["info"]["starts"]
+    assert starts[0]["round"] == 0 and starts[0]["rounds_to_run"] == ROUNDS
+    resumed = starts[-1]
+    assert resumed["round"] >= killed_after >= 1  # resumed, did not start over
+    assert resumed["rounds_to_run"] == ROUNDS - resumed["round"]
+
+    final = store.final()
+    assert final is not None and final.round == ROUNDS
+    initial_acc = starts[0]["server"]["test-accuracy"]
+    final_acc = manifest["final"]["metrics"]["server"]["test-accuracy"]
+    assert final_acc > initial_acc + 0.3 and final_acc > 0.6
+
+    # Each client trained on its own partition only: sample counts match its manifest.
+    for checkpoint in manifest["checkpoints"]:
+        for phase in ("train", "evaluate"):
+            reported = {c: m["num-examples"] for c, m in checkpoint["metrics"][phase].items()}
+            expected = {c: load_partition(fed.data / c).samples for c in CLUSTERS}
+            assert reported == expected
+
+    # The node whose key was never registered is refused and gives up.
+    assert rogue.wait(timeout=120) == EXIT_REFUSED
+    rogue_log = (fed.root / "rogue.log").read_text()
+    assert "server refused this node" in rogue_log
+
+
+def test_crashing_client_below_minimum_fails_the_run(fed: Federation) -> None:
+    broken = fed.data / "cluster2" / "data.npz"
+    broken.rename(broken.with_suffix(".moved"))  # its ClientApp now fails on every message
+    done = subprocess.run(
+        fed.server_cmd(fed.root / "model-2", 2, "--round-timeout", "120"),
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    last_line = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert last_line.startswith("ocm-fl-server: failed: ")
+    assert "finished:failed" in last_line and "minimum is 2" in last_line
+    assert ModelStore(fed.root / "model-2").final() is None
