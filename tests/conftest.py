@@ -2,10 +2,11 @@
 
 Local control plane (hack/controlplane, test infrastructure):
 - `control_plane` (session): brings the plane up once per test session with 2 managed clusters
-  (env OCMFL_CP_CLUSTERS overrides), reuses a healthy running one, and tears it down at the end
-  only if this session started it. OCMFL_CP_ADDON_MANAGER=1 also runs OCM's addon manager on
-  the hub. Only tests marked `integration` or `e2e` may use it; nothing
-  starts unless a test asks for it.
+  (env OCMFL_CP_CLUSTERS overrides) or reuses a healthy running one. A plane started by a test
+  session is torn down when the last session using it ends; one started with
+  `python -m hack.controlplane up` is left running. OCMFL_CP_ADDON_MANAGER=1 also runs OCM's
+  addon manager on the hub. Only tests marked `integration` or `e2e` may use it; nothing starts
+  unless a test asks for it.
 - `namespace` (function): a fresh hub namespace, deleted after the test.
 Add further fixtures below; keep each one small and documented.
 """
@@ -26,15 +27,12 @@ if TYPE_CHECKING:
 @pytest.fixture(scope="session")
 def control_plane() -> Iterator[ControlPlane]:
     """The running local control plane (see module docstring)."""
-    from hack.controlplane import plane, processes
+    from hack.controlplane import plane
 
     n = int(os.environ.get("OCMFL_CP_CLUSTERS", "2"))
-    before = processes.State.load()
-    reused = before is not None and plane.healthy(before)
-    state = plane.up(n, addon_manager=os.environ.get("OCMFL_CP_ADDON_MANAGER") == "1")
-    yield plane.ControlPlane.from_state(state)
-    if not reused:
-        plane.down()
+    addons = os.environ.get("OCMFL_CP_ADDON_MANAGER") == "1"
+    with plane.session(n, addon_manager=addons) as state:
+        yield plane.ControlPlane.from_state(state)
 
 
 @pytest.hookimpl(tryfirst=True)

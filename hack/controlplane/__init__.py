@@ -6,14 +6,15 @@ the registration agent (ClusterClaim mirror). Entry points: `up`, `down`, `statu
 """
 
 from hack.controlplane.plane import (
-           ControlPlane,
-           PlaneError,
-           down,
-           kubeconfig_env,
-           status_report,
-           up,
+    ControlPlane,
+    PlaneError,
+    down,
+    kubeconfig_env,
+    session,
+    status_report,
+    up,
 )
 from hack.controlplane.processes import ComponentFailed, State
 
 __all__ = ["ComponentFailed", "ControlPlane", "PlaneError", "State", "down", "kubeconfig_env",
-           "status_report", "up"]
+           "session", "status_report", "up"]

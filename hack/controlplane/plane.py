@@ -13,6 +13,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -165,34 +166,81 @@ def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
     `ocm=False` leaves out the OCM controllers (Kubernetes + local nodes only);
     `addon_manager=True` also runs OCM's addon manager on the hub (v1alpha1 addon APIs).
     """
+    return _up(clusters, state_dir or processes.state_dir(), echo, timeout, ocm, addon_manager,
+               user=None)
+
+
+@contextlib.contextmanager
+def session(clusters: int = 2, state_dir: Path | None = None, ocm: bool = True,
+            addon_manager: bool = False) -> Iterator[State]:
+    """Use the plane for the life of the context (e.g. a pytest session).
+
+    Starts it or reuses a running one, and registers this process as a user. On exit, a plane
+    that some session started (not `up` from the CLI) is stopped once no live user remains.
+    """
     d = state_dir or processes.state_dir()
+    state = _up(clusters, d, False, 120.0, ocm, addon_manager, user=os.getpid())
+    try:
+        yield state
+    finally:
+        with _locked(d):
+            (d / "users" / str(os.getpid())).unlink(missing_ok=True)
+            current = State.load(d)
+            if current is not None and current.auto_stop and not live_users(d):
+                _down_locked(d)
+
+
+def live_users(d: Path) -> list[int]:
+    """Processes registered as users of the plane in `d` that are still alive."""
+    users = d / "users"
+    if not users.is_dir():
+        return []
+    return [int(f.name) for f in users.iterdir() if f.name.isdigit()
+            and processes.alive(int(f.name))]
+
+
+def _up(clusters: int, d: Path, echo: bool, timeout: float, ocm: bool, addon_manager: bool,
+        user: int | None) -> State:
     if not 1 <= clusters <= MAX_CLUSTERS:
         raise PlaneError(f"--clusters must be 1..{MAX_CLUSTERS}")
     with _locked(d):
-        existing = State.load(d)
-        if existing is not None:
-            if healthy(existing):
-                if (existing.clusters == cluster_names(clusters) and existing.ocm == ocm
-                        and (existing.addon_manager or not addon_manager)):
-                    return existing
-                raise PlaneError(
-                    f"a plane with clusters {existing.clusters} (ocm={existing.ocm}) already "
-                    f"runs in {d}; run "
-                    "`python -m hack.controlplane down` or use another OCMFL_CP_DIR")
-            _down_locked(d)
-        missing = build.missing_binaries()
-        if not ocm:
-            missing = [m for m in missing if m in ("etcd", "kube-apiserver",
-                                                   "kube-controller-manager")]
-        if missing:
-            if echo:
-                print(f"building missing binaries {missing}", flush=True)
-            build.build_all(echo=echo)
-        try:
-            return _start(d, cluster_names(clusters), echo, timeout, ocm, addon_manager)
-        except BaseException:
-            _down_locked(d)
-            raise
+        state = _reuse_or_start(clusters, d, echo, timeout, ocm, addon_manager,
+                                auto_stop=user is not None)
+        if user is not None:
+            (d / "users").mkdir(exist_ok=True)
+            (d / "users" / str(user)).touch()
+        return state
+
+
+def _reuse_or_start(clusters: int, d: Path, echo: bool, timeout: float, ocm: bool,
+                    addon_manager: bool, auto_stop: bool) -> State:
+    existing = State.load(d)
+    if existing is not None:
+        if healthy(existing):
+            if (existing.clusters == cluster_names(clusters) and existing.ocm == ocm
+                    and (existing.addon_manager or not addon_manager)):
+                return existing
+            raise PlaneError(
+                f"a plane with clusters {existing.clusters} (ocm={existing.ocm}) already "
+                f"runs in {d}; run `python -m hack.controlplane down` or use another "
+                "OCMFL_CP_DIR")
+        _down_locked(d)
+    missing = build.missing_binaries()
+    if not ocm:
+        missing = [m for m in missing if m in ("etcd", "kube-apiserver",
+                                               "kube-controller-manager")]
+    if missing:
+        if echo:
+            print(f"building missing binaries {missing}", flush=True)
+        build.build_all(echo=echo)
+    try:
+        state = _start(d, cluster_names(clusters), echo, timeout, ocm, addon_manager)
+    except BaseException:
+        _down_locked(d)
+        raise
+    state.auto_stop = auto_stop
+    state.save()
+    return state
 
 
 def _say(echo: bool, msg: str) -> None:
@@ -409,7 +457,7 @@ def _down_locked(d: Path) -> bool:
         created.unlink()
     if state is not None and state.etcd_data:
         shutil.rmtree(state.etcd_data, ignore_errors=True)
-    for sub in ("pods", "pod-pids", "certs", "pki", "kubeconfig", "etcd-data"):
+    for sub in ("pods", "pod-pids", "certs", "pki", "kubeconfig", "etcd-data", "users"):
         shutil.rmtree(d / sub, ignore_errors=True)
     for fname in (processes.STATE_FILE, READY_FILE):
         (d / fname).unlink(missing_ok=True)

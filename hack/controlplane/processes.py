@@ -75,6 +75,7 @@ class State:
     ocm: bool = True  # OCM placement controller and work agents running
     addon_manager: bool = False  # OCM addon manager running on the hub
     slot: int = 0  # address slot: planes running at once get disjoint loopback ranges
+    auto_stop: bool = False  # started by a test session: the last session to leave stops it
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE
