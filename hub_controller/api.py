@@ -313,6 +313,16 @@ class ModelArtifact(_Model):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
+class HistoryEntry(_Model):
+    """Metrics of one round on one cluster; cluster "global" is the sample-weighted mean."""
+
+    round: int = Field(ge=0)
+    cluster: str
+    loss: float | None = None
+    accuracy: float | None = None
+    samples: int | None = None
+
+
 class FederatedLearningStatus(_Model):
     phase: Phase = Phase.PENDING
     conditions: list[Condition] = Field(default_factory=list)
@@ -323,6 +333,9 @@ class FederatedLearningStatus(_Model):
     accuracy: float | None = None
     clusters: list[ClusterStatus] = Field(default_factory=list)
     model: ModelArtifact | None = None
+    history: list[HistoryEntry] = Field(
+        default_factory=list, description="Per-round metrics per cluster (latest entries)."
+    )
     message: str = ""
 
 

@@ -10,9 +10,24 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol
+
+
+class RoundRowView(Protocol):
+    """One step (fit or evaluate) of one round on one cluster."""
+
+    @property
+    def round(self) -> int: ...
+    @property
+    def phase(self) -> str: ...  # fit | evaluate
+    @property
+    def loss(self) -> float | None: ...
+    @property
+    def accuracy(self) -> float | None: ...
+    @property
+    def samples(self) -> int: ...
 
 
 class ClusterReportView(Protocol):
@@ -32,6 +47,8 @@ class ClusterReportView(Protocol):
     def loss(self) -> float | None: ...
     @property
     def accuracy(self) -> float | None: ...
+    @property
+    def rounds(self) -> Mapping[tuple[int, str], RoundRowView]: ...
 
 
 class ReportSource(Protocol):
@@ -53,6 +70,18 @@ class Report:
     samples: int | None = None
     loss: float | None = None
     accuracy: float | None = None
+    rounds: Mapping[tuple[int, str], RoundRow] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundRow:
+    """A plain RoundRowView."""
+
+    round: int
+    phase: str = "evaluate"
+    loss: float | None = None
+    accuracy: float | None = None
+    samples: int = 0
 
 
 class InMemoryReports:

@@ -32,6 +32,7 @@ from hub_controller.api import (
     ConditionStatus,
     FederatedLearningSpec,
     FederatedLearningStatus,
+    HistoryEntry,
     ModelArtifact,
     Phase,
 )
@@ -47,6 +48,8 @@ from hub_controller.works import (
 )
 
 TERMINAL = (Phase.COMPLETED, Phase.FAILED)
+GLOBAL = "global"  # history rows of the federation as a whole
+MAX_HISTORY = 500
 
 
 @dataclass(frozen=True)
@@ -224,6 +227,46 @@ def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -
     return row
 
 
+def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[HistoryEntry]:
+    """Per-round metrics per cluster (evaluate values over fit values), kept across restarts
+    of the report source by merging with the previous status; "global" rows are the
+    sample-weighted mean of the clusters' rows of that round. The last MAX_HISTORY rows."""
+    entries = {(e.round, e.cluster): e for e in previous if e.cluster != GLOBAL}
+    with_data = {r.name for r in obs.resolutions if r.has_data}
+    for cluster, report in obs.reports.items():
+        if cluster not in with_data:
+            continue
+        by_round: dict[int, dict[str, Any]] = {}
+        for (rnd, phase), row in sorted(getattr(report, "rounds", {}).items()):
+            cur = by_round.setdefault(rnd, {})
+            for metric in ("loss", "accuracy"):
+                value = getattr(row, metric)
+                if value is not None and (phase == "evaluate" or metric not in cur):
+                    cur[metric] = value
+            if phase == "fit" or "samples" not in cur:
+                cur["samples"] = row.samples or None
+        for rnd, values in by_round.items():
+            entries[(rnd, cluster)] = HistoryEntry(round=rnd, cluster=cluster, **values)
+    rounds: dict[int, list[HistoryEntry]] = {}
+    for entry in entries.values():
+        rounds.setdefault(entry.round, []).append(entry)
+    for rnd, rows in rounds.items():
+        mean: dict[str, Any] = {}
+        for metric in ("loss", "accuracy"):
+            pairs = [(getattr(e, metric), float(e.samples or 1)) for e in rows]
+            pairs = [(v, w) for v, w in pairs if v is not None]
+            if pairs:
+                total = sum(w for _, w in pairs)
+                mean[metric] = round(sum(v * w for v, w in pairs) / total, 6)
+        samples = sum(e.samples or 0 for e in rows) or None
+        if mean:
+            entries[(rnd, GLOBAL)] = HistoryEntry(
+                round=rnd, cluster=GLOBAL, samples=samples, **mean
+            )
+    ordered = sorted(entries.values(), key=lambda e: (e.round, e.cluster))
+    return ordered[-MAX_HISTORY:]
+
+
 def _accuracy(rows: Iterable[ClusterStatus]) -> float | None:
     """Sample-weighted mean of the clusters' latest accuracy."""
     total = weight = 0.0
@@ -357,6 +400,7 @@ def fold(
         accuracy=_accuracy(rows),
         clusters=rows,
         model=model,
+        history=_history(previous.history if previous else [], obs),
         message=message,
     )
 

@@ -63,3 +63,6 @@ def test_aggregator_reports_fill_cluster_rows_and_accuracy() -> None:
     assert rows["a"].samples == 300 and rows["a"].loss == 0.3
     assert rows["a"].phase.value == "Running"
     assert rows["a"].last_report_time == T0
+    history = {(h.round, h.cluster): h for h in status.history}
+    assert history[(2, "a")].accuracy == 0.9
+    assert history[(2, "global")].accuracy == 0.8

@@ -212,3 +212,31 @@ def test_digest_changes_with_inputs_but_not_with_reports() -> None:
     assert observation_digest(base) != observation_digest(_obs(works=_applied("a", "b")))
     with_reports = _obs(works=_applied("a"), reports={"a": Report("a", T0)})
     assert observation_digest(base) == observation_digest(with_reports)
+
+
+def test_history_has_per_cluster_rounds_and_a_global_weighted_row() -> None:
+    from hub_controller.reports import RoundRow
+
+    reports = {
+        "a": Report(
+            "a",
+            T0,
+            round=1,
+            rounds={
+                (1, "fit"): RoundRow(1, "fit", loss=0.9, samples=300),
+                (1, "evaluate"): RoundRow(1, "evaluate", loss=0.4, accuracy=0.9, samples=30),
+            },
+        ),
+        "b": Report(
+            "b", T0, round=1, rounds={(1, "evaluate"): RoundRow(1, accuracy=0.5, samples=100)}
+        ),
+    }
+    obs = _obs(works=_applied("a", "b"), server_job=JobState(exists=True), reports=reports)
+    st = fold(spec(), 1, obs, None, T0)
+    rows = {(h.round, h.cluster): h for h in st.history}
+    assert rows[(1, "a")].loss == 0.4 and rows[(1, "a")].accuracy == 0.9
+    assert rows[(1, "a")].samples == 300  # training samples come from the fit step
+    assert rows[(1, "global")].accuracy == 0.8
+    # a restarted aggregator (no reports) keeps what the status already recorded
+    again = fold(spec(), 1, _obs(works=_applied("a", "b")), st, T0)
+    assert again.history == st.history
