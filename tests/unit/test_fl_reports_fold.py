@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
 from fl_fixtures import REF, spec
 
 from hub_controller.aggregator.store import ReportStore
@@ -66,3 +67,33 @@ def test_aggregator_reports_fill_cluster_rows_and_accuracy() -> None:
     history = {(h.round, h.cluster): h for h in status.history}
     assert history[(2, "a")].accuracy == 0.9
     assert history[(2, "global")].accuracy == 0.8
+
+
+def test_folded_status_renders_in_the_cli_dashboard() -> None:
+    dashboard = pytest.importorskip("hub_controller.dashboard")
+    from fl_fixtures import spec_dict
+    from rich.console import Console
+
+    from hub_controller.status import status_body
+
+    store = ReportStore()
+    store.apply("a", _report("a", 0.9, 300))
+    resolutions = (ClusterResolution("a", "/d/a", "why"), ClusterResolution("b", None, "no"))
+    obs = Observations(
+        resolutions=resolutions,
+        works={"a": WorkState(cluster="a", name="w", applied=True)},
+        server_job=JobState(exists=True, active=1),
+        server_address="127.0.0.1:9443",
+        reports=store.snapshot(REF.namespace, REF.name),
+    )
+    fl = {
+        "metadata": {"name": REF.name, "namespace": REF.namespace},
+        "spec": spec_dict(),
+        "status": status_body(fold(spec(), 1, obs, None, T0)),
+    }
+    console = Console(width=160, record=True)
+    console.print(dashboard.render_dashboard(fl, now=T0))
+    text = console.export_text()
+    assert "/d/a" in text and "Running" in text
+    series = dashboard.history_series(fl)
+    assert series["accuracy"]["a"] == [(2, 0.9)]
