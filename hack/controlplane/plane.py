@@ -446,7 +446,9 @@ def _down_locked(d: Path) -> bool:
                 processes.kill_group(int(f.name), grace=1.0)
             f.unlink(missing_ok=True)
     created = d / "created-mountpoints"
-    if created.exists():
+    # Mount points are shared by every plane on the machine: removing one that another plane's
+    # pod has mounted would detach that mount, so only the last plane running removes them.
+    if created.exists() and not _other_planes(d):
         for line in sorted(set(created.read_text().split()), key=len, reverse=True):
             made = Path(line)
             with contextlib.suppress(OSError):
@@ -463,6 +465,18 @@ def _down_locked(d: Path) -> bool:
         (d / fname).unlink(missing_ok=True)
     release_slot(d)
     return found
+
+
+def _other_planes(d: Path) -> list[Path]:
+    """State dirs under /dev/shm (besides `d`) whose plane has a live process."""
+    out = []
+    for f in Path("/dev/shm").glob(f"*/{processes.STATE_FILE}"):
+        if f.parent.resolve() == d.resolve():
+            continue
+        st = State.load(f.parent)
+        if st is not None and any(processes.alive(p.pid) for p in st.procs):
+            out.append(f.parent)
+    return out
 
 
 def status_report(state_dir: Path | None = None) -> tuple[bool, str]:
