@@ -246,7 +246,13 @@ def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifa
             continue
         try:
             data = json.loads(text)
+            metrics = data.get("metrics") or {}
+            data["metrics"] = {
+                str(k): float(v)
+                for k, v in (metrics.items() if isinstance(metrics, dict) else [])
+                if isinstance(v, int | float) and not isinstance(v, bool)
+            }
             return ModelArtifact.model_validate(data)
-        except ValueError:
+        except (ValueError, AttributeError):
             return None
     return None

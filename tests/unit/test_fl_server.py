@@ -85,7 +85,9 @@ def test_job_state_reads_terminal_conditions() -> None:
 
 
 def test_model_artifact_comes_from_the_termination_message() -> None:
-    msg = json.dumps({"path": "/m/final.pt", "round": 3, "sha256": "ab", "metrics": {"acc": 0.9}})
+    msg = json.dumps(
+        {"path": "/m/final.pt", "round": 3, "sha256": "ab", "metrics": {"acc": 0.9, "note": "x"}}
+    )
     pod = {
         "status": {
             "containerStatuses": [
