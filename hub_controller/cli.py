@@ -19,12 +19,13 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from hub_controller import dashboard
 from ocmfl import constants
@@ -34,6 +35,7 @@ EXIT_UNREACHABLE = 2
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_CHUNK_SECONDS = 300  # one watch request at most this long, then resumed
 CONNECT_TIMEOUT_SECONDS = 10
+PIPE_WIDTH = 200  # output width when stdout is not a terminal (rich would use 80)
 
 app = typer.Typer(
     name="ocm-fl",
@@ -225,8 +227,16 @@ KubeconfigOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
 
+def _print(renderable: Any) -> None:
+    """Print to stdout; wide when piped, so table rows do not fold for grep/less."""
+    out = console
+    if not console.is_terminal:
+        out = Console(file=console.file, width=max(console.width, PIPE_WIDTH), highlight=False)
+    out.print(renderable, soft_wrap=isinstance(renderable, Text))
+
+
 def _fail(message: str, code: int) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False)
+    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -266,7 +276,7 @@ def status(
         }
         typer.echo(json.dumps(out, indent=2))
         return
-    console.print(dashboard.render_dashboard(fl))
+    _print(dashboard.render_dashboard(fl))
 
 
 @app.command()
@@ -284,20 +294,25 @@ def watch(
     from rich.live import Live
 
     source, ns = _open(kubeconfig, context, namespace)
-    view: dashboard.LiveView | None = None
+    view = dashboard.LiveView({"metadata": {"name": name, "namespace": ns}})
+
+    def follow(refresh: Callable[[], None]) -> None:
+        for fl in source.watch(name, ns, timeout):
+            view.fl = fl
+            refresh()
+            if dashboard.phase(fl) in dashboard.TERMINAL_PHASES:
+                return
+
     try:
-        with Live(console=console, refresh_per_second=1) as live:
-            for fl in source.watch(name, ns, timeout):
-                if view is None:
-                    view = dashboard.LiveView(fl)
-                    live.update(view)
-                view.fl = fl
-                live.refresh()
-                if dashboard.phase(fl) in dashboard.TERMINAL_PHASES:
-                    break
+        if console.is_terminal:
+            with Live(view, console=console, refresh_per_second=1) as live:
+                follow(live.refresh)
+        else:  # piped: no cursor tricks, print the final state once
+            follow(lambda: None)
+            _print(view)
     except CliError as e:
         raise _fail(str(e), EXIT_UNREACHABLE) from e
-    last = dashboard.summary(view.fl if view else {"metadata": {"name": name, "namespace": ns}})
+    last = dashboard.summary(view.fl)
     if last["phase"] == "Completed":
         return
     if last["phase"] == "Failed":
@@ -348,7 +363,7 @@ def model(
     if as_json:
         typer.echo(json.dumps(info, indent=2))
         return
-    console.print(table)
+    _print(table)
 
 
 if __name__ == "__main__":

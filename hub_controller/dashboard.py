@@ -245,19 +245,24 @@ class LiveView:
         return render_live(self.fl, datetime.now(UTC))
 
 
-def render_model(fl: FL) -> Table | None:
-    """The model artifact as a two-column table, or None when status.model is not set."""
+def render_model(fl: FL) -> Text | None:
+    """The model artifact as `key  value` lines (never folded: paths and digests stay
+    copyable), or None when status.model is not set."""
     info = model_info(fl)
     if info is None:
         return None
-    table = Table(show_header=False, title=f"model of {full_name(fl)}", title_justify="left")
-    table.add_column("key", style="bold")
-    table.add_column("value", overflow="fold")
-    for key in ("path", "round", "sha256"):
-        table.add_row(key, _fmt(info.get(key)))
-    for key, value in sorted((info.get("metrics") or {}).items()):
-        table.add_row(f"metrics.{key}", _fmt(value, ".4f"))
-    return table
+    lines = [("path", _fmt(info.get("path"))), ("round", _fmt(info.get("round")))]
+    lines.append(("sha256", _fmt(info.get("sha256"))))
+    lines += [
+        (f"metrics.{k}", _fmt(v, ".4f")) for k, v in sorted((info.get("metrics") or {}).items())
+    ]
+    width = max(len(k) for k, _ in lines)
+    text = Text(f"model of {full_name(fl)}\n", style="bold", no_wrap=True, overflow="ignore")
+    for key, value in lines:
+        text.append(f"  {key.ljust(width)}  ", style="bold")
+        text.append(f"{value}\n", style="")
+    text.rstrip()
+    return text
 
 
 # --- per-round history ---------------------------------------------------------------------

@@ -135,8 +135,6 @@ def source(monkeypatch: pytest.MonkeyPatch) -> FakeSource:
         return fake
 
     monkeypatch.setattr(cli, "connect", connect)
-    monkeypatch.setattr(cli, "console", Console(width=200))
-    monkeypatch.setattr(cli, "err_console", Console(width=200, stderr=True))
     return fake
 
 
@@ -263,6 +261,16 @@ def test_namespace_defaults_to_the_contexts(source: FakeSource) -> None:
     res = runner.invoke(cli.app, ["status", "digits", "--kubeconfig", "/k.yaml"])
     assert res.exit_code == 0, res.output
     assert source.calls == [("connect", "/k.yaml", None), ("get", "digits", "team-a")]
+
+
+def test_piped_output_is_wide_enough_that_rows_do_not_fold(source: FakeSource) -> None:
+    fl = resource()
+    fl["status"]["clusters"][0]["reason"] = "a reason long enough to matter " * 2
+    source.items.append(fl)
+    res = runner.invoke(cli.app, ["status", "digits"])
+    assert res.exit_code == 0, res.output
+    assert len([line for line in res.output.splitlines() if "cluster2" in line]) == 1
+    assert "a reason long enough to matter a reason long enough to matter" in res.output
 
 
 def test_status_json_is_machine_readable(source: FakeSource) -> None:
