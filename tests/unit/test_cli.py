@@ -6,6 +6,7 @@ bad-kubeconfig tests use the real client (against a closed 127.0.0.1 port / miss
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 from collections.abc import Iterator
@@ -295,6 +296,17 @@ def test_watch_stops_at_completed_with_exit_zero(source: FakeSource) -> None:
     assert "Completed" in res.output and "cluster1" in res.output
     assert "2/3" in res.output  # the round progress bar
     assert source.calls[-1] == ("watch", "digits", "fl", 30.0)
+
+
+def test_watch_on_a_terminal_draws_live(
+    source: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    screen = io.StringIO()
+    monkeypatch.setattr(cli, "console", Console(file=screen, force_terminal=True, width=200))
+    source.items += [resource("Running"), resource("Completed")]
+    res = runner.invoke(cli.app, ["watch", "digits"])
+    assert res.exit_code == 0, res.output
+    assert "Completed" in screen.getvalue() and "cluster2" in screen.getvalue()
 
 
 def test_watch_exits_one_when_training_failed(source: FakeSource) -> None:
