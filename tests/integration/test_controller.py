@@ -8,6 +8,7 @@ starts: these tests are about placement, cluster resolution, works and cleanup.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -373,3 +374,35 @@ def test_server_starts_once_enough_clusters_are_ready(
         for c in ((hub.get(fl_path(namespace, FL_NAME)) or {}).get("status") or {})["conditions"]
     }
     assert conds["ClientsReady"]["status"] == "True"
+
+
+def test_cluster_that_gains_the_claim_later_gets_a_work_with_its_overrides(
+    hub: Kube, spokes: dict[str, Kube], bound: str, claim: str, operator: KopfRunner
+) -> None:
+    namespace = bound
+    first = sorted(spokes)[0]
+    body = fl_body(namespace, claim)
+    body["spec"]["client"]["runConfig"] = {"local-epochs": 1, "batch-size": 32}
+    body["spec"]["client"]["overrides"] = [
+        {"clusterName": first, "runConfig": {"local-epochs": 3}},
+        {"clusterName": "elsewhere", "runConfig": {"local-epochs": 99}},
+    ]
+    hub.create(fl_path(namespace), body)
+
+    def phase() -> str | None:
+        got = hub.get(fl_path(namespace, FL_NAME)) or {}
+        return (got.get("status") or {}).get("phase")
+
+    wait_for(lambda: phase() in ("Pending", "Waiting"), 30, "status written")
+    assert not works_of(hub, namespace)
+
+    set_claim(spokes[first], claim, "/srv/data/late")
+    work = wait_for(lambda: works_of(hub, namespace).get(first), 60, "work for the joiner")
+    assert host_path(work) == "/srv/data/late"
+    client_ns = work_name(FLRef(namespace, FL_NAME, "x"))
+    cm = wait_for(
+        lambda: spokes[first].get(f"/api/v1/namespaces/{client_ns}/configmaps/fl-client-config"),
+        60,
+        "run config on the cluster",
+    )
+    assert json.loads(cm["data"]["run-config.json"]) == {"batch-size": 32, "local-epochs": 3}
