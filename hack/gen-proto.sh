@@ -10,7 +10,8 @@ mkdir -p "$OUT"
 cd "$ROOT/proto"
 mapfile -t PROTOS < <(find ocmfl -name '*.proto' | sort)
 # protoc-gen-mypy / protoc-gen-mypy_grpc live next to the interpreter.
-export PATH="$(dirname "$PY"):$PATH"
+PATH="$(dirname "$PY"):$PATH"
+export PATH
 "$PY" -m grpc_tools.protoc -I . \
   --python_out="$OUT" --grpc_python_out="$OUT" \
   --mypy_out="$OUT" --mypy_grpc_out="$OUT" \

@@ -3,7 +3,7 @@
 # pytest's exit code 5 ("no tests collected") is a failure here, as it should be.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-cd "$root"
+cd "$root" || exit 1
 .venv/bin/pytest -p no:cacheprovider --timeout=900 "$@" tests
 rc=$?
 if [ "$rc" -eq 5 ]; then
