@@ -27,6 +27,7 @@ from hack.controlplane.kube import Informer, Kube, KubeError, Obj
 log = logging.getLogger(__name__)
 
 NODE_LABEL = "ocmfl.local/test-infrastructure"
+SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
 
 
@@ -113,6 +114,7 @@ class LocalNode:
         self.root = state_dir / "pods" / cluster
         self.pid_dir = state_dir / "pod-pids"
         self.created_file = state_dir / "created-mountpoints"
+        self.ca_file = state_dir / "pki" / "ca.crt"
         self.wake = threading.Event()
         self.pods = Informer(kube, "/api/v1/pods", self.wake, stop, f"pods-{cluster}")
         self.services = Informer(kube, "/api/v1/services", self.wake, stop, f"svc-{cluster}")
@@ -319,6 +321,7 @@ class LocalNode:
                     names[sname] = addr
         (run.dir / "hosts").write_text(podplan.hosts_file_text(run.name, run.ip, names))
         volumes = podplan.materialise_volumes(pod, run.dir, self._lookup, run.ip, self._token)
+        sa_dir = self._service_account_dir(pod, run)
         by_name = {c["name"]: c for c in (spec.get("initContainers") or []) + spec["containers"]}
         for ctr in run.all():
             c = by_name[ctr.name]
@@ -328,6 +331,8 @@ class LocalNode:
                                             run.ip)
                 argv = podplan.argv_for(c, rt, env)
                 mounts = podplan.container_mounts(c, volumes)
+                if sa_dir and not any(m.target == SA_MOUNT for m in mounts):
+                    mounts.append(podplan.Mount(str(sa_dir), SA_MOUNT, read_only=True))
             except podplan.NotRunnable as e:
                 ctr.waiting, ctr.fatal = (e.reason, e.message), True
                 continue
@@ -337,6 +342,32 @@ class LocalNode:
             for m in mounts:
                 self._ensure_mountpoint(Path(m.source), Path(m.target))
         run.prepared = True
+
+    def _service_account_dir(self, pod: Obj, run: PodRun) -> Path | None:
+        """In-cluster credentials, as ServiceAccount admission + kubelet would mount them.
+
+        Skipped when automountServiceAccountToken is false (pod or ServiceAccount); waits
+        (NotYet) until the ServiceAccount exists, since the token comes from TokenRequest.
+        """
+        spec = pod["spec"]
+        sa = spec.get("serviceAccountName") or "default"
+        if spec.get("automountServiceAccountToken") is False:
+            return None
+        obj = self.kube.get(f"/api/v1/namespaces/{run.ns}/serviceaccounts/{sa}")
+        if obj is None:
+            raise podplan.NotYet("FailedMount", f"serviceaccount {run.ns}/{sa} not found")
+        if obj.get("automountServiceAccountToken") is False and \
+                spec.get("automountServiceAccountToken") is None:
+            return None
+        token = self._token(run.ns, sa, None, 86400)
+        if token is None:
+            raise podplan.NotYet("FailedMount", f"no token for serviceaccount {run.ns}/{sa}")
+        d = run.dir / "serviceaccount"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "token").write_text(token)
+        (d / "namespace").write_text(run.ns)
+        shutil.copyfile(self.ca_file, d / "ca.crt")
+        return d
 
     def _ensure_mountpoint(self, source: Path, target: Path) -> None:
         """Create a missing mount target (recorded so `down` can remove it)."""

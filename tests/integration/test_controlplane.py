@@ -398,3 +398,37 @@ def test_addon_template_agent_runs_on_the_cluster_and_becomes_available(
         hub.delete(f"{mca}/{addon}")
         hub.delete(f"/apis/{group}/v1alpha1/clustermanagementaddons/{addon}")
         hub.delete(f"/apis/{group}/v1alpha1/addontemplates/{addon}")
+
+
+WHOAMI = """
+import json, os, ssl, urllib.request
+sa = "/var/run/secrets/kubernetes.io/serviceaccount"
+host = os.environ["KUBERNETES_SERVICE_HOST"] + ":" + os.environ["KUBERNETES_SERVICE_PORT"]
+req = urllib.request.Request(
+    f"https://{host}/apis/authentication.k8s.io/v1/selfsubjectreviews", method="POST",
+    data=json.dumps({"apiVersion": "authentication.k8s.io/v1",
+                     "kind": "SelfSubjectReview"}).encode(),
+    headers={"Authorization": "Bearer " + open(sa + "/token").read(),
+             "Content-Type": "application/json"})
+ctx = ssl.create_default_context(cafile=sa + "/ca.crt")
+print(json.load(urllib.request.urlopen(req, context=ctx))["status"]["userInfo"]["username"])
+print(open(sa + "/namespace").read())
+"""
+
+
+def test_pods_get_in_cluster_credentials_of_their_service_account(
+    spokes: dict[str, Kube], namespace: str, control_plane: ControlPlane
+) -> None:
+    cluster = sorted(spokes)[0]
+    k = spokes[cluster]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    k.create(pods, _pod("whoami", WORKLOAD_IMAGE, ["python", "-c", WHOAMI]))
+
+    def finished() -> str | None:
+        phase = (k.get(f"{pods}/whoami") or {}).get("status", {}).get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    assert wait_for(finished, 30, "whoami finished") == "Succeeded"
+    log = next(Path(control_plane.state_dir, "pods", cluster).glob(
+        f"{namespace}_whoami_*/logs/c.log")).read_text().split()
+    assert log == [f"system:serviceaccount:{namespace}:default", namespace]
