@@ -206,6 +206,9 @@ def _up(clusters: int, d: Path, echo: bool, timeout: float, ocm: bool, addon_man
     with _locked(d):
         state = _reuse_or_start(clusters, d, echo, timeout, ocm, addon_manager,
                                 auto_stop=user is not None)
+        if user is None and state.auto_stop:  # `up` by hand: keep it running after tests
+            state.auto_stop = False
+            state.save()
         if user is not None:
             (d / "users").mkdir(exist_ok=True)
             (d / "users" / str(user)).touch()
