@@ -160,6 +160,11 @@ EOF
 
 train() {
   log "FederatedLearning $FL_NAMESPACE/$FL_NAME"
+  # The server (uid 65532 in the workload image) writes checkpoints and the final model to
+  # the hostPath in spec.server.storage on the hub node: create it writable for that uid.
+  local models
+  models=$("$PYTHON" -c 'import yaml; print(yaml.safe_load(open("examples/federatedlearning.yaml"))["spec"]["server"]["storage"]["path"])')
+  docker exec "$HUB-control-plane" sh -c "mkdir -p '$models' && chown 65532:65532 '$models'"
   kubectl --context "$hub_ctx" create namespace "$FL_NAMESPACE" --dry-run=client -o yaml |
     kubectl --context "$hub_ctx" apply -f -
   clusteradm clusterset bind global --namespace "$FL_NAMESPACE" --context "$hub_ctx"
