@@ -126,7 +126,10 @@ def operator(control_plane: ControlPlane, hub: Kube, namespace: str) -> Iterator
     from hub_controller import operator as op
 
     op.STATE.kube = None  # a client for this plane
-    args = ["run", "--standalone", "--all-namespaces", "-m", "hub_controller.operator"]
+    # Only this test's namespace and the cluster namespaces (where the works live), so other
+    # tests' resources on a shared plane are left to their own operators.
+    watched = [f"--namespace={n}" for n in (namespace, *control_plane.clusters)]
+    args = ["run", "--standalone", *watched, "-m", "hub_controller.operator"]
     with KopfRunner(args, timeout=60) as runner:
         time.sleep(2)  # indexes pre-populate before handlers run
         yield runner
