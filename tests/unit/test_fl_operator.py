@@ -194,3 +194,27 @@ def test_delete_removes_owned_objects_and_waits_for_works(kube: FakeKube) -> Non
     assert ("Job", REF.namespace, "digits-server") in kube.deleted
     kube.objects["ManifestWork"] = []
     CLEANUP(meta=META, retry=1, logger=LOG)
+
+
+REFOLD: Any = operator.refold
+
+
+def test_refold_timer_writes_status_from_indexes_without_api_calls(kube: FakeKube) -> None:
+    works = [WorkState(cluster=c, name=work_name(REF), applied=True) for c in ("c1", "c2")]
+    patch = kopf.Patch()
+    REFOLD(
+        meta=META,
+        spec=spec_dict(advertiseAddress="127.0.0.1:9443"),
+        status={},
+        patch=patch,
+        **indexes(works=works, job=JobState(exists=True, active=1)),
+    )
+    assert patch["status"]["phase"] == "Running"
+    assert patch["status"]["clients"] == "2/3"
+    assert not (kube.applied or kube.created or kube.deleted or kube.patched)
+
+
+def test_refold_leaves_an_invalid_resource_alone(kube: FakeKube) -> None:
+    patch = kopf.Patch()
+    REFOLD(meta=META, spec={"client": {}}, status={}, patch=patch, **indexes())
+    assert not patch
