@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 NODE_LABEL = "ocmfl.local/test-infrastructure"
 SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+# Mount points created on the host, shared by all planes; the last plane going down removes them.
+CREATED_MOUNTPOINTS = Path("/dev/shm/ocm-fl-cp-mountpoints")
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
 
 
@@ -113,7 +115,7 @@ class LocalNode:
         self.stop = stop
         self.root = state_dir / "pods" / cluster
         self.pid_dir = state_dir / "pod-pids"
-        self.created_file = state_dir / "created-mountpoints"
+        self.created_file = CREATED_MOUNTPOINTS
         self.ca_file = state_dir / "pki" / "ca.crt"
         self.wake = threading.Event()
         self.pods = Informer(kube, "/api/v1/pods", self.wake, stop, f"pods-{cluster}")

@@ -26,6 +26,7 @@ import yaml
 
 from hack.controlplane import bootstrap, build, certs, podplan, processes
 from hack.controlplane.kube import Kube
+from hack.controlplane.localnode import CREATED_MOUNTPOINTS
 from hack.controlplane.processes import ComponentFailed, Proc, State
 from hack.controlplane.supervisor import READY_FILE
 from ocmfl.constants import HUB_NAMESPACE
@@ -448,11 +449,11 @@ def _down_locked(d: Path) -> bool:
             if f.name.isdigit():
                 processes.kill_group(int(f.name), grace=1.0)
             f.unlink(missing_ok=True)
-    created = d / "created-mountpoints"
+    created = CREATED_MOUNTPOINTS
     # Mount points are shared by every plane on the machine: removing one that another plane's
     # pod has mounted would detach that mount, so only the last plane running removes them.
     if created.exists() and not _other_planes(d):
-        for line in sorted(set(created.read_text().split()), key=len, reverse=True):
+        for line in sorted(set(created.read_text().splitlines()), key=len, reverse=True):
             made = Path(line)
             with contextlib.suppress(OSError):
                 if made.is_dir() and not made.is_symlink():
