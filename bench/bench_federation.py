@@ -117,7 +117,8 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, frac_eval: float) -> d
              "--ssl-keyfile", str(p["tls"] / "tls.key"),
              "--supernode-keys", str(p["pubs"]), "--rounds", str(rounds),
              "--storage-dir", str(root / "ours-model"), "--test-dir", str(p["data"] / "test"),
-             "--status-interval", "5", "--fraction-evaluate", str(frac_eval), "--result-file", str(root / "ours.json")],
+             "--status-interval", "5", "--fraction-evaluate", str(frac_eval),
+             "--result-file", str(root / "ours.json")],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
     finally:
