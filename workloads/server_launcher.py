@@ -105,6 +105,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument("--run-id", default="", help="label for logs (e.g. NAMESPACE/NAME)")
     g.add_argument(
+        "--fleet-port",
+        type=int,
+        default=None,
+        help="port the mTLS proxy exposes to clusters (informational: the proxy, not this "
+        "launcher, listens there)",
+    )
+    g.add_argument(
         "--termination-log",
         type=Path,
         default=Path("/dev/termination-log"),
@@ -435,6 +442,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     launcher: Launcher | None = None
     try:
         launcher = Launcher(args, settings)
+        if args.run_id:
+            launcher.log(f"training {args.run_id}")
+        if args.fleet_port is not None:
+            launcher.log(
+                f"clusters reach the Fleet API through the proxy on port {args.fleet_port}"
+            )
         launcher.start_superlink()
         nodes = launcher.register_nodes()
         launcher.wait_for_clients(nodes)
