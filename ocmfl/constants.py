@@ -84,6 +84,10 @@ ENV_HUB_CA_FILE: Final = "OCMFL_HUB_CA_FILE"  # agent: PEM file of the hub CA
 ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the CA tls.crt/tls.key
 ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
 ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all
+# hub: where the aggregator's gRPC and /metrics listen (host:port); defaults 0.0.0.0 with the
+# ports above. The local federation binds them to loopback addresses of its own.
+ENV_AGGREGATOR_LISTEN: Final = "OCMFL_AGGREGATOR_LISTEN"
+ENV_METRICS_LISTEN: Final = "OCMFL_METRICS_LISTEN"
 ENV_RUN_CSR_SIGNER: Final = "OCMFL_RUN_CSR_SIGNER"  # hub: "true" = also run our own CSR signer
 AGENT_STATE_DIR: Final = "/var/lib/ocm-fl"  # agent: unsent reports survive restarts here
 ENV_AGENT_STATE_DIR: Final = "OCMFL_AGENT_STATE_DIR"

@@ -4,13 +4,14 @@ Flower's SuperLink never asks for a client certificate and serves its unauthenti
 and Runtime APIs on the same port as the Fleet API. So the SuperLink listens on the server
 pod's loopback only, and two nginx instances carry the traffic between clusters and hub:
 
-* hub side (`fleet_gateway_conf`, a sidecar of the server pod): terminates TLS, requires a
-  client certificate from the project's CA whose subject names a cluster, forwards only
-  ``/v1/fleet/`` to the SuperLink (over TLS, verifying it), and answers 403 to anything else;
-* cluster side (`fleet_tunnel_conf`, a sidecar of each client pod): the SuperNode cannot
-  present a client certificate (it has no option for one), so it speaks to this sidecar on the
-  pod's loopback, and the sidecar opens the mutually authenticated connection to the gateway
-  with the cluster's certificate.
+* hub side (`fleet_gateway_conf`, next to the SuperLink in the server pod): terminates
+  TLS, requires a client certificate from the project's CA whose subject names a cluster,
+  forwards only ``/v1/fleet/`` to the SuperLink (over TLS, verifying it), and answers 403
+  to anything else;
+* cluster side (`fleet_tunnel_conf`, next to each SuperNode): the SuperNode cannot present a
+  client certificate (it has no option for one), so it speaks TLS to this tunnel on the pod's
+  loopback (a throwaway certificate made at start), and the tunnel opens the mutually
+  authenticated connection to the gateway with the cluster's certificate.
 
 Both are pure functions returning the text of an nginx.conf; they run unprivileged (every
 writable path is under `run_dir`) and log to stdout/stderr.
@@ -118,18 +119,27 @@ def fleet_tunnel_conf(
     gateway_address: str,
     gateway_server_name: str,
     client_tls: TLSFiles,
+    listen_tls: TLSFiles | None = None,
     run_dir: str = "/var/run/ocm-fl-proxy",
 ) -> str:
-    """The cluster-side tunnel: plain HTTP on the pod's loopback, mTLS to the hub gateway.
+    """The cluster-side tunnel: the pod's loopback in, mTLS to the hub gateway out.
 
     `client_tls.ca` verifies the gateway's server certificate; `cert`/`key` are the cluster's
-    identity. `listen` must be a loopback address of the pod.
+    identity. `listen` must be a loopback address of the pod. With `listen_tls` the loopback
+    side is TLS too (Flower refuses SuperNode authentication over plain HTTP).
     """
+    local = (
+        f"""        listen {listen} ssl;
+        ssl_certificate {listen_tls.cert};
+        ssl_certificate_key {listen_tls.key};
+"""
+        if listen_tls
+        else f"        listen {listen};\n"
+    )
     return (
         _preamble(run_dir)
         + f"""    server {{
-        listen {listen};
-
+{local}
         location {FLEET_PATH} {{
             proxy_pass https://{gateway_address};
             proxy_ssl_certificate {client_tls.cert};

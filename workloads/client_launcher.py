@@ -40,6 +40,7 @@ from workloads.fedapp.settings import (
     NODE_CLUSTER,
     NODE_DATA_DIR,
 )
+from workloads.fleet_tls import Proxy, ProxyError, free_loopback_port, start_tunnel
 from workloads.nodekeys import ensure_keypair, public_key_of
 
 PREFIX = "ocm-fl-client"
@@ -100,10 +101,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="FLWR_HOME and node config for the SuperNode",
     )
     p.add_argument(
+        "--client-certfile",
+        type=Path,
+        default=None,
+        help="this cluster's certificate for the hub's mTLS Fleet gateway; with it the "
+        "SuperNode reaches --server through a local nginx tunnel that presents it",
+    )
+    p.add_argument("--client-keyfile", type=Path, default=None)
+    p.add_argument(
+        "--server-name",
+        default=None,
+        help="name on the gateway's certificate (default: the --server host)",
+    )
+    p.add_argument(
         "--port",
         type=int,
         default=SUPERNODE_PORT,
-        help="SuperNode's local ClientAppIo port (loopback)",
+        help="SuperNode's local ClientAppIo port (loopback); 0: any free port",
     )
     p.add_argument(
         "--connect-timeout",
@@ -164,15 +178,29 @@ def read_overrides(path: Path | None) -> dict[str, int | float]:
     return out
 
 
-def supernode_command(args: argparse.Namespace, node_config_file: Path) -> list[str]:
-    """The flower-supernode command line."""
-    cmd = [
-        fe.executable("flower-supernode"),
-        "--superlink", args.server_address,
-        "--root-certificates", str(Path(args.root_certificates).resolve()),
+def supernode_command(
+    args: argparse.Namespace, node_config_file: Path, tunnel: Proxy | None = None
+) -> list[str]:
+    """The flower-supernode command line (through the mTLS `tunnel` if given).
+
+    Through the tunnel the SuperNode speaks TLS to the pod's loopback (trusting the tunnel's
+    throwaway CA), and the tunnel carries it on over mutually authenticated TLS with the
+    cluster's certificate (the SuperNode has no client-certificate option).
+    """
+    port = args.port or free_loopback_port()
+    cmd = [fe.executable("flower-supernode")]
+    if tunnel is not None:
+        assert tunnel.local_ca is not None
+        cmd += ["--superlink", tunnel.listen, "--root-certificates", str(tunnel.local_ca)]
+    else:
+        cmd += [
+            "--superlink", args.server_address,
+            "--root-certificates", str(Path(args.root_certificates).resolve()),
+        ]  # fmt: skip
+    cmd += [
         "--auth-supernode-private-key", str(Path(args.auth_key).resolve()),
         "--node-config", str(node_config_file),
-        "--port", str(args.port),
+        "--port", str(port),
     ]  # fmt: skip
     if args.max_retries is not None:
         cmd += ["--max-retries", str(args.max_retries)]
@@ -227,7 +255,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{partition.path}; connecting to {args.server_address}",
         flush=True,
     )
-    return supervise(supernode_command(args, config_file), env, args.connect_timeout)
+    tunnel: Proxy | None = None
+    if args.client_certfile is not None:
+        if args.client_keyfile is None:
+            return _fail("--client-certfile needs --client-keyfile")
+        try:
+            tunnel = start_tunnel(
+                gateway_address=args.server_address,
+                certfile=Path(args.client_certfile),
+                keyfile=Path(args.client_keyfile),
+                ca_file=Path(args.root_certificates),
+                run_dir=state / "tunnel",
+                server_name=args.server_name,
+            )
+        except ProxyError as exc:
+            return _fail(f"Fleet tunnel: {exc}")
+        print(f"{PREFIX}: mTLS tunnel to {args.server_address} on {tunnel.listen}", flush=True)
+    try:
+        command = supernode_command(args, config_file, tunnel)
+        return supervise(command, env, args.connect_timeout)
+    finally:
+        if tunnel is not None:
+            tunnel.stop()
 
 
 def flower_exit_code(line: str) -> int | None:

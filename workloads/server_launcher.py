@@ -31,6 +31,7 @@ import tomli_w
 from ocmfl.constants import SUPERLINK_PORT
 from workloads import flower_env as fe
 from workloads.fedapp.settings import STRATEGIES, RunSettings
+from workloads.fleet_tls import Proxy, ProxyError, start_gateway
 from workloads.model_store import ModelStore
 from workloads.nodekeys import read_public_keys
 
@@ -116,6 +117,22 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=Path("/dev/termination-log"),
         help="when this file exists, write the final model JSON to it (Kubernetes)",
+    )
+    gw = p.add_argument_group(
+        "Fleet gateway (mTLS in front of the SuperLink; only /v1/fleet/ is forwarded)"
+    )
+    gw.add_argument(
+        "--gateway-listen",
+        default="",
+        help="host:port the gateway serves clusters on; empty: no gateway (tests only)",
+    )
+    gw.add_argument("--gateway-certfile", type=Path, default=None)
+    gw.add_argument("--gateway-keyfile", type=Path, default=None)
+    gw.add_argument(
+        "--client-ca-file",
+        type=Path,
+        default=None,
+        help="CA that cluster certificates must chain to (default: --ssl-ca-certfile)",
     )
     g.add_argument("--app-dir", type=Path, default=DEFAULT_APP_DIR)
     g.add_argument("--result-file", type=Path, default=None, help="write the outcome as JSON here")
@@ -221,6 +238,7 @@ class Launcher:
         self.flwr_home = self.state / "flwr-home"
         self.env = fe.flower_env(self.flwr_home)
         self.superlink: subprocess.Popen[bytes] | None = None
+        self.gateway: Proxy | None = None
         self.run_id: str | None = None
         host, _, port = str(args.superlink_address).rpartition(":")
         if not host or not port.isdigit():
@@ -268,6 +286,27 @@ class Launcher:
         self.wait_health(60.0)
         self.log(f"SuperLink up on {self.host}:{self.port} (log {self.state / 'superlink.log'})")
 
+    def start_gateway(self) -> None:
+        """The mTLS gateway clusters connect to (nginx; Control/Runtime APIs stay local)."""
+        a = self.args
+        if not a.gateway_listen:
+            return
+        if a.gateway_certfile is None or a.gateway_keyfile is None:
+            raise LaunchError("--gateway-listen needs --gateway-certfile and --gateway-keyfile")
+        try:
+            self.gateway = start_gateway(
+                listen=a.gateway_listen,
+                certfile=Path(a.gateway_certfile),
+                keyfile=Path(a.gateway_keyfile),
+                client_ca_file=Path(a.client_ca_file or a.ssl_ca_certfile),
+                superlink_address=self.address,
+                superlink_ca_file=Path(a.ssl_ca_certfile),
+                run_dir=self.state / "gateway",
+            )
+        except ProxyError as exc:
+            raise LaunchError(f"Fleet gateway: {exc}") from exc
+        self.log(f"Fleet gateway (mTLS) on {a.gateway_listen}")
+
     def check_superlink(self) -> None:
         if self.superlink is None or self.superlink.poll() is not None:
             tail = ""
@@ -275,6 +314,11 @@ class Launcher:
             if log.exists():
                 tail = one_line(log.read_text(errors="replace")[-600:], 300)
             raise LaunchError(f"SuperLink exited ({tail})")
+        if self.gateway is not None:
+            try:
+                self.gateway.check()
+            except ProxyError as exc:
+                raise LaunchError(f"Fleet gateway: {exc}") from exc
 
     def wait_health(self, timeout: float) -> None:
         context = ssl.create_default_context(cafile=str(self.args.ssl_ca_certfile))
@@ -294,6 +338,9 @@ class Launcher:
             time.sleep(0.5)
 
     def stop_superlink(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+            self.gateway = None
         fe.stop(self.superlink)
         self.superlink = None
 
@@ -449,6 +496,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"clusters reach the Fleet API through the proxy on port {args.fleet_port}"
             )
         launcher.start_superlink()
+        launcher.start_gateway()
         nodes = launcher.register_nodes()
         launcher.wait_for_clients(nodes)
         launcher.stop_stale_runs()

@@ -74,6 +74,13 @@ class AggregatorSettings:
             ca_dir=Path(os.environ.get(constants.ENV_CA_DIR, constants.HUB_CA_DIR)),
             kubeconfig=os.environ.get("KUBECONFIG") or None,
         )
+        listen = os.environ.get(constants.ENV_AGGREGATOR_LISTEN, "")
+        if listen:
+            s.listen = listen
+        metrics = os.environ.get(constants.ENV_METRICS_LISTEN, "")
+        if metrics:
+            host, _, port = metrics.rpartition(":")
+            s.metrics_host, s.metrics_port = host.strip("[]") or "0.0.0.0", int(port)
         address = os.environ.get(constants.ENV_HUB_AGGREGATOR_ADDRESS, "")
         if address:
             host = _host_of(address)

@@ -20,13 +20,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from hub_controller.fleet_proxy import (
+from ocmfl import pki
+from ocmfl.fleet_proxy import (
     TLSFiles,
     fleet_gateway_conf,
     fleet_tunnel_conf,
     nginx_command,
 )
-from ocmfl import pki
 
 
 def _free_port() -> int:

@@ -1,0 +1,169 @@
+"""Run the Fleet API gateway (server side) and tunnel (client side) as nginx child processes.
+
+The configurations come from `ocmfl.fleet_proxy`; this module only starts nginx, checks that
+it came up, and stops it. The launchers own these processes next to the SuperLink/SuperNode,
+so one container carries each end of the mutually authenticated connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ocmfl import pki
+from ocmfl.fleet_proxy import TLSFiles, fleet_gateway_conf, fleet_tunnel_conf, nginx_command
+
+
+class ProxyError(RuntimeError):
+    """nginx could not be configured or started; the message names the file or address."""
+
+
+@dataclass
+class Proxy:
+    """A running nginx and the address it listens on."""
+
+    process: subprocess.Popen[bytes]
+    listen: str
+    log: Path
+    local_ca: Path | None = None  # tunnel only: the CA of its loopback listener
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            raise ProxyError(f"nginx exited with {self.process.returncode}; log {self.log}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def free_loopback_port() -> int:
+    """A free TCP port on 127.0.0.1 (for the pod-local tunnel listener)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ProxyError(f"expected host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _check_files(**files: Path) -> None:
+    for flag, path in files.items():
+        if not Path(path).is_file():
+            raise ProxyError(f"--{flag.replace('_', '-')} {path} does not exist")
+
+
+def _start(conf: str, run_dir: Path, listen: str, timeout: float = 15.0) -> Proxy:
+    if shutil.which("nginx") is None:
+        raise ProxyError("nginx is not installed (the workload image carries it)")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    conf_path = run_dir / "nginx.conf"
+    conf_path.write_text(conf)
+    test = subprocess.run(
+        [*nginx_command(str(conf_path))[:3], "-t"], capture_output=True, text=True, check=False
+    )
+    if test.returncode != 0:
+        raise ProxyError(f"nginx rejected {conf_path}: {test.stderr.strip()}")
+    log = run_dir / "nginx.log"
+    with log.open("ab") as fh:
+        proc = subprocess.Popen(nginx_command(str(conf_path)), stdout=fh, stderr=subprocess.STDOUT)
+    proxy = Proxy(proc, listen, log)
+    host, port = _split(listen)
+    dial = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    deadline = time.monotonic() + timeout
+    while True:
+        proxy.check()
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.settimeout(0.5)
+            if s.connect_ex((dial, port)) == 0:
+                return proxy
+        if time.monotonic() > deadline:
+            proxy.stop()
+            raise ProxyError(f"nginx did not listen on {listen} within {timeout:.0f}s; log {log}")
+        time.sleep(0.1)
+
+
+def start_gateway(
+    *,
+    listen: str,
+    certfile: Path,
+    keyfile: Path,
+    client_ca_file: Path,
+    superlink_address: str,
+    superlink_ca_file: Path,
+    run_dir: Path,
+) -> Proxy:
+    """The hub-side gateway: mTLS on `listen`, only /v1/fleet/ forwarded to the SuperLink."""
+    _check_files(
+        gateway_certfile=certfile,
+        gateway_keyfile=keyfile,
+        client_ca_file=client_ca_file,
+        ssl_ca_certfile=superlink_ca_file,
+    )
+    host, port = _split(superlink_address)
+    dial = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    conf = fleet_gateway_conf(
+        listen=listen,
+        server_tls=TLSFiles(
+            cert=str(certfile.resolve()),
+            key=str(keyfile.resolve()),
+            ca=str(client_ca_file.resolve()),
+        ),
+        superlink_address=f"{dial}:{port}",
+        superlink_ca=str(superlink_ca_file.resolve()),
+        run_dir=str(run_dir.resolve()),
+    )
+    return _start(conf, run_dir, listen)
+
+
+def start_tunnel(
+    *,
+    gateway_address: str,
+    certfile: Path,
+    keyfile: Path,
+    ca_file: Path,
+    run_dir: Path,
+    server_name: str | None = None,
+) -> Proxy:
+    """The client-side tunnel: TLS on a free 127.0.0.1 port, mTLS to the gateway.
+
+    The loopback side uses a throwaway CA and certificate made here (`Proxy.local_ca` is what
+    the SuperNode trusts): Flower requires TLS for SuperNode authentication, and nothing but
+    loopback reaches this listener.
+    """
+    _check_files(client_certfile=certfile, client_keyfile=keyfile, root_certificates=ca_file)
+    host, _ = _split(gateway_address)
+    listen = f"127.0.0.1:{free_loopback_port()}"
+    local_ca = pki.create_ca("ocm-fl-tunnel-loopback", key_kind="ec")
+    local = pki.issue_server_cert(local_ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    tls_dir = pki.save_tls_dir(run_dir / "loopback-tls", local, local_ca.cert)
+    conf = fleet_tunnel_conf(
+        listen=listen,
+        gateway_address=gateway_address,
+        gateway_server_name=server_name or host,
+        client_tls=TLSFiles(
+            cert=str(certfile.resolve()), key=str(keyfile.resolve()), ca=str(ca_file.resolve())
+        ),
+        listen_tls=TLSFiles(
+            cert=str((tls_dir / pki.CERT_FILE).resolve()),
+            key=str((tls_dir / pki.KEY_FILE).resolve()),
+            ca=str((tls_dir / pki.CA_FILE).resolve()),
+        ),
+        run_dir=str(run_dir.resolve()),
+    )
+    proxy = _start(conf, run_dir, listen)
+    proxy.local_ca = tls_dir / pki.CA_FILE
+    return proxy
