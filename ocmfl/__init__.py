@@ -1,1 +1,1 @@
-"""Shared pieces of the OCM federated-learning addon: constants, PKI helpers, wire protocol stubs."""
+"""Shared pieces of the OCM federated-learning addon: constants, PKI helpers, wire stubs."""

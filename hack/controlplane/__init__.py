@@ -16,5 +16,14 @@ from hack.controlplane.plane import (
 )
 from hack.controlplane.processes import ComponentFailed, State
 
-__all__ = ["ComponentFailed", "ControlPlane", "PlaneError", "State", "down", "kubeconfig_env",
-           "session", "status_report", "up"]
+__all__ = [
+    "ComponentFailed",
+    "ControlPlane",
+    "PlaneError",
+    "State",
+    "down",
+    "kubeconfig_env",
+    "session",
+    "status_report",
+    "up",
+]

@@ -79,20 +79,34 @@ def managed_cluster(name: str) -> Obj:
 
 
 def _cond(ctype: str, reason: str, message: str) -> Obj:
-    return {"type": ctype, "status": "True", "reason": reason, "message": message,
-            "lastTransitionTime": now()}
+    return {
+        "type": ctype,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now(),
+    }
 
 
 def managed_cluster_status(kube_version: str, claims: list[Obj] | None = None) -> Obj:
     """The status the registration agent would report for a healthy joined cluster."""
     status: Obj = {
         "conditions": [
-            _cond("HubAcceptedManagedCluster", "HubClusterAdminAccepted",
-                  "Accepted by hub cluster admin"),
-            _cond("ManagedClusterJoined", "ManagedClusterJoined",
-                  "Managed cluster joined (local control plane)"),
-            _cond("ManagedClusterConditionAvailable", "ManagedClusterAvailable",
-                  "Managed cluster is available (local control plane)"),
+            _cond(
+                "HubAcceptedManagedCluster",
+                "HubClusterAdminAccepted",
+                "Accepted by hub cluster admin",
+            ),
+            _cond(
+                "ManagedClusterJoined",
+                "ManagedClusterJoined",
+                "Managed cluster joined (local control plane)",
+            ),
+            _cond(
+                "ManagedClusterConditionAvailable",
+                "ManagedClusterAvailable",
+                "Managed cluster is available (local control plane)",
+            ),
         ],
         "version": {"kubernetes": kube_version},
         "capacity": {"cpu": "2", "memory": "8Gi"},
@@ -106,24 +120,43 @@ def managed_cluster_status(kube_version: str, claims: list[Obj] | None = None) -
 def work_agent_rbac(cluster: str) -> tuple[Obj, Obj]:
     """(ClusterRole, RoleBinding in the cluster namespace) for the work agent's hub identity."""
     role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
         "metadata": {"name": WORK_AGENT_ROLE},
         "rules": [
-            {"apiGroups": [WORK_GROUP], "resources": ["manifestworks"],
-             "verbs": ["get", "list", "watch", "update", "patch"]},
-            {"apiGroups": [WORK_GROUP], "resources": ["manifestworks/status"],
-             "verbs": ["get", "update", "patch"]},
-            {"apiGroups": ["", "events.k8s.io"], "resources": ["events"],
-             "verbs": ["create", "patch", "update"]},
+            {
+                "apiGroups": [WORK_GROUP],
+                "resources": ["manifestworks"],
+                "verbs": ["get", "list", "watch", "update", "patch"],
+            },
+            {
+                "apiGroups": [WORK_GROUP],
+                "resources": ["manifestworks/status"],
+                "verbs": ["get", "update", "patch"],
+            },
+            {
+                "apiGroups": ["", "events.k8s.io"],
+                "resources": ["events"],
+                "verbs": ["create", "patch", "update"],
+            },
         ],
     }
     binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
         "metadata": {"name": "ocmfl-local:work-agent", "namespace": cluster},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": WORK_AGENT_ROLE},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
-                      "name": work_agent_user(cluster)}],
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": WORK_AGENT_ROLE,
+        },
+        "subjects": [
+            {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "User",
+                "name": work_agent_user(cluster),
+            }
+        ],
     }
     return role, binding
 
@@ -133,16 +166,24 @@ def bootstrap_hub(kube: Kube, crds: Iterable[Path], clusters: list[str], kube_ve
     apply_crds(kube, crds)
     for ns in (HUB_NAMESPACE, *clusters):
         ensure_namespace(kube, ns)
-    kube.create(SET_PATH, {
-        "apiVersion": f"{CLUSTER_GROUP}/v1beta2", "kind": "ManagedClusterSet",
-        "metadata": {"name": "global"},
-        "spec": {"clusterSelector": {"selectorType": "LabelSelector", "labelSelector": {}}},
-    })
-    kube.create(SET_PATH, {
-        "apiVersion": f"{CLUSTER_GROUP}/v1beta2", "kind": "ManagedClusterSet",
-        "metadata": {"name": "default"},
-        "spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel"}},
-    })
+    kube.create(
+        SET_PATH,
+        {
+            "apiVersion": f"{CLUSTER_GROUP}/v1beta2",
+            "kind": "ManagedClusterSet",
+            "metadata": {"name": "global"},
+            "spec": {"clusterSelector": {"selectorType": "LabelSelector", "labelSelector": {}}},
+        },
+    )
+    kube.create(
+        SET_PATH,
+        {
+            "apiVersion": f"{CLUSTER_GROUP}/v1beta2",
+            "kind": "ManagedClusterSet",
+            "metadata": {"name": "default"},
+            "spec": {"clusterSelector": {"selectorType": "ExclusiveClusterSetLabel"}},
+        },
+    )
     for c in clusters:
         kube.create(MC_PATH, managed_cluster(c))
         set_cluster_status(kube, c, managed_cluster_status(kube_version))

@@ -25,8 +25,16 @@ GOMOD_DIR = Path(__file__).resolve().parent / "gomod"
 GO_ENV = {"GONOSUMDB": "open-cluster-management.io,sigs.k8s.io/about-api", "GOFLAGS": "-mod=mod"}
 
 # Substrings in `go` output that mean the module proxy refused or lacks a module version.
-_REFUSED_MARKERS = ("403 Forbidden", "404 Not Found", "410 Gone", "unknown revision",
-                    "invalid version", "reading https://", "dial tcp", "no such host")
+_REFUSED_MARKERS = (
+    "403 Forbidden",
+    "404 Not Found",
+    "410 Gone",
+    "unknown revision",
+    "invalid version",
+    "reading https://",
+    "dial tcp",
+    "no such host",
+)
 
 
 class BuildError(RuntimeError):
@@ -72,21 +80,28 @@ class Component:
 def _k8s_ldflags(version: str) -> str:
     major, minor = version.lstrip("v").split(".")[:2]
     pkg = "k8s.io/component-base/version"
-    return (f"-s -w -X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major}"
-            f" -X {pkg}.gitMinor={minor}")
+    return (
+        f"-s -w -X {pkg}.gitVersion={version} -X {pkg}.gitMajor={major} -X {pkg}.gitMinor={minor}"
+    )
 
 
 COMPONENTS: tuple[Component, ...] = (
     Component("etcd", ETCD_VERSION, "etcd", ("go.etcd.io/etcd/server/v3",), "-s -w"),
     Component(
-        "kubernetes", KUBERNETES_VERSION, "kubernetes",
+        "kubernetes",
+        KUBERNETES_VERSION,
+        "kubernetes",
         ("k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-controller-manager"),
         _k8s_ldflags(KUBERNETES_VERSION),
     ),
     Component(
-        "ocm", OCM_VERSION, "ocm",
-        tuple(f"open-cluster-management.io/ocm/cmd/{c}"
-              for c in ("placement", "work", "addon", "registration")),
+        "ocm",
+        OCM_VERSION,
+        "ocm",
+        tuple(
+            f"open-cluster-management.io/ocm/cmd/{c}"
+            for c in ("placement", "work", "addon", "registration")
+        ),
         "-s -w",
     ),
 )
@@ -132,8 +147,9 @@ def build_component(comp: Component, *, force: bool = False) -> float:
     with log.open("w") as fh:
         fh.write("$ " + " ".join(cmd) + "\n")
         fh.flush()
-        rc = subprocess.call(cmd, cwd=GOMOD_DIR / comp.module_dir, env=_go_env(),
-                             stdout=fh, stderr=subprocess.STDOUT)
+        rc = subprocess.call(
+            cmd, cwd=GOMOD_DIR / comp.module_dir, env=_go_env(), stdout=fh, stderr=subprocess.STDOUT
+        )
     if rc != 0:
         text = log.read_text(errors="replace")
         tail = "\n".join(text.splitlines()[-15:])
@@ -146,8 +162,10 @@ def build_component(comp: Component, *, force: bool = False) -> float:
             f"{comp.name} {comp.version}: go build failed (rc={rc}, log {log}):\n{tail}"
         )
     if not comp.built():
-        raise BuildError(f"{comp.name} {comp.version}: go build succeeded but binaries missing "
-                         f"in {comp.out_dir} (log {log})")
+        raise BuildError(
+            f"{comp.name} {comp.version}: go build succeeded but binaries missing "
+            f"in {comp.out_dir} (log {log})"
+        )
     return time.monotonic() - start
 
 
@@ -199,7 +217,11 @@ def api_module_dir() -> Path:
     """Download (or find in the module cache) the OCM api module; return its directory."""
     proc = subprocess.run(
         [_go(), "mod", "download", "-json", f"{OCM_API_MODULE}@{OCM_API_VERSION}"],
-        cwd=GOMOD_DIR / "ocm", env=_go_env(), capture_output=True, text=True, check=False,
+        cwd=GOMOD_DIR / "ocm",
+        env=_go_env(),
+        capture_output=True,
+        text=True,
+        check=False,
     )
     try:
         info = json.loads(proc.stdout)

@@ -28,8 +28,9 @@ SPOKE_ONLY_LABEL = "open-cluster-management.io/spoke-only"
 MAX_CUSTOM_CLAIMS = 20
 
 
-def claims_for_status(claims: Mapping[str, Obj], max_custom: int = MAX_CUSTOM_CLAIMS
-                      ) -> list[dict[str, str]]:
+def claims_for_status(
+    claims: Mapping[str, Obj], max_custom: int = MAX_CUSTOM_CLAIMS
+) -> list[dict[str, str]]:
     """What the registration agent reports: reserved claims, then custom ones sorted by name
     and cut at `max_custom`; claims labelled spoke-only are never copied."""
     visible = {
@@ -45,8 +46,9 @@ def claims_for_status(claims: Mapping[str, Obj], max_custom: int = MAX_CUSTOM_CL
 class ClaimsMirror:
     """One thread: watch a cluster's ClusterClaims, patch the hub ManagedCluster on change."""
 
-    def __init__(self, cluster: str, cluster_kube: Kube, hub_kube: Kube,
-                 stop: threading.Event) -> None:
+    def __init__(
+        self, cluster: str, cluster_kube: Kube, hub_kube: Kube, stop: threading.Event
+    ) -> None:
         self.cluster = cluster
         self.src = cluster_kube
         self.hub = hub_kube

@@ -11,16 +11,22 @@ from hack.controlplane import build, plane, processes, supervisor
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hack.controlplane",
-                                 description="Local OCM control plane (test infrastructure)")
+    ap = argparse.ArgumentParser(
+        prog="python -m hack.controlplane",
+        description="Local OCM control plane (test infrastructure)",
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("build", help="build etcd, kube-apiserver, controller-manager, OCM (cached)")
     p_up = sub.add_parser("up", help="start the plane (reuses a healthy one)")
     p_up.add_argument("--clusters", type=int, default=2)
-    p_up.add_argument("--no-ocm", action="store_true",
-                      help="Kubernetes and local nodes only (no placement, no work agents)")
-    p_up.add_argument("--addon-manager", action="store_true",
-                      help="also run OCM's addon manager on the hub")
+    p_up.add_argument(
+        "--no-ocm",
+        action="store_true",
+        help="Kubernetes and local nodes only (no placement, no work agents)",
+    )
+    p_up.add_argument(
+        "--addon-manager", action="store_true", help="also run OCM's addon manager on the hub"
+    )
     sub.add_parser("down", help="stop everything and remove the state")
     p_st = sub.add_parser("status", help="what runs, ports, memory")
     p_st.add_argument("--json", action="store_true")
@@ -37,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"OCM CRDs: {len(crds)} files from {crds[0].parents[2]}")
             return 0
         if args.cmd == "up":
-            st = plane.up(args.clusters, echo=True, ocm=not args.no_ocm,
-                          addon_manager=args.addon_manager)
+            st = plane.up(
+                args.clusters, echo=True, ocm=not args.no_ocm, addon_manager=args.addon_manager
+            )
             print(plane.status_report()[1])
             for k, v in plane.kubeconfig_env(st).items():
                 print(f"export {k}={v}")

@@ -38,8 +38,9 @@ class Forwarder:
         self.routes: dict[Addr, Addr] = {}
         self.servers: dict[Addr, asyncio.Server] = {}
         self.failed: set[Addr] = set()
-        self.thread = threading.Thread(target=self.loop.run_forever, name=f"fwd-{name}",
-                                       daemon=True)
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name=f"fwd-{name}", daemon=True
+        )
         self.thread.start()
 
     def sync(self, routes: dict[Addr, Addr]) -> None:
@@ -57,15 +58,17 @@ class Forwarder:
                 continue
             try:
                 self.servers[addr] = await asyncio.start_server(
-                    functools.partial(self._handle, addr), addr[0], addr[1], reuse_address=True)
+                    functools.partial(self._handle, addr), addr[0], addr[1], reuse_address=True
+                )
                 self.failed.discard(addr)
             except OSError as e:
                 if addr not in self.failed:
                     log.warning("cannot listen on %s:%d for a service: %s", *addr, e)
                     self.failed.add(addr)
 
-    async def _handle(self, addr: Addr, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
+    async def _handle(
+        self, addr: Addr, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
         dst = self.routes.get(addr)
         if dst is None:
             writer.close()

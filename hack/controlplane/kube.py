@@ -59,14 +59,23 @@ class Kube:
             h["Authorization"] = token
         return h
 
-    def request(self, method: str, path: str, body: Obj | list[Any] | None = None,
-                query: Mapping[str, Any] | None = None, content_type: str = "application/json",
-                timeout: float = 30.0) -> Obj:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Obj | list[Any] | None = None,
+        query: Mapping[str, Any] | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30.0,
+    ) -> Obj:
         """One request; returns the decoded JSON answer; raises KubeError on failure."""
         resp = self.api.rest_client.pool_manager.request(
-            method, self._url(path, query), headers=self._headers(content_type),
+            method,
+            self._url(path, query),
+            headers=self._headers(content_type),
             body=None if body is None else json.dumps(body),
-            timeout=urllib3.Timeout(total=timeout), preload_content=True,
+            timeout=urllib3.Timeout(total=timeout),
+            preload_content=True,
         )
         if not 200 <= resp.status < 300:
             raise KubeError(resp.status, str(resp.reason), resp.data.decode(errors="replace"))
@@ -93,8 +102,9 @@ class Kube:
     def patch(self, path: str, body: Obj | list[Any], content_type: str = MERGE_PATCH) -> Obj:
         return self.request("PATCH", path, body, content_type=content_type)
 
-    def delete(self, path: str, query: Mapping[str, Any] | None = None,
-               body: Obj | None = None) -> Obj | None:
+    def delete(
+        self, path: str, query: Mapping[str, Any] | None = None, body: Obj | None = None
+    ) -> Obj | None:
         """DELETE; None on 404."""
         try:
             return self.request("DELETE", path, body, query=query)
@@ -103,14 +113,22 @@ class Kube:
                 return None
             raise
 
-    def watch(self, path: str, resource_version: str, timeout_seconds: int = 300
-              ) -> Iterator[tuple[str, Obj]]:
+    def watch(
+        self, path: str, resource_version: str, timeout_seconds: int = 300
+    ) -> Iterator[tuple[str, Obj]]:
         """Stream (type, object) watch events for a collection from `resource_version`."""
-        query = {"watch": "1", "resourceVersion": resource_version,
-                 "allowWatchBookmarks": "true", "timeoutSeconds": str(timeout_seconds)}
+        query = {
+            "watch": "1",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+        }
         resp = self.api.rest_client.pool_manager.request(
-            "GET", self._url(path, query), headers=self._headers(),
-            timeout=urllib3.Timeout(connect=10, read=timeout_seconds + 30), preload_content=False,
+            "GET",
+            self._url(path, query),
+            headers=self._headers(),
+            timeout=urllib3.Timeout(connect=10, read=timeout_seconds + 30),
+            preload_content=False,
         )
         if resp.status != 200:
             data = resp.read().decode(errors="replace")
@@ -135,8 +153,9 @@ class Informer:
     Runs in its own daemon thread; sets `wake` on every change; relists on errors and 410s.
     """
 
-    def __init__(self, kube: Kube, path: str, wake: threading.Event, stop: threading.Event,
-                 name: str) -> None:
+    def __init__(
+        self, kube: Kube, path: str, wake: threading.Event, stop: threading.Event, name: str
+    ) -> None:
         self.kube = kube
         self.path = path
         self.wake = wake

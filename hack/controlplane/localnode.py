@@ -44,8 +44,15 @@ def node_name(cluster: str) -> str:
 class LocalNode:
     """Kubelet stand-in for one apiserver (see module docstring)."""
 
-    def __init__(self, cluster: str, index: int, kube: Kube, apiserver_port: int,
-                 state_dir: Path, stop: threading.Event) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        index: int,
+        kube: Kube,
+        apiserver_port: int,
+        state_dir: Path,
+        stop: threading.Event,
+    ) -> None:
         self.cluster = cluster
         self.index = index
         self.kube = kube
@@ -77,19 +84,39 @@ class LocalNode:
         self.thread.start()
 
     def register_node(self) -> None:
-        labels = {"kubernetes.io/hostname": self.name, "kubernetes.io/os": "linux",
-                  "kubernetes.io/arch": "amd64", NODE_LABEL: "true"}
-        self.kube.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node",
-                                           "metadata": {"name": self.name, "labels": labels}})
-        self.kube.patch(f"/api/v1/nodes/{self.name}/status", {"status": {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+        labels = {
+            "kubernetes.io/hostname": self.name,
+            "kubernetes.io/os": "linux",
+            "kubernetes.io/arch": "amd64",
+            NODE_LABEL: "true",
+        }
+        self.kube.create(
+            "/api/v1/nodes",
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": labels}},
+        )
+        self.kube.patch(
+            f"/api/v1/nodes/{self.name}/status",
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "KubeletReady",
                             "message": "ocm-fl local node (test infrastructure)",
-                            "lastHeartbeatTime": now(), "lastTransitionTime": now()}],
-            "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
-                          {"type": "Hostname", "address": self.name}],
-            "capacity": {"cpu": "2", "memory": "8Gi", "pods": "250"},
-            "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "250"},
-        }})
+                            "lastHeartbeatTime": now(),
+                            "lastTransitionTime": now(),
+                        }
+                    ],
+                    "addresses": [
+                        {"type": "InternalIP", "address": "127.0.0.1"},
+                        {"type": "Hostname", "address": self.name},
+                    ],
+                    "capacity": {"cpu": "2", "memory": "8Gi", "pods": "250"},
+                    "allocatable": {"cpu": "2", "memory": "8Gi", "pods": "250"},
+                }
+            },
+        )
 
     def _loop(self) -> None:
         self.pods.synced.wait()
@@ -112,8 +139,7 @@ class LocalNode:
         for c in ctrs:
             self._signal(c, signal.SIGTERM)
         deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and any(c.popen and c.popen.poll() is None
-                                                  for c in ctrs):
+        while time.monotonic() < deadline and any(c.popen and c.popen.poll() is None for c in ctrs):
             time.sleep(0.05)
         for c in ctrs:
             self._signal(c, signal.SIGKILL)
@@ -164,12 +190,16 @@ class LocalNode:
 
     def _bind(self, pod: Obj) -> None:
         meta = pod["metadata"]
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
-                "target": {"apiVersion": "v1", "kind": "Node", "name": self.name}}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": meta["name"], "namespace": meta["namespace"]},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": self.name},
+        }
         try:
-            self.kube.request("POST", f"/api/v1/namespaces/{meta['namespace']}/pods/"
-                              f"{meta['name']}/binding", body)
+            self.kube.request(
+                "POST", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/binding", body
+            )
         except KubeError as e:
             if e.status not in (404, 409):
                 log.warning("bind %s/%s: %s", meta["namespace"], meta["name"], e)
@@ -182,12 +212,21 @@ class LocalNode:
         (d / "logs").mkdir(parents=True, exist_ok=True)
 
         def ctrs(key: str) -> list[Ctr]:
-            return [Ctr(c["name"], c.get("image", ""), d / "logs" / f"{c['name']}.log")
-                    for c in spec.get(key) or []]
+            return [
+                Ctr(c["name"], c.get("image", ""), d / "logs" / f"{c['name']}.log")
+                for c in spec.get(key) or []
+            ]
 
-        run = PodRun(meta["uid"], meta["namespace"], meta["name"], ip, d,
-                     ctrs("initContainers"), ctrs("containers"),
-                     spec.get("restartPolicy", "Always"))
+        run = PodRun(
+            meta["uid"],
+            meta["namespace"],
+            meta["name"],
+            ip,
+            d,
+            ctrs("initContainers"),
+            ctrs("containers"),
+            spec.get("restartPolicy", "Always"),
+        )
         self.runs[run.uid] = run
         log.info("pod %s/%s -> %s (%s)", run.ns, run.name, ip, d)
         return run
@@ -205,13 +244,17 @@ class LocalNode:
         return {**(obj.get("data") or {}), **(obj.get("binaryData") or {})}
 
     def _token(self, ns: str, sa: str, audience: str | None, seconds: int) -> str | None:
-        body: Obj = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-                     "spec": {"expirationSeconds": max(seconds, 600)}}
+        body: Obj = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": max(seconds, 600)},
+        }
         if audience:
             body["spec"]["audiences"] = [audience]
         try:
             got = self.kube.request(
-                "POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", body)
+                "POST", f"/api/v1/namespaces/{ns}/serviceaccounts/{sa}/token", body
+            )
         except KubeError:
             return None
         return str(got.get("status", {}).get("token") or "") or None
@@ -222,11 +265,16 @@ class LocalNode:
         cands = []
         for p in pods:
             run = self.runs.get(p["metadata"]["uid"])
-            if (p["metadata"]["namespace"] == ns and run and run.ready
-                    and not p["metadata"].get("deletionTimestamp")
-                    and podplan.selects(sel, p["metadata"].get("labels"))):
-                cands.append((p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"],
-                              run.ip, p))
+            if (
+                p["metadata"]["namespace"] == ns
+                and run
+                and run.ready
+                and not p["metadata"].get("deletionTimestamp")
+                and podplan.selects(sel, p["metadata"].get("labels"))
+            ):
+                cands.append(
+                    (p["metadata"].get("creationTimestamp", ""), p["metadata"]["name"], run.ip, p)
+                )
         if not cands:
             return None
         _, _, ip, pod = sorted(cands)[0]
@@ -242,9 +290,14 @@ class LocalNode:
             got = self._ready_ip(svc, pods)
             return None if got is None else (got[0], podplan.target_ports(svc, got[1]))
 
-        base = {"HOME": "/root", "HOSTNAME": run.name, "POD_IP": run.ip, "LANG": "C.UTF-8",
-                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                "KUBERNETES_SERVICE_PORT": str(self.port)}
+        base = {
+            "HOME": "/root",
+            "HOSTNAME": run.name,
+            "POD_IP": run.ip,
+            "LANG": "C.UTF-8",
+            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+            "KUBERNETES_SERVICE_PORT": str(self.port),
+        }
         if spec.get("enableServiceLinks", True):
             base.update(podplan.service_env(svc_here, resolve))
         names: dict[str, str] = {}
@@ -268,8 +321,7 @@ class LocalNode:
             c = by_name[ctr.name]
             try:
                 rt = podplan.resolve_image(c.get("image", ""), _which)
-                env = podplan.container_env(pod, c, {**base, "PATH": rt.path}, self._lookup,
-                                            run.ip)
+                env = podplan.container_env(pod, c, {**base, "PATH": rt.path}, self._lookup, run.ip)
                 argv = podplan.argv_for(c, rt, env)
                 mounts = podplan.container_mounts(c, volumes)
                 if sa_dir and not any(m.target == SA_MOUNT for m in mounts):
@@ -277,8 +329,9 @@ class LocalNode:
             except podplan.NotRunnable as e:
                 ctr.waiting, ctr.fatal = (e.reason, e.message), True
                 continue
-            ctr.plan = podplan.ContainerPlan(ctr.name, ctr.image, argv, env, mounts,
-                                             c.get("workingDir") or "/")
+            ctr.plan = podplan.ContainerPlan(
+                ctr.name, ctr.image, argv, env, mounts, c.get("workingDir") or "/"
+            )
             ctr.waiting = ("ContainerCreating", "")
             for m in mounts:
                 self._ensure_mountpoint(Path(m.source), Path(m.target))
@@ -297,8 +350,10 @@ class LocalNode:
         obj = self.kube.get(f"/api/v1/namespaces/{run.ns}/serviceaccounts/{sa}")
         if obj is None:
             raise podplan.NotYet("FailedMount", f"serviceaccount {run.ns}/{sa} not found")
-        if obj.get("automountServiceAccountToken") is False and \
-                spec.get("automountServiceAccountToken") is None:
+        if (
+            obj.get("automountServiceAccountToken") is False
+            and spec.get("automountServiceAccountToken") is None
+        ):
             return None
         token = self._token(run.ns, sa, None, 86400)
         if token is None:
@@ -371,22 +426,37 @@ class LocalNode:
             return
         self._forget_pid(c.popen.pid)
         code, reason = podstate.exit_info(rc)
-        c.terminated = {"exitCode": code, "reason": reason, "startedAt": c.started_at,
-                        "finishedAt": now(), "containerID": f"local://{c.popen.pid}"}
+        c.terminated = {
+            "exitCode": code,
+            "reason": reason,
+            "startedAt": c.started_at,
+            "finishedAt": now(),
+            "containerID": f"local://{c.popen.pid}",
+        }
         policy = run.restart_policy
         is_init = c in run.init
         restart = not run.deleting and (
-            policy == "Always" or (policy == "OnFailure" and code != 0)
-            or (is_init and policy != "Never" and code != 0))
+            policy == "Always"
+            or (policy == "OnFailure" and code != 0)
+            or (is_init and policy != "Never" and code != 0)
+        )
         if restart:
             delay = min(MAX_BACKOFF, 1.0 * 2 ** min(c.restart_count, 6))
             c.next_start = time.monotonic() + delay
-            c.waiting = ("CrashLoopBackOff" if code != 0 else "Restarting",
-                         f"back-off {delay:.0f}s restarting container {c.name}")
+            c.waiting = (
+                "CrashLoopBackOff" if code != 0 else "Restarting",
+                f"back-off {delay:.0f}s restarting container {c.name}",
+            )
         else:
             c.done = True
-        log.info("pod %s/%s container %s exited %d (%s)", run.ns, run.name, c.name, code,
-                 "restart" if restart else "done")
+        log.info(
+            "pod %s/%s container %s exited %d (%s)",
+            run.ns,
+            run.name,
+            c.name,
+            code,
+            "restart" if restart else "done",
+        )
 
     def _maybe_start(self, run: PodRun, c: Ctr) -> None:
         if c.plan is None or c.fatal or time.monotonic() < c.next_start:
@@ -400,9 +470,16 @@ class LocalNode:
         argv[argv.index("unshare")] = self.tools["unshare"]
         with c.log.open("ab") as fh:
             try:
-                c.popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fh,
-                                           stderr=subprocess.STDOUT, env=c.plan.env, cwd="/",
-                                           start_new_session=True, close_fds=True)
+                c.popen = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=fh,
+                    stderr=subprocess.STDOUT,
+                    env=c.plan.env,
+                    cwd="/",
+                    start_new_session=True,
+                    close_fds=True,
+                )
             except OSError as e:
                 c.waiting, c.fatal = ("RunContainerError", str(e)), True
                 return
@@ -443,10 +520,15 @@ class LocalNode:
                 self._poll(run, c)
         meta = pod["metadata"]
         try:
-            self.kube.delete(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
-                             body={"apiVersion": "v1", "kind": "DeleteOptions",
-                                   "gracePeriodSeconds": 0,
-                                   "preconditions": {"uid": meta["uid"]}})
+            self.kube.delete(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                body={
+                    "apiVersion": "v1",
+                    "kind": "DeleteOptions",
+                    "gracePeriodSeconds": 0,
+                    "preconditions": {"uid": meta["uid"]},
+                },
+            )
         except KubeError as e:
             if e.status != 409:
                 raise
@@ -469,8 +551,10 @@ class LocalNode:
             return
         meta = pod["metadata"]
         try:
-            self.kube.patch(f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
-                            {"status": status})
+            self.kube.patch(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                {"status": status},
+            )
             run.last_status = status
         except KubeError as e:
             if e.status != 404:
@@ -508,6 +592,7 @@ class LocalNode:
         try:
             self.kube.patch(
                 f"/api/v1/namespaces/{meta['namespace']}/services/{meta['name']}/status",
-                {"status": {"loadBalancer": want or {"ingress": None}}})
+                {"status": {"loadBalancer": want or {"ingress": None}}},
+            )
         except KubeError as e:
             log.warning("lb %s/%s: %s", meta["namespace"], meta["name"], e)

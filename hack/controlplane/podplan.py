@@ -73,13 +73,16 @@ def resolve_image(image: str, which: Callable[[str, str], str | None]) -> Runtim
     repo = _repository(image)
     if repo in PROJECT_REPOS:
         if not (VENV_BIN / "python").exists():
-            raise NotRunnable("ImageNotRunnableLocally",
-                              f"{image}: project venv {VENV_BIN} is missing")
+            raise NotRunnable(
+                "ImageNotRunnableLocally", f"{image}: project venv {VENV_BIN} is missing"
+            )
         return Runtime(f"{VENV_BIN}:{SYSTEM_PATH}")
     if repo == PROXY_REPO:
         if which("nginx", SYSTEM_PATH) is None:
-            raise NotRunnable("ImageNotRunnableLocally",
-                              f"{image} runs nginx from the system PATH; nginx is not installed")
+            raise NotRunnable(
+                "ImageNotRunnableLocally",
+                f"{image} runs nginx from the system PATH; nginx is not installed",
+            )
         return Runtime(SYSTEM_PATH, ("nginx", "-g", "daemon off;"))
     if repo.rsplit("/", 1)[-1] == "busybox":
         return Runtime(SYSTEM_PATH, ("sh",))
@@ -104,8 +107,9 @@ def expand(text: str, env: Mapping[str, str]) -> str:
     return _VAR_REF.sub(sub, text)
 
 
-def service_env(services: list[Obj], resolve: Callable[[Obj], tuple[str, dict[str, int]] | None]
-                ) -> dict[str, str]:
+def service_env(
+    services: list[Obj], resolve: Callable[[Obj], tuple[str, dict[str, int]] | None]
+) -> dict[str, str]:
     """Kubelet-style `<SVC>_SERVICE_HOST/_PORT` (+ docker link) variables.
 
     `resolve(service)` returns (address of a ready selected pod, service port name/number ->
@@ -192,13 +196,16 @@ def _lookup_key(lookup: Lookup, kind: str, ns: str, ref: Obj) -> str | None:
     if ref["key"] not in data:
         if optional:
             return None
-        raise NotYet("CreateContainerConfigError",
-                     f"key {ref['key']!r} not found in {kind} {ns}/{ref['name']}")
+        raise NotYet(
+            "CreateContainerConfigError",
+            f"key {ref['key']!r} not found in {kind} {ns}/{ref['name']}",
+        )
     return data[ref["key"]]
 
 
-def container_env(pod: Obj, container: Obj, base: Mapping[str, str], lookup: Lookup,
-                  pod_ip: str) -> dict[str, str]:
+def container_env(
+    pod: Obj, container: Obj, base: Mapping[str, str], lookup: Lookup, pod_ip: str
+) -> dict[str, str]:
     """The process environment: base (PATH, service vars, POD_IP...) then envFrom then env."""
     ns = pod["metadata"]["namespace"]
     env = dict(base)
@@ -210,8 +217,9 @@ def container_env(pod: Obj, container: Obj, base: Mapping[str, str], lookup: Loo
                 if data is None:
                     if src[key].get("optional"):
                         continue
-                    raise NotYet("CreateContainerConfigError",
-                                 f"{kind} {ns}/{src[key]['name']} not found")
+                    raise NotYet(
+                        "CreateContainerConfigError", f"{kind} {ns}/{src[key]['name']} not found"
+                    )
                 env.update({prefix + k: v for k, v in data.items()})
     for item in container.get("env") or []:
         name = item["name"]
@@ -252,8 +260,9 @@ def argv_for(container: Obj, runtime: Runtime, env: Mapping[str, str]) -> list[s
     return command + args
 
 
-def _write_files(directory: Path, data: Mapping[str, str | bytes], items: list[Obj] | None,
-                 what: str) -> None:
+def _write_files(
+    directory: Path, data: Mapping[str, str | bytes], items: list[Obj] | None, what: str
+) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     if items:
         pairs = []
@@ -282,8 +291,9 @@ def _source_data(kind: str, ns: str, ref: Obj, lookup: Lookup) -> dict[str, str]
 TokenSource = Callable[[str, str, str | None, int], str | None]
 
 
-def materialise_volumes(pod: Obj, pod_dir: Path, lookup: Lookup, pod_ip: str,
-                        token: TokenSource | None = None) -> dict[str, Path]:
+def materialise_volumes(
+    pod: Obj, pod_dir: Path, lookup: Lookup, pod_ip: str, token: TokenSource | None = None
+) -> dict[str, Path]:
     """Write every pod volume under `pod_dir/volumes/`; return volume name -> host path."""
     ns = pod["metadata"]["namespace"]
     out: dict[str, Path] = {}
@@ -323,8 +333,11 @@ def materialise_volumes(pod: Obj, pod_dir: Path, lookup: Lookup, pod_ip: str,
                 elif "serviceAccountToken" in src:
                     sat = src["serviceAccountToken"]
                     sa = pod.get("spec", {}).get("serviceAccountName") or "default"
-                    tok = token(ns, sa, sat.get("audience"),
-                                int(sat.get("expirationSeconds", 3600))) if token else None
+                    tok = (
+                        token(ns, sa, sat.get("audience"), int(sat.get("expirationSeconds", 3600)))
+                        if token
+                        else None
+                    )
                     if tok is None:
                         raise NotYet("FailedMount", f"no token for serviceaccount {ns}/{sa}")
                     _write_files(vdir, {sat["path"]: tok}, None, "token")
@@ -406,14 +419,31 @@ def launcher_argv(plan: ContainerPlan, hosts_file: str | None = None) -> list[st
         lines.append(f"mount --bind {shlex.quote(hosts_file)} /etc/hosts")
     lines.append(f"cd {shlex.quote(plan.workdir)}")
     lines.append('exec "$@"')
-    return ["setpriv", "--pdeathsig", "KILL", "--", "unshare", "--mount", "--propagation",
-            "private", "--", "/bin/sh", "-c", "\n".join(lines), plan.name, *plan.argv]
+    return [
+        "setpriv",
+        "--pdeathsig",
+        "KILL",
+        "--",
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "/bin/sh",
+        "-c",
+        "\n".join(lines),
+        plan.name,
+        *plan.argv,
+    ]
 
 
 def hosts_file_text(pod_name: str, pod_ip: str, names: Mapping[str, str]) -> str:
     """/etc/hosts for a pod: localhost, its own name, and service names -> pod addresses."""
-    lines = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback",
-             f"{pod_ip}\t{pod_name}"]
+    lines = [
+        "127.0.0.1\tlocalhost",
+        "::1\tlocalhost ip6-localhost ip6-loopback",
+        f"{pod_ip}\t{pod_name}",
+    ]
     lines += [f"{ip}\t{name}" for name, ip in sorted(names.items())]
     return "\n".join(lines) + "\n"
 

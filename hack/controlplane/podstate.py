@@ -81,15 +81,24 @@ def ctr_status(c: Ctr, ready: bool) -> Obj:
     if c.running:
         state: Obj = {"running": {"startedAt": c.started_at}}
     elif c.waiting is not None and not (c.done and c.terminated):
-        state = {"waiting": {"reason": c.waiting[0], "message": c.waiting[1]}
-                 if c.waiting[1] else {"reason": c.waiting[0]}}
+        state = {
+            "waiting": {"reason": c.waiting[0], "message": c.waiting[1]}
+            if c.waiting[1]
+            else {"reason": c.waiting[0]}
+        }
     elif c.terminated is not None:
         state = {"terminated": c.terminated}
     else:
         state = {"waiting": {"reason": "ContainerCreating"}}
-    st: Obj = {"name": c.name, "image": c.image, "imageID": f"local://{c.image}",
-               "ready": ready and c.running, "started": c.running,
-               "restartCount": c.restart_count, "state": state}
+    st: Obj = {
+        "name": c.name,
+        "image": c.image,
+        "imageID": f"local://{c.image}",
+        "ready": ready and c.running,
+        "started": c.running,
+        "restartCount": c.restart_count,
+        "state": state,
+    }
     if c.popen is not None:
         st["containerID"] = f"local://{c.popen.pid}"
     if c.last_state:
@@ -103,7 +112,8 @@ def pod_phase(run: PodRun) -> str:
         return "Pending"
     if not run.init_done:
         if run.restart_policy == "Never" and any(
-                c.done and c.terminated and c.terminated["exitCode"] != 0 for c in run.init):
+            c.done and c.terminated and c.terminated["exitCode"] != 0 for c in run.init
+        ):
             return "Failed"
         return "Pending"
     if all(c.done for c in run.main):
@@ -120,8 +130,12 @@ def cond(run: PodRun, ctype: str, ok: bool, reason: str = "") -> Obj:
     prev = run.transitions.get(ctype)
     if prev is None or prev[0] != status:
         run.transitions[ctype] = (status, now())
-    cond: Obj = {"type": ctype, "status": status,
-                 "lastTransitionTime": run.transitions[ctype][1], "lastProbeTime": None}
+    cond: Obj = {
+        "type": ctype,
+        "status": status,
+        "lastTransitionTime": run.transitions[ctype][1],
+        "lastProbeTime": None,
+    }
     if reason and not ok:
         cond["reason"] = reason
     return cond
@@ -140,8 +154,10 @@ def pod_status(run: PodRun) -> Obj:
             cond(run, "ContainersReady", ready, reason),
             cond(run, "Ready", ready, reason),
         ],
-        "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
-        "podIP": run.ip, "podIPs": [{"ip": run.ip}],
+        "hostIP": "127.0.0.1",
+        "hostIPs": [{"ip": "127.0.0.1"}],
+        "podIP": run.ip,
+        "podIPs": [{"ip": run.ip}],
         "startTime": run.start_time,
         "containerStatuses": [ctr_status(c, ready) for c in run.main],
     }

@@ -108,8 +108,13 @@ def spawn(name: str, argv: Sequence[str], log: Path, env: dict[str, str] | None 
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("ab") as fh:
         p = subprocess.Popen(
-            list(argv), stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT,
-            start_new_session=True, env={**os.environ, **(env or {})}, close_fds=True,
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+            close_fds=True,
         )
     return Proc(name=name, pid=p.pid, port=0, log=str(log), argv=list(argv))
 

@@ -23,8 +23,9 @@ READY_FILE = "supervisor.ready"
 
 def run(state_dir: Path) -> int:
     """Run until SIGTERM/SIGINT; returns the exit code."""
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(threadName)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(message)s"
+    )
     state = State.load(state_dir)
     if state is None:
         logging.error("no state file in %s", state_dir)
@@ -43,8 +44,10 @@ def run(state_dir: Path) -> int:
         port = int(state.apiservers[n].rsplit(":", 1)[1])
         index = podplan.node_index(state.slot, i)
         nodes.append(LocalNode(n, index, kubes[n], port, state_dir, stop))
-    mirrors = [ClaimsMirror(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
-               for c in state.clusters]
+    mirrors = [
+        ClaimsMirror(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
+        for c in state.clusters
+    ]
     for node in nodes:
         node.start()
     for m in mirrors:

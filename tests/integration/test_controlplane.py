@@ -68,28 +68,59 @@ def test_placement_claim_selector_picks_exactly_the_matching_clusters(
     first, *others = sorted(spokes)
     values = {first: "yes", **{c: "no" for c in others}}
     for c, v in values.items():
-        spokes[c].create(claims_path, {"apiVersion": f"{CLUSTER_GROUP}/v1alpha1",
-                                       "kind": "ClusterClaim", "metadata": {"name": claim},
-                                       "spec": {"value": v}})
+        spokes[c].create(
+            claims_path,
+            {
+                "apiVersion": f"{CLUSTER_GROUP}/v1alpha1",
+                "kind": "ClusterClaim",
+                "metadata": {"name": claim},
+                "spec": {"value": v},
+            },
+        )
     try:
-        hub.create(f"/apis/{CLUSTER_GROUP}/v1beta2/namespaces/{namespace}/managedclustersetbindings",
-                   {"apiVersion": f"{CLUSTER_GROUP}/v1beta2", "kind": "ManagedClusterSetBinding",
-                    "metadata": {"name": "global", "namespace": namespace},
-                    "spec": {"clusterSet": "global"}})
-        hub.create(f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/placements", {
-            "apiVersion": f"{CLUSTER_GROUP}/v1beta1", "kind": "Placement",
-            "metadata": {"name": "p", "namespace": namespace},
-            "spec": {"clusterSets": ["global"], "predicates": [{"requiredClusterSelector": {
-                "claimSelector": {"matchExpressions": [
-                    {"key": claim, "operator": "In", "values": ["yes"]}]}}}]},
-        })
+        hub.create(
+            f"/apis/{CLUSTER_GROUP}/v1beta2/namespaces/{namespace}/managedclustersetbindings",
+            {
+                "apiVersion": f"{CLUSTER_GROUP}/v1beta2",
+                "kind": "ManagedClusterSetBinding",
+                "metadata": {"name": "global", "namespace": namespace},
+                "spec": {"clusterSet": "global"},
+            },
+        )
+        hub.create(
+            f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/placements",
+            {
+                "apiVersion": f"{CLUSTER_GROUP}/v1beta1",
+                "kind": "Placement",
+                "metadata": {"name": "p", "namespace": namespace},
+                "spec": {
+                    "clusterSets": ["global"],
+                    "predicates": [
+                        {
+                            "requiredClusterSelector": {
+                                "claimSelector": {
+                                    "matchExpressions": [
+                                        {"key": claim, "operator": "In", "values": ["yes"]}
+                                    ]
+                                }
+                            }
+                        }
+                    ],
+                },
+            },
+        )
 
         def decided() -> list[str] | None:
-            got = hub.request("GET", f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/"
-                              "placementdecisions",
-                              query={"labelSelector": f"{CLUSTER_GROUP}/placement=p"})
-            names = sorted(d["clusterName"] for pd in got["items"]
-                           for d in pd.get("status", {}).get("decisions") or [])
+            got = hub.request(
+                "GET",
+                f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/placementdecisions",
+                query={"labelSelector": f"{CLUSTER_GROUP}/placement=p"},
+            )
+            names = sorted(
+                d["clusterName"]
+                for pd in got["items"]
+                for d in pd.get("status", {}).get("decisions") or []
+            )
             return names if names == [first] else None
 
         assert wait_for(decided, 60, "placement decision") == [first]
@@ -99,12 +130,22 @@ def test_placement_claim_selector_picks_exactly_the_matching_clusters(
 
 
 def _job(namespace: str) -> dict[str, Any]:
-    return {"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": "hello", "namespace": namespace},
-            "spec": {"backoffLimit": 0, "template": {"spec": {
-                "restartPolicy": "Never",
-                "containers": [{"name": "c", "image": BUSYBOX,
-                                "command": ["sh", "-c", "echo hi; exit 0"]}]}}}}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "hello", "namespace": namespace},
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "spec": {
+                    "restartPolicy": "Never",
+                    "containers": [
+                        {"name": "c", "image": BUSYBOX, "command": ["sh", "-c", "echo hi; exit 0"]}
+                    ],
+                }
+            },
+        },
+    }
 
 
 def test_manifestwork_job_runs_on_its_cluster_and_feedback_reaches_the_hub(
@@ -113,19 +154,33 @@ def test_manifestwork_job_runs_on_its_cluster_and_feedback_reaches_the_hub(
     cluster, other = sorted(spokes)[:2] if len(spokes) > 1 else (sorted(spokes)[0], None)
     works = f"/apis/{WORK_GROUP}/v1/namespaces/{cluster}/manifestworks"
     name = f"{namespace}-job"
-    hub.create(works, {
-        "apiVersion": f"{WORK_GROUP}/v1", "kind": "ManifestWork",
-        "metadata": {"name": name, "namespace": cluster},
-        "spec": {
-            "workload": {"manifests": [_job(namespace)]},
-            "manifestConfigs": [{
-                "resourceIdentifier": {"group": "batch", "resource": "jobs",
-                                       "namespace": namespace, "name": "hello"},
-                "feedbackRules": [{"type": "JSONPaths", "jsonPaths": [
-                    {"name": "succeeded", "path": ".status.succeeded"}]}],
-            }],
+    hub.create(
+        works,
+        {
+            "apiVersion": f"{WORK_GROUP}/v1",
+            "kind": "ManifestWork",
+            "metadata": {"name": name, "namespace": cluster},
+            "spec": {
+                "workload": {"manifests": [_job(namespace)]},
+                "manifestConfigs": [
+                    {
+                        "resourceIdentifier": {
+                            "group": "batch",
+                            "resource": "jobs",
+                            "namespace": namespace,
+                            "name": "hello",
+                        },
+                        "feedbackRules": [
+                            {
+                                "type": "JSONPaths",
+                                "jsonPaths": [{"name": "succeeded", "path": ".status.succeeded"}],
+                            }
+                        ],
+                    }
+                ],
+            },
         },
-    })
+    )
 
     def feedback() -> int | None:
         work = hub.get(f"{works}/{name}") or {}
@@ -145,26 +200,40 @@ def test_manifestwork_job_runs_on_its_cluster_and_feedback_reaches_the_hub(
     assert logs and logs[0].read_text() == "hi\n"
 
     hub.delete(f"{works}/{name}")
-    wait_for(lambda: spokes[cluster].get(
-        f"/apis/batch/v1/namespaces/{namespace}/jobs/hello") is None, 60, "job removal")
+    wait_for(
+        lambda: spokes[cluster].get(f"/apis/batch/v1/namespaces/{namespace}/jobs/hello") is None,
+        60,
+        "job removal",
+    )
     wait_for(lambda: hub.get(f"{works}/{name}") is None, 60, "manifestwork removal")
 
 
 def test_apiserver_refuses_an_invalid_crd_object(hub: Kube, namespace: str) -> None:
     with pytest.raises(KubeError) as e:
-        hub.create(f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/placements", {
-            "apiVersion": f"{CLUSTER_GROUP}/v1beta1", "kind": "Placement",
-            "metadata": {"name": "bad", "namespace": namespace},
-            "spec": {"numberOfClusters": "three"},
-        })
+        hub.create(
+            f"/apis/{CLUSTER_GROUP}/v1beta1/namespaces/{namespace}/placements",
+            {
+                "apiVersion": f"{CLUSTER_GROUP}/v1beta1",
+                "kind": "Placement",
+                "metadata": {"name": "bad", "namespace": namespace},
+                "spec": {"numberOfClusters": "three"},
+            },
+        )
     assert e.value.status == 422
     assert "numberOfClusters" in e.value.body
 
 
 def _pod(name: str, image: str, command: list[str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-                     "containers": [{"name": "c", "image": image, "command": command}]}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": image, "command": command}],
+        },
+    }
 
 
 def test_pod_with_an_unknown_image_ends_in_a_clear_error_state(
@@ -187,10 +256,12 @@ def test_pod_with_an_unknown_image_ends_in_a_clear_error_state(
     assert "redis" in pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
 
 
-SERVER = ("import os, socket\n"
-          "s = socket.socket(); s.bind((os.environ['POD_IP'], 18080)); s.listen()\n"
-          "while True:\n"
-          "    c, _ = s.accept(); c.sendall(os.environ['HOSTNAME'].encode()); c.close()\n")
+SERVER = (
+    "import os, socket\n"
+    "s = socket.socket(); s.bind((os.environ['POD_IP'], 18080)); s.listen()\n"
+    "while True:\n"
+    "    c, _ = s.accept(); c.sendall(os.environ['HOSTNAME'].encode()); c.close()\n"
+)
 
 
 def test_pods_on_different_clusters_listen_on_the_same_port_without_collision(
@@ -206,8 +277,9 @@ def test_pods_on_different_clusters_listen_on_the_same_port_without_collision(
     def ip_of(c: str) -> str | None:
         pod = spokes[c].get(f"{pods}/srv-{c}") or {}
         st = pod.get("status", {})
-        ready = any(x["type"] == "Ready" and x["status"] == "True"
-                    for x in st.get("conditions") or [])
+        ready = any(
+            x["type"] == "Ready" and x["status"] == "True" for x in st.get("conditions") or []
+        )
         return st.get("podIP") if ready else None
 
     ips = {c: wait_for(functools.partial(ip_of, c), 30, f"pod on {c} running") for c in chosen}
@@ -229,8 +301,11 @@ def test_on_failure_pods_restart_until_they_succeed(
 ) -> None:
     k = spokes[sorted(spokes)[0]]
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    pod = _pod("flaky", BUSYBOX, ["sh", "-c", "test -f /scratch/once && exit 0; "
-                                              "touch /scratch/once; exit 7"])
+    pod = _pod(
+        "flaky",
+        BUSYBOX,
+        ["sh", "-c", "test -f /scratch/once && exit 0; touch /scratch/once; exit 7"],
+    )
     pod["spec"]["restartPolicy"] = "OnFailure"
     pod["spec"]["containers"][0]["volumeMounts"] = [{"name": "s", "mountPath": "/scratch"}]
     pod["spec"]["volumes"] = [{"name": "s", "emptyDir": {}}]
@@ -283,16 +358,33 @@ def _alive(proc: Path) -> bool:
 def test_hub_load_balancer_is_reachable_from_a_cluster_pod(
     hub: Kube, spokes: dict[str, Kube], namespace: str
 ) -> None:
-    web = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "web", "labels": {"app": "web"}},
-           "spec": {"containers": [{"name": "c", "image": WORKLOAD_IMAGE,
-                                    "command": ["python", "-c", SERVER],
-                                    "ports": [{"name": "tcp", "containerPort": 18080}]}]}}
+    web = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web", "labels": {"app": "web"}},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "image": WORKLOAD_IMAGE,
+                    "command": ["python", "-c", SERVER],
+                    "ports": [{"name": "tcp", "containerPort": 18080}],
+                }
+            ]
+        },
+    }
     hub.create(f"/api/v1/namespaces/{namespace}/pods", web)
-    hub.create(f"/api/v1/namespaces/{namespace}/services", {
-        "metadata": {"name": "web"},
-        "spec": {"type": "LoadBalancer", "selector": {"app": "web"},
-                 "ports": [{"port": 443, "targetPort": "tcp"}]}})
+    hub.create(
+        f"/api/v1/namespaces/{namespace}/services",
+        {
+            "metadata": {"name": "web"},
+            "spec": {
+                "type": "LoadBalancer",
+                "selector": {"app": "web"},
+                "ports": [{"port": 443, "targetPort": "tcp"}],
+            },
+        },
+    )
 
     def ingress() -> str | None:
         svc = hub.get(f"/api/v1/namespaces/{namespace}/services/web") or {}
@@ -302,14 +394,19 @@ def test_hub_load_balancer_is_reachable_from_a_cluster_pod(
     ip = wait_for(ingress, 30, "LoadBalancer ingress")
     k = spokes[sorted(spokes)[0]]
     pods = f"/api/v1/namespaces/{namespace}/pods"
-    client = ("import socket,sys; s=socket.create_connection((sys.argv[1], 443), timeout=5); "
-              "print(s.recv(100).decode())")
+    client = (
+        "import socket,sys; s=socket.create_connection((sys.argv[1], 443), timeout=5); "
+        "print(s.recv(100).decode())"
+    )
     k.create(pods, _pod("client", WORKLOAD_IMAGE, ["python", "-c", client, ip]))
 
     def done() -> str | None:
         got = k.get(f"{pods}/client") or {}
-        return got.get("status", {}).get("phase") if got.get("status", {}).get("phase") in (
-            "Succeeded", "Failed") else None
+        return (
+            got.get("status", {}).get("phase")
+            if got.get("status", {}).get("phase") in ("Succeeded", "Failed")
+            else None
+        )
 
     assert wait_for(done, 30, "client finished") == "Succeeded"
 
@@ -320,21 +417,44 @@ def test_manifestwork_deployment_becomes_ready_and_reports_replicas(
     cluster = sorted(spokes)[-1]
     works = f"/apis/{WORK_GROUP}/v1/namespaces/{cluster}/manifestworks"
     name = f"{namespace}-deploy"
-    deploy = {"apiVersion": "apps/v1", "kind": "Deployment",
-              "metadata": {"name": "sleepy", "namespace": namespace},
-              "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "sleepy"}},
-                       "template": {"metadata": {"labels": {"app": "sleepy"}}, "spec": {
-                           "terminationGracePeriodSeconds": 1,
-                           "containers": [{"name": "c", "image": BUSYBOX,
-                                           "command": ["sleep", "3600"]}]}}}}
-    hub.create(works, {
-        "apiVersion": f"{WORK_GROUP}/v1", "kind": "ManifestWork",
-        "metadata": {"name": name, "namespace": cluster},
-        "spec": {"workload": {"manifests": [deploy]}, "manifestConfigs": [{
-            "resourceIdentifier": {"group": "apps", "resource": "deployments",
-                                   "namespace": namespace, "name": "sleepy"},
-            "feedbackRules": [{"type": "WellKnownStatus"}]}]},
-    })
+    deploy = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "sleepy", "namespace": namespace},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"app": "sleepy"}},
+            "template": {
+                "metadata": {"labels": {"app": "sleepy"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": BUSYBOX, "command": ["sleep", "3600"]}],
+                },
+            },
+        },
+    }
+    hub.create(
+        works,
+        {
+            "apiVersion": f"{WORK_GROUP}/v1",
+            "kind": "ManifestWork",
+            "metadata": {"name": name, "namespace": cluster},
+            "spec": {
+                "workload": {"manifests": [deploy]},
+                "manifestConfigs": [
+                    {
+                        "resourceIdentifier": {
+                            "group": "apps",
+                            "resource": "deployments",
+                            "namespace": namespace,
+                            "name": "sleepy",
+                        },
+                        "feedbackRules": [{"type": "WellKnownStatus"}],
+                    }
+                ],
+            },
+        },
+    )
 
     def ready_replicas() -> int | None:
         work = hub.get(f"{works}/{name}") or {}
@@ -348,8 +468,9 @@ def test_manifestwork_deployment_becomes_ready_and_reports_replicas(
     hub.delete(f"{works}/{name}")
 
     def no_pods() -> bool:
-        got = spokes[cluster].request("GET", f"/api/v1/namespaces/{namespace}/pods",
-                                      query={"labelSelector": "app=sleepy"})
+        got = spokes[cluster].request(
+            "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": "app=sleepy"}
+        )
         return not got["items"]
 
     wait_for(no_pods, 60, "deployment pods removed")
@@ -365,31 +486,65 @@ def test_addon_template_agent_runs_on_the_cluster_and_becomes_available(
         pytest.skip("addon manager not running (set OCMFL_CP_ADDON_MANAGER=1)")
     group = "addon.open-cluster-management.io"
     addon, cluster = f"demo-{namespace}", sorted(spokes)[0]
-    agent = {"apiVersion": "apps/v1", "kind": "Deployment",
-             "metadata": {"name": "agent", "namespace": namespace},
-             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "agent"}},
-                      "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {
-                          "terminationGracePeriodSeconds": 1,
-                          "containers": [{"name": "c", "image": BUSYBOX,
-                                          "command": ["sh", "-c", "sleep 3600"]}]}}}}
-    hub.create(f"/apis/{group}/v1alpha1/addontemplates", {
-        "apiVersion": f"{group}/v1alpha1", "kind": "AddOnTemplate",
-        "metadata": {"name": addon}, "spec": {"addonName": addon, "agentSpec": {
-            "workload": {"manifests": [agent]}}}})
-    hub.create(f"/apis/{group}/v1alpha1/clustermanagementaddons", {
-        "apiVersion": f"{group}/v1alpha1", "kind": "ClusterManagementAddOn",
-        "metadata": {"name": addon},
-        "spec": {"supportedConfigs": [{"group": group, "resource": "addontemplates",
-                                       "defaultConfig": {"name": addon}}],
-                 "installStrategy": {"type": "Manual"}}})
+    agent = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "agent", "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [
+                        {"name": "c", "image": BUSYBOX, "command": ["sh", "-c", "sleep 3600"]}
+                    ],
+                },
+            },
+        },
+    }
+    hub.create(
+        f"/apis/{group}/v1alpha1/addontemplates",
+        {
+            "apiVersion": f"{group}/v1alpha1",
+            "kind": "AddOnTemplate",
+            "metadata": {"name": addon},
+            "spec": {"addonName": addon, "agentSpec": {"workload": {"manifests": [agent]}}},
+        },
+    )
+    hub.create(
+        f"/apis/{group}/v1alpha1/clustermanagementaddons",
+        {
+            "apiVersion": f"{group}/v1alpha1",
+            "kind": "ClusterManagementAddOn",
+            "metadata": {"name": addon},
+            "spec": {
+                "supportedConfigs": [
+                    {"group": group, "resource": "addontemplates", "defaultConfig": {"name": addon}}
+                ],
+                "installStrategy": {"type": "Manual"},
+            },
+        },
+    )
     mca = f"/apis/{group}/v1alpha1/namespaces/{cluster}/managedclusteraddons"
-    hub.create(mca, {"apiVersion": f"{group}/v1alpha1", "kind": "ManagedClusterAddOn",
-                     "metadata": {"name": addon, "namespace": cluster}, "spec": {}})
+    hub.create(
+        mca,
+        {
+            "apiVersion": f"{group}/v1alpha1",
+            "kind": "ManagedClusterAddOn",
+            "metadata": {"name": addon, "namespace": cluster},
+            "spec": {},
+        },
+    )
     try:
+
         def available() -> bool:
             got = hub.get(f"{mca}/{addon}") or {}
-            return any(c["type"] == "Available" and c["status"] == "True"
-                       for c in got.get("status", {}).get("conditions") or [])
+            return any(
+                c["type"] == "Available" and c["status"] == "True"
+                for c in got.get("status", {}).get("conditions") or []
+            )
 
         wait_for(available, 90, "ManagedClusterAddOn Available")
         dep = spokes[cluster].get(f"/apis/apps/v1/namespaces/{namespace}/deployments/agent")
@@ -429,6 +584,11 @@ def test_pods_get_in_cluster_credentials_of_their_service_account(
         return phase if phase in ("Succeeded", "Failed") else None
 
     assert wait_for(finished, 30, "whoami finished") == "Succeeded"
-    log = next(Path(control_plane.state_dir, "pods", cluster).glob(
-        f"{namespace}_whoami_*/logs/c.log")).read_text().split()
+    log = (
+        next(
+            Path(control_plane.state_dir, "pods", cluster).glob(f"{namespace}_whoami_*/logs/c.log")
+        )
+        .read_text()
+        .split()
+    )
     assert log == [f"system:serviceaccount:{namespace}:default", namespace]

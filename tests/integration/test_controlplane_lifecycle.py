@@ -32,10 +32,21 @@ def test_up_reuses_and_down_leaves_no_processes() -> None:
         again = plane.up(1, state_dir=d, ocm=False)
         assert [p.pid for p in again.procs] == [p.pid for p in first.procs]
         k = Kube(first.kubeconfigs["cluster1"])
-        k.create("/api/v1/namespaces/default/pods", {
-            "metadata": {"name": "bg"},
-            "spec": {"containers": [{"name": "c", "image": "busybox",
-                                     "command": ["sh", "-c", "sleep 600 & sleep 600"]}]}})
+        k.create(
+            "/api/v1/namespaces/default/pods",
+            {
+                "metadata": {"name": "bg"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "command": ["sh", "-c", "sleep 600 & sleep 600"],
+                        }
+                    ]
+                },
+            },
+        )
         deadline = time.monotonic() + 30
         leader = 0
         while time.monotonic() < deadline and not leader:

@@ -24,8 +24,9 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path / "bin"
 
 
-def test_binaries_are_cached_by_version(cache: Path, tmp_path: Path,
-                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_binaries_are_cached_by_version(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     etcd = build.COMPONENTS[0]
     assert etcd.out_dir == cache / f"etcd-{build.ETCD_VERSION}"
     etcd.out_dir.mkdir(parents=True)
@@ -37,17 +38,21 @@ def test_binaries_are_cached_by_version(cache: Path, tmp_path: Path,
     assert "kube-apiserver" in build.missing_binaries()
 
 
-def test_missing_go_toolchain_is_named(cache: Path, tmp_path: Path,
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_go_toolchain_is_named(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     with pytest.raises(build.BuildError, match="Go toolchain not found"):
         build.build_component(build.COMPONENTS[1])
 
 
-def test_registry_refusal_names_component_and_log(cache: Path, tmp_path: Path,
-                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_go(tmp_path / "gobin", "echo 'reading https://proxy.golang.org/x/@v/v1.zip: "
-                                 "403 Forbidden' >&2; exit 1\n")
+def test_registry_refusal_names_component_and_log(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_go(
+        tmp_path / "gobin",
+        "echo 'reading https://proxy.golang.org/x/@v/v1.zip: 403 Forbidden' >&2; exit 1\n",
+    )
     monkeypatch.setenv("PATH", f"{tmp_path / 'gobin'}{os.pathsep}/usr/bin:/bin")
     with pytest.raises(build.BuildError) as e:
         build.build_component(build.COMPONENTS[2])
@@ -55,8 +60,9 @@ def test_registry_refusal_names_component_and_log(cache: Path, tmp_path: Path,
     assert "build-ocm-v1.2.0.log" in str(e.value)
 
 
-def test_compile_failure_names_component_and_log(cache: Path, tmp_path: Path,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_compile_failure_names_component_and_log(
+    cache: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     _fake_go(tmp_path / "gobin", "echo 'x.go:1: undefined: foo' >&2; exit 2\n")
     monkeypatch.setenv("PATH", f"{tmp_path / 'gobin'}{os.pathsep}/usr/bin:/bin")
     with pytest.raises(build.BuildError, match=r"kubernetes v1\.35\.4: go build failed"):
@@ -67,6 +73,8 @@ def test_build_commands_match_the_pinned_ldflags() -> None:
     k8s = build.COMPONENTS[1].build_command()
     assert "-X k8s.io/component-base/version.gitVersion=v1.35.4" in k8s[k8s.index("-ldflags") + 1]
     assert "-X k8s.io/component-base/version.gitMinor=35" in k8s[k8s.index("-ldflags") + 1]
-    assert k8s[-2:] == ["k8s.io/kubernetes/cmd/kube-apiserver",
-                        "k8s.io/kubernetes/cmd/kube-controller-manager"]
+    assert k8s[-2:] == [
+        "k8s.io/kubernetes/cmd/kube-apiserver",
+        "k8s.io/kubernetes/cmd/kube-controller-manager",
+    ]
     assert len(build.HUB_CRDS) == 14

@@ -15,8 +15,9 @@ class _Proc:
         self.pid = 4242
 
 
-def _ctr(name: str, *, running: bool = False, exit_code: int | None = None,
-         fatal: bool = False) -> Ctr:
+def _ctr(
+    name: str, *, running: bool = False, exit_code: int | None = None, fatal: bool = False
+) -> Ctr:
     c = Ctr(name, "busybox", Path("/dev/null"))
     if running:
         c.popen = cast(Any, _Proc(None))

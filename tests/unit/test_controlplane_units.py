@@ -22,8 +22,15 @@ def _no_nginx(program: str, path: str) -> str | None:
 
 def test_certificates_chain_to_the_ca_and_carry_subject_and_sans() -> None:
     ca = certs.make_ca()
-    leaf = certs.issue(ca, "admin", orgs=("system:masters",), client=True, server=True,
-                       ip_addresses=("127.0.0.1",), dns_names=("localhost",))
+    leaf = certs.issue(
+        ca,
+        "admin",
+        orgs=("system:masters",),
+        client=True,
+        server=True,
+        ip_addresses=("127.0.0.1",),
+        dns_names=("localhost",),
+    )
     ca_cert = x509.load_pem_x509_certificate(ca.cert_pem)
     cert = x509.load_pem_x509_certificate(leaf.cert_pem)
     cert.verify_directly_issued_by(ca_cert)
@@ -35,9 +42,11 @@ def test_certificates_chain_to_the_ca_and_carry_subject_and_sans() -> None:
 def test_project_images_run_from_the_venv_and_unknown_images_are_refused() -> None:
     assert podplan.resolve_image(WORKLOAD_IMAGE, _no_nginx).path.startswith(str(podplan.VENV_BIN))
     assert podplan.resolve_image(ADDON_IMAGE.replace("0.1.0", "9.9"), _no_nginx).path.startswith(
-        str(podplan.VENV_BIN))
-    assert podplan.resolve_image("registry.k8s.io/e2e-test-images/busybox:1.29-4",
-                                 _no_nginx).default_command == ("sh",)
+        str(podplan.VENV_BIN)
+    )
+    assert podplan.resolve_image(
+        "registry.k8s.io/e2e-test-images/busybox:1.29-4", _no_nginx
+    ).default_command == ("sh",)
     with pytest.raises(podplan.NotRunnable) as e:
         podplan.resolve_image("docker.io/library/redis:7", _no_nginx)
     assert e.value.reason == "ImageNotRunnableLocally"
@@ -46,43 +55,59 @@ def test_project_images_run_from_the_venv_and_unknown_images_are_refused() -> No
 
 
 def _pod(**spec: Any) -> dict[str, Any]:
-    return {"metadata": {"name": "p1", "namespace": "ns1", "uid": "u1", "labels": {"a": "b"}},
-            "spec": {"containers": [], **spec}}
+    return {
+        "metadata": {"name": "p1", "namespace": "ns1", "uid": "u1", "labels": {"a": "b"}},
+        "spec": {"containers": [], **spec},
+    }
 
 
 def test_env_resolves_values_field_refs_config_maps_secrets_and_expansion() -> None:
-    data = {("configmap", "cm"): {"K": "from-cm", "X": "x"},
-            ("secret", "s"): {"pw": "hunter2"}}
+    data = {("configmap", "cm"): {"K": "from-cm", "X": "x"}, ("secret", "s"): {"pw": "hunter2"}}
 
     def lookup(kind: str, ns: str, name: str) -> dict[str, str] | None:
         return data.get((kind, name))
 
-    ctr = {"name": "c", "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "P_"}],
-           "env": [{"name": "A", "value": "1"},
-                   {"name": "B", "value": "$(A)-$(POD_IP)-$$(A)"},
-                   {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-                   {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
-                   {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
-                   {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "K"}}},
-                   {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "pw"}}}]}
+    ctr = {
+        "name": "c",
+        "envFrom": [{"configMapRef": {"name": "cm"}, "prefix": "P_"}],
+        "env": [
+            {"name": "A", "value": "1"},
+            {"name": "B", "value": "$(A)-$(POD_IP)-$$(A)"},
+            {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
+            {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "K"}}},
+            {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "pw"}}},
+        ],
+    }
     env = podplan.container_env(_pod(), ctr, {"POD_IP": "127.21.0.1"}, lookup, "127.21.0.1")
     assert env["B"] == "1-127.21.0.1-$(A)"
     assert (env["N"], env["IP"], env["L"], env["C"], env["S"]) == (
-        "p1", "127.21.0.1", "b", "from-cm", "hunter2")
+        "p1",
+        "127.21.0.1",
+        "b",
+        "from-cm",
+        "hunter2",
+    )
     assert env["P_X"] == "x"
-    missing = {"name": "c", "env": [{"name": "Z", "valueFrom": {
-        "secretKeyRef": {"name": "nope", "key": "k"}}}]}
+    missing = {
+        "name": "c",
+        "env": [{"name": "Z", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}],
+    }
     with pytest.raises(podplan.NotYet):
         podplan.container_env(_pod(), missing, {}, lookup, "127.21.0.1")
 
 
 def test_service_env_points_at_the_ready_pod_and_its_target_port() -> None:
-    svc = {"metadata": {"name": "fl-server", "namespace": "ns1"},
-           "spec": {"selector": {"app": "s"},
-                    "ports": [{"name": "grpc", "port": 80, "targetPort": "grpc"}]}}
+    svc = {
+        "metadata": {"name": "fl-server", "namespace": "ns1"},
+        "spec": {
+            "selector": {"app": "s"},
+            "ports": [{"name": "grpc", "port": 80, "targetPort": "grpc"}],
+        },
+    }
     pod = {"spec": {"containers": [{"ports": [{"name": "grpc", "containerPort": 9092}]}]}}
-    env = podplan.service_env(
-        [svc], lambda s: ("127.20.0.5", podplan.target_ports(s, pod)))
+    env = podplan.service_env([svc], lambda s: ("127.20.0.5", podplan.target_ports(s, pod)))
     assert env["FL_SERVER_SERVICE_HOST"] == "127.20.0.5"
     assert env["FL_SERVER_SERVICE_PORT"] == "9092"
     assert env["FL_SERVER_SERVICE_PORT_GRPC"] == "9092"
@@ -91,15 +116,31 @@ def test_service_env_points_at_the_ready_pod_and_its_target_port() -> None:
 
 def test_volumes_are_materialised_per_pod(tmp_path: Path) -> None:
     secret = {"tls.crt": "CERT"}
-    pod = _pod(volumes=[
-        {"name": "cfg", "configMap": {"name": "cm", "items": [{"key": "a", "path": "x/a.txt"}]}},
-        {"name": "sec", "secret": {"secretName": "s"}},
-        {"name": "scratch", "emptyDir": {}},
-        {"name": "proj", "projected": {"sources": [
-            {"configMap": {"name": "cm"}},
-            {"downwardAPI": {"items": [{"path": "ns", "fieldRef": {
-                "fieldPath": "metadata.namespace"}}]}}]}},
-    ])
+    pod = _pod(
+        volumes=[
+            {
+                "name": "cfg",
+                "configMap": {"name": "cm", "items": [{"key": "a", "path": "x/a.txt"}]},
+            },
+            {"name": "sec", "secret": {"secretName": "s"}},
+            {"name": "scratch", "emptyDir": {}},
+            {
+                "name": "proj",
+                "projected": {
+                    "sources": [
+                        {"configMap": {"name": "cm"}},
+                        {
+                            "downwardAPI": {
+                                "items": [
+                                    {"path": "ns", "fieldRef": {"fieldPath": "metadata.namespace"}}
+                                ]
+                            }
+                        },
+                    ]
+                },
+            },
+        ]
+    )
 
     def lookup(kind: str, ns: str, name: str) -> dict[str, str] | None:
         return {"a": "A", "b": "B"} if kind == "configmap" else secret
@@ -127,14 +168,18 @@ def test_claims_mirror_orders_reserved_first_and_hides_spoke_only() -> None:
     claims = {n: claim(n, v) for n, v in [("zone", "a"), ("id.k8s.io", "c1"), ("gpu", "1")]}
     claims["secret"] = claim("secret", "x", spoke_only=True)
     assert claims_for_status(claims) == [
-        {"name": "id.k8s.io", "value": "c1"}, {"name": "gpu", "value": "1"},
-        {"name": "zone", "value": "a"}]
+        {"name": "id.k8s.io", "value": "c1"},
+        {"name": "gpu", "value": "1"},
+        {"name": "zone", "value": "a"},
+    ]
     many = {f"c{i:02}": claim(f"c{i:02}", "v") for i in range(30)}
     assert len(claims_for_status(many)) == 20
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("setpriv") is None,
-                    reason="needs util-linux unshare/setpriv")
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or shutil.which("setpriv") is None,
+    reason="needs util-linux unshare/setpriv",
+)
 def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> None:
     target = tmp_path / "mnt"
     target.mkdir()
@@ -143,11 +188,21 @@ def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> 
         src = tmp_path / who
         src.mkdir()
         (src / "f").write_text(who)
-        plan = podplan.ContainerPlan("c", "busybox", ["sh", "-c", f"sleep 0.3; cat {target}/f"],
-                                     {"PATH": podplan.SYSTEM_PATH},
-                                     [podplan.Mount(str(src), str(target), read_only=True)])
-        procs.append(subprocess.Popen(podplan.launcher_argv(plan), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, env=plan.env))
+        plan = podplan.ContainerPlan(
+            "c",
+            "busybox",
+            ["sh", "-c", f"sleep 0.3; cat {target}/f"],
+            {"PATH": podplan.SYSTEM_PATH},
+            [podplan.Mount(str(src), str(target), read_only=True)],
+        )
+        procs.append(
+            subprocess.Popen(
+                podplan.launcher_argv(plan),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=plan.env,
+            )
+        )
     outs = [p.communicate(timeout=10)[0].decode() for p in procs]
     if any("Operation not permitted" in o for o in outs):
         pytest.skip("mount namespaces not permitted here")
