@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -32,9 +33,11 @@ from hack.controlplane.supervisor import READY_FILE
 from ocmfl.constants import HUB_NAMESPACE
 
 AGENT_NAMESPACE = "open-cluster-management-agent"
-KCM_CONTROLLERS = ("namespace-controller,garbage-collector-controller,job-controller,"
-                   "deployment-controller,replicaset-controller,serviceaccount-controller,"
-                   "root-ca-certificate-publisher-controller,ttl-after-finished-controller")
+KCM_CONTROLLERS = (
+    "namespace-controller,garbage-collector-controller,job-controller,"
+    "deployment-controller,replicaset-controller,serviceaccount-controller,"
+    "root-ca-certificate-publisher-controller,ttl-after-finished-controller"
+)
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,13 @@ class ControlPlane:
 
     @classmethod
     def from_state(cls, state: State) -> ControlPlane:
-        return cls(state.kubeconfigs["hub"], {c: state.kubeconfigs[c] for c in state.clusters},
-                   dict(state.hub_access), list(state.clusters), state.dir)
+        return cls(
+            state.kubeconfigs["hub"],
+            {c: state.kubeconfigs[c] for c in state.clusters},
+            dict(state.hub_access),
+            list(state.clusters),
+            state.dir,
+        )
 
 
 class PlaneError(RuntimeError):
@@ -60,6 +68,7 @@ class PlaneError(RuntimeError):
 MAX_CLUSTERS = podplan.SLOT_WIDTH - 1
 SLOTS = 8
 SLOTS_FILE = Path("/dev/shm/ocm-fl-cp-slots.json")
+
 
 def service_cidr(index: int) -> str:
     """ClusterIP range for address index `index`: loopback, distinct per apiserver and plane."""
@@ -75,8 +84,7 @@ def _slot_table(update: Callable[[dict[str, int]], int | None]) -> int | None:
             table = json.loads(SLOTS_FILE.read_text())
         except (OSError, ValueError):
             table = {}
-        table = {k: int(v) for k, v in table.items()
-                 if (Path(k) / processes.STATE_FILE).exists()}
+        table = {k: int(v) for k, v in table.items() if (Path(k) / processes.STATE_FILE).exists()}
         out = update(table)
         SLOTS_FILE.write_text(json.dumps(table))
         return out
@@ -138,11 +146,21 @@ def write_kubeconfig(path: Path, server: str, ca: bytes, kp: certs.KeyPair, user
         return base64.b64encode(b).decode()
 
     cfg = {
-        "apiVersion": "v1", "kind": "Config", "current-context": user,
-        "clusters": [{"name": "local", "cluster": {"server": server,
-                                                   "certificate-authority-data": b64(ca)}}],
-        "users": [{"name": user, "user": {"client-certificate-data": b64(kp.cert_pem),
-                                          "client-key-data": b64(kp.key_pem)}}],
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": user,
+        "clusters": [
+            {"name": "local", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
+        ],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": b64(kp.cert_pem),
+                    "client-key-data": b64(kp.key_pem),
+                },
+            }
+        ],
         "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
     }
     path.write_text(yaml.safe_dump(cfg))
@@ -160,20 +178,28 @@ def healthy(state: State) -> bool:
     return processes.http_ok(state.apiservers["hub"] + "/readyz", ctx)
 
 
-def up(clusters: int = 2, state_dir: Path | None = None, echo: bool = False,
-       timeout: float = 120.0, ocm: bool = True, addon_manager: bool = False) -> State:
+def up(
+    clusters: int = 2,
+    state_dir: Path | None = None,
+    echo: bool = False,
+    timeout: float = 120.0,
+    ocm: bool = True,
+    addon_manager: bool = False,
+) -> State:
     """Start the plane (or reuse a healthy one with the same clusters); return its state.
 
     `ocm=False` leaves out the OCM controllers (Kubernetes + local nodes only);
     `addon_manager=True` also runs OCM's addon manager on the hub (v1alpha1 addon APIs).
     """
-    return _up(clusters, state_dir or processes.state_dir(), echo, timeout, ocm, addon_manager,
-               user=None)
+    return _up(
+        clusters, state_dir or processes.state_dir(), echo, timeout, ocm, addon_manager, user=None
+    )
 
 
 @contextlib.contextmanager
-def session(clusters: int = 2, state_dir: Path | None = None, ocm: bool = True,
-            addon_manager: bool = False) -> Iterator[State]:
+def session(
+    clusters: int = 2, state_dir: Path | None = None, ocm: bool = True, addon_manager: bool = False
+) -> Iterator[State]:
     """Use the plane for the life of the context (e.g. a pytest session).
 
     Starts it or reuses a running one, and registers this process as a user. On exit, a plane
@@ -196,17 +222,26 @@ def live_users(d: Path) -> list[int]:
     users = d / "users"
     if not users.is_dir():
         return []
-    return [int(f.name) for f in users.iterdir() if f.name.isdigit()
-            and processes.alive(int(f.name))]
+    return [
+        int(f.name) for f in users.iterdir() if f.name.isdigit() and processes.alive(int(f.name))
+    ]
 
 
-def _up(clusters: int, d: Path, echo: bool, timeout: float, ocm: bool, addon_manager: bool,
-        user: int | None) -> State:
+def _up(
+    clusters: int,
+    d: Path,
+    echo: bool,
+    timeout: float,
+    ocm: bool,
+    addon_manager: bool,
+    user: int | None,
+) -> State:
     if not 1 <= clusters <= MAX_CLUSTERS:
         raise PlaneError(f"--clusters must be 1..{MAX_CLUSTERS}")
     with _locked(d):
-        state = _reuse_or_start(clusters, d, echo, timeout, ocm, addon_manager,
-                                auto_stop=user is not None)
+        state = _reuse_or_start(
+            clusters, d, echo, timeout, ocm, addon_manager, auto_stop=user is not None
+        )
         if user is None and state.auto_stop:  # `up` by hand: keep it running after tests
             state.auto_stop = False
             state.save()
@@ -216,23 +251,33 @@ def _up(clusters: int, d: Path, echo: bool, timeout: float, ocm: bool, addon_man
         return state
 
 
-def _reuse_or_start(clusters: int, d: Path, echo: bool, timeout: float, ocm: bool,
-                    addon_manager: bool, auto_stop: bool) -> State:
+def _reuse_or_start(
+    clusters: int,
+    d: Path,
+    echo: bool,
+    timeout: float,
+    ocm: bool,
+    addon_manager: bool,
+    auto_stop: bool,
+) -> State:
     existing = State.load(d)
     if existing is not None:
         if healthy(existing):
-            if (existing.clusters == cluster_names(clusters) and existing.ocm == ocm
-                    and (existing.addon_manager or not addon_manager)):
+            if (
+                existing.clusters == cluster_names(clusters)
+                and existing.ocm == ocm
+                and (existing.addon_manager or not addon_manager)
+            ):
                 return existing
             raise PlaneError(
                 f"a plane with clusters {existing.clusters} (ocm={existing.ocm}) already "
                 f"runs in {d}; run `python -m hack.controlplane down` or use another "
-                "OCMFL_CP_DIR")
+                "OCMFL_CP_DIR"
+            )
         _down_locked(d)
     missing = build.missing_binaries()
     if not ocm:
-        missing = [m for m in missing if m in ("etcd", "kube-apiserver",
-                                               "kube-controller-manager")]
+        missing = [m for m in missing if m in ("etcd", "kube-apiserver", "kube-controller-manager")]
     if missing:
         if echo:
             print(f"building missing binaries {missing}", flush=True)
@@ -252,8 +297,9 @@ def _say(echo: bool, msg: str) -> None:
         print(msg, flush=True)
 
 
-def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
-           addon_manager: bool) -> State:
+def _start(
+    d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool, addon_manager: bool
+) -> State:
     t0 = time.monotonic()
     for sub in ("logs", "pods"):
         shutil.rmtree(d / sub, ignore_errors=True)
@@ -266,23 +312,39 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
     # --- certificates -------------------------------------------------------------------------
     ca = certs.make_ca()
     ca_crt, _ = ca.write(pki, "ca")
-    serving = certs.issue(ca, "kube-apiserver", server=True, ip_addresses=("127.0.0.1",),
-                          dns_names=("localhost", "kubernetes", "kubernetes.default",
-                                     "kubernetes.default.svc",
-                                     "kubernetes.default.svc.cluster.local"))
+    serving = certs.issue(
+        ca,
+        "kube-apiserver",
+        server=True,
+        ip_addresses=("127.0.0.1",),
+        dns_names=(
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+    )
     srv_crt, srv_key = serving.write(pki, "apiserver")
     admin = certs.issue(ca, "ocmfl-admin", orgs=("system:masters",), client=True)
     admin.write(pki, "admin")
     # Front-proxy identity: with a requestheader CA configured, the library-go servers of the
     # OCM controllers find a complete extension-apiserver-authentication ConfigMap.
     proxy_crt, proxy_key = certs.issue(ca, "front-proxy-client", client=True).write(
-        pki, "front-proxy-client")
+        pki, "front-proxy-client"
+    )
     sa_key, sa_pub = certs.make_signing_key()
     (pki / "sa.key").write_bytes(sa_key)
     (pki / "sa.pub").write_bytes(sa_pub)
 
-    state = State(dir=str(d), clusters=clusters, etcd_data=str(etcd_data_dir(d)),
-                  started_at=time.time(), ocm=ocm, addon_manager=ocm and addon_manager)
+    state = State(
+        dir=str(d),
+        clusters=clusters,
+        etcd_data=str(etcd_data_dir(d)),
+        started_at=time.time(),
+        ocm=ocm,
+        addon_manager=ocm and addon_manager,
+    )
     state.save()
     state.slot = claim_slot(d)
     state.save()
@@ -295,15 +357,25 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
     # --- etcd -----------------------------------------------------------------------------------
     shutil.rmtree(state.etcd_data, ignore_errors=True)
     ep, pp = processes.free_port(), processes.free_port()
-    etcd = track(processes.spawn("etcd", [
-        str(build.binary("etcd")), "--name=default", f"--data-dir={state.etcd_data}",
-        f"--listen-client-urls=http://127.0.0.1:{ep}",
-        f"--advertise-client-urls=http://127.0.0.1:{ep}",
-        f"--listen-peer-urls=http://127.0.0.1:{pp}",
-        f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
-        f"--initial-cluster=default=http://127.0.0.1:{pp}",
-        "--unsafe-no-fsync", "--log-level=warn", "--quota-backend-bytes=4294967296",
-    ], logs / "etcd.log"))
+    etcd = track(
+        processes.spawn(
+            "etcd",
+            [
+                str(build.binary("etcd")),
+                "--name=default",
+                f"--data-dir={state.etcd_data}",
+                f"--listen-client-urls=http://127.0.0.1:{ep}",
+                f"--advertise-client-urls=http://127.0.0.1:{ep}",
+                f"--listen-peer-urls=http://127.0.0.1:{pp}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{pp}",
+                f"--initial-cluster=default=http://127.0.0.1:{pp}",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+                "--quota-backend-bytes=4294967296",
+            ],
+            logs / "etcd.log",
+        )
+    )
     etcd.port = ep
     processes.wait_until(etcd, lambda: processes.http_ok(f"http://127.0.0.1:{ep}/health"), 30)
     _say(echo, f"etcd ready on :{ep} ({time.monotonic() - t0:.1f}s)")
@@ -312,27 +384,41 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
     apis: dict[str, Proc] = {}
     for i, n in enumerate(names):
         port = processes.free_port()
-        p = track(processes.spawn(f"kube-apiserver-{n}", [
-            str(build.binary("kube-apiserver")),
-            f"--etcd-servers=http://127.0.0.1:{ep}", f"--etcd-prefix=/{n}/registry",
-            "--bind-address=127.0.0.1", f"--secure-port={port}", "--advertise-address=127.0.0.1",
-            f"--tls-cert-file={srv_crt}", f"--tls-private-key-file={srv_key}",
-            f"--client-ca-file={ca_crt}", "--authorization-mode=RBAC",
-            f"--service-cluster-ip-range={service_cidr(podplan.node_index(state.slot, i))}",
-            "--allow-privileged=true",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-account-key-file={pki / 'sa.pub'}",
-            f"--service-account-signing-key-file={pki / 'sa.key'}",
-            "--disable-admission-plugins=ServiceAccount", "--endpoint-reconciler-type=none",
-            "--enable-priority-and-fairness=false", "--profiling=false",
-            f"--cert-dir={d / 'certs' / n}",
-            f"--requestheader-client-ca-file={ca_crt}",
-            "--requestheader-allowed-names=front-proxy-client",
-            "--requestheader-username-headers=X-Remote-User",
-            "--requestheader-group-headers=X-Remote-Group",
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
-            f"--proxy-client-cert-file={proxy_crt}", f"--proxy-client-key-file={proxy_key}",
-        ], logs / f"kube-apiserver-{n}.log"))
+        p = track(
+            processes.spawn(
+                f"kube-apiserver-{n}",
+                [
+                    str(build.binary("kube-apiserver")),
+                    f"--etcd-servers=http://127.0.0.1:{ep}",
+                    f"--etcd-prefix=/{n}/registry",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={port}",
+                    "--advertise-address=127.0.0.1",
+                    f"--tls-cert-file={srv_crt}",
+                    f"--tls-private-key-file={srv_key}",
+                    f"--client-ca-file={ca_crt}",
+                    "--authorization-mode=RBAC",
+                    f"--service-cluster-ip-range={service_cidr(podplan.node_index(state.slot, i))}",
+                    "--allow-privileged=true",
+                    "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                    f"--service-account-key-file={pki / 'sa.pub'}",
+                    f"--service-account-signing-key-file={pki / 'sa.key'}",
+                    "--disable-admission-plugins=ServiceAccount",
+                    "--endpoint-reconciler-type=none",
+                    "--enable-priority-and-fairness=false",
+                    "--profiling=false",
+                    f"--cert-dir={d / 'certs' / n}",
+                    f"--requestheader-client-ca-file={ca_crt}",
+                    "--requestheader-allowed-names=front-proxy-client",
+                    "--requestheader-username-headers=X-Remote-User",
+                    "--requestheader-group-headers=X-Remote-Group",
+                    "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                    f"--proxy-client-cert-file={proxy_crt}",
+                    f"--proxy-client-key-file={proxy_key}",
+                ],
+                logs / f"kube-apiserver-{n}.log",
+            )
+        )
         p.port = port
         apis[n] = p
         state.apiservers[n] = f"https://127.0.0.1:{port}"
@@ -357,10 +443,12 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
     hub_crds, cluster_crds = build.crd_files(hub=True), build.crd_files(hub=False)
     kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
     with ThreadPoolExecutor(len(names)) as pool:
-        futs = [pool.submit(bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters,
-                            build.KUBERNETES_VERSION)]
-        futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds)
-                 for c in clusters]
+        futs = [
+            pool.submit(
+                bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters, build.KUBERNETES_VERSION
+            )
+        ]
+        futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds) for c in clusters]
         for f in futs:
             f.result()
     for k in kubes.values():
@@ -372,56 +460,114 @@ def _start(d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool,
     for n in names:
         port = processes.free_port()
         kc = state.kubeconfigs[n]
-        p = track(processes.spawn(f"kube-controller-manager-{n}", [
-            str(build.binary("kube-controller-manager")), f"--kubeconfig={kc}",
-            f"--authentication-kubeconfig={kc}", f"--authorization-kubeconfig={kc}",
-            f"--controllers={KCM_CONTROLLERS}", "--leader-elect=false",
-            "--bind-address=127.0.0.1", f"--secure-port={port}",
-            f"--cert-dir={d / 'certs' / ('kcm-' + n)}", f"--root-ca-file={ca_crt}",
-            "--use-service-account-credentials=false", "--profiling=false",
-        ], logs / f"kube-controller-manager-{n}.log"))
+        p = track(
+            processes.spawn(
+                f"kube-controller-manager-{n}",
+                [
+                    str(build.binary("kube-controller-manager")),
+                    f"--kubeconfig={kc}",
+                    f"--authentication-kubeconfig={kc}",
+                    f"--authorization-kubeconfig={kc}",
+                    f"--controllers={KCM_CONTROLLERS}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={port}",
+                    f"--cert-dir={d / 'certs' / ('kcm-' + n)}",
+                    f"--root-ca-file={ca_crt}",
+                    "--use-service-account-credentials=false",
+                    "--profiling=false",
+                ],
+                logs / f"kube-controller-manager-{n}.log",
+            )
+        )
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
     for c in clusters if ocm else []:
         port = processes.free_port()
-        p = track(processes.spawn(f"work-agent-{c}", [
-            str(build.binary("work")), "agent", f"--spoke-cluster-name={c}", f"--agent-id={c}",
-            "--workload-source-driver=kube", f"--workload-source-config={state.hub_access[c]}",
-            f"--spoke-kubeconfig={state.kubeconfigs[c]}", f"--kubeconfig={state.kubeconfigs[c]}",
-            "--status-sync-interval=2s", f"--listen=127.0.0.1:{port}",
-            "--disable-leader-election", f"--namespace={AGENT_NAMESPACE}",
-        ], logs / f"work-agent-{c}.log"))
+        p = track(
+            processes.spawn(
+                f"work-agent-{c}",
+                [
+                    str(build.binary("work")),
+                    "agent",
+                    f"--spoke-cluster-name={c}",
+                    f"--agent-id={c}",
+                    "--workload-source-driver=kube",
+                    f"--workload-source-config={state.hub_access[c]}",
+                    f"--spoke-kubeconfig={state.kubeconfigs[c]}",
+                    f"--kubeconfig={state.kubeconfigs[c]}",
+                    "--status-sync-interval=2s",
+                    f"--listen=127.0.0.1:{port}",
+                    "--disable-leader-election",
+                    f"--namespace={AGENT_NAMESPACE}",
+                ],
+                logs / f"work-agent-{c}.log",
+            )
+        )
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
     if ocm:
         port = processes.free_port()
-        p = track(processes.spawn("placement", [
-            str(build.binary("placement")), "controller",
-            f"--kubeconfig={state.kubeconfigs['hub']}", f"--listen=127.0.0.1:{port}",
-            "--disable-leader-election", f"--namespace={HUB_NAMESPACE}",
-        ], logs / "placement.log"))
+        p = track(
+            processes.spawn(
+                "placement",
+                [
+                    str(build.binary("placement")),
+                    "controller",
+                    f"--kubeconfig={state.kubeconfigs['hub']}",
+                    f"--listen=127.0.0.1:{port}",
+                    "--disable-leader-election",
+                    f"--namespace={HUB_NAMESPACE}",
+                ],
+                logs / "placement.log",
+            )
+        )
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
     if state.addon_manager:
         port = processes.free_port()
-        p = track(processes.spawn("addon-manager", [
-            str(build.binary("addon")), "manager",
-            f"--kubeconfig={state.kubeconfigs['hub']}", f"--listen=127.0.0.1:{port}",
-            "--disable-leader-election", f"--namespace={HUB_NAMESPACE}",
-        ], logs / "addon-manager.log"))
+        p = track(
+            processes.spawn(
+                "addon-manager",
+                [
+                    str(build.binary("addon")),
+                    "manager",
+                    f"--kubeconfig={state.kubeconfigs['hub']}",
+                    f"--listen=127.0.0.1:{port}",
+                    "--disable-leader-election",
+                    f"--namespace={HUB_NAMESPACE}",
+                ],
+                logs / "addon-manager.log",
+            )
+        )
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
     state.save()
 
     # --- supervisor: local nodes + claim mirrors ------------------------------------------------
     (d / READY_FILE).unlink(missing_ok=True)
-    sup = track(processes.spawn("supervisor", [
-        sys.executable, "-m", "hack.controlplane", "supervise", f"--state-dir={d}",
-    ], logs / "supervisor.log", env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])}))
+    sup = track(
+        processes.spawn(
+            "supervisor",
+            [
+                sys.executable,
+                "-m",
+                "hack.controlplane",
+                "supervise",
+                f"--state-dir={d}",
+            ],
+            logs / "supervisor.log",
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )
+    )
     insecure = processes.insecure_tls()
     for p, url in waits:
-        processes.wait_until(p, lambda u=url: processes.http_ok(u, insecure), timeout,  # type: ignore[misc]
-                             "did not answer /healthz")
+        processes.wait_until(
+            p,
+            functools.partial(processes.http_ok, url, insecure),
+            timeout,
+            "did not answer /healthz",
+        )
     processes.wait_until(sup, lambda: (d / READY_FILE).exists(), timeout)
     state.startup_seconds = round(time.monotonic() - t0, 2)
     state.save()
@@ -489,14 +635,17 @@ def status_report(state_dir: Path | None = None) -> tuple[bool, str]:
     state = State.load(d)
     if state is None:
         return False, f"no control plane recorded in {d}"
-    lines = [f"state dir {d}; clusters {', '.join(state.clusters)}; "
-             f"startup {state.startup_seconds:.1f}s"]
+    lines = [
+        f"state dir {d}; clusters {', '.join(state.clusters)}; startup {state.startup_seconds:.1f}s"
+    ]
     total = 0
     for p in state.procs:
         rss = processes.rss_bytes(p.pid) if processes.alive(p.pid) else 0
         total += rss
-        lines.append(f"  {p.name:34} pid {p.pid:>7}  port {p.port:>5}  "
-                     f"{'running' if rss else 'DEAD':7}  {rss / 2**20:7.1f} MiB")
+        lines.append(
+            f"  {p.name:34} pid {p.pid:>7}  port {p.port:>5}  "
+            f"{'running' if rss else 'DEAD':7}  {rss / 2**20:7.1f} MiB"
+        )
     lines.append(f"  {'total RSS':34} {'':26} {total / 2**20:7.1f} MiB")
     for n, k in state.kubeconfigs.items():
         lines.append(f"  kubeconfig {n:10} {k}")
@@ -517,5 +666,13 @@ def kubeconfig_env(state: State) -> dict[str, str]:
     return env
 
 
-__all__ = ["ComponentFailed", "PlaneError", "State", "down", "kubeconfig_env", "status_report",
-           "total_rss", "up"]
+__all__ = [
+    "ComponentFailed",
+    "PlaneError",
+    "State",
+    "down",
+    "kubeconfig_env",
+    "status_report",
+    "total_rss",
+    "up",
+]
