@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from ocmfl import pki
+from ocmfl.nodekeys import write_keypair
 from workloads.data import partition
 from workloads.flower_env import flower_env, write_connection
-from workloads.nodekeys import write_keypair
 
 BIN = Path(sys.executable).parent
 APP = Path(__file__).resolve().parents[1] / "workloads" / "fedapp"

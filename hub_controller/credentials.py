@@ -16,14 +16,17 @@ expiring, or no longer matches (a new cluster, a new gateway address, a new CA):
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from cryptography import x509
 
-from ocmfl import pki
-from workloads import nodekeys
+from ocmfl import constants, nodekeys, pki
 
 CA = "ca.crt"
 SUPERLINK_CERT, SUPERLINK_KEY = "superlink.crt", "superlink.key"
@@ -145,3 +148,68 @@ def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
 def server_tls_bundle(data: Mapping[str, bytes]) -> dict[str, bytes]:
     """What the server pod's containers mount: SuperLink and gateway certificates and the CA."""
     return {k: data[k] for k in (CA, SUPERLINK_CERT, SUPERLINK_KEY, GATEWAY_CERT, GATEWAY_KEY)}
+
+
+# --- objects on the hub --------------------------------------------------------------------
+def credentials_secret_name(server_name: str) -> str:
+    """The Secret holding all of a resource's credentials (the server pod mounts parts)."""
+    return f"{server_name}-credentials"
+
+
+def node_keys_secret_name(server_name: str) -> str:
+    """The Secret of public SuperNode keys, mounted whole as the server's key directory."""
+    return f"{server_name}-node-keys"
+
+
+def _secret(meta: Mapping[str, Any], name: str, data: Mapping[str, bytes]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {**meta, "name": name},
+        "data": {k: base64.b64encode(v).decode() for k, v in sorted(data.items())},
+    }
+
+
+def hub_secrets(
+    meta: Mapping[str, Any], server_name: str, data: Mapping[str, bytes]
+) -> list[dict[str, Any]]:
+    """The credentials Secret and the node-keys Secret, with `meta` (namespace, labels,
+    ownerReferences) from the server objects."""
+    return [
+        _secret(meta, credentials_secret_name(server_name), data),
+        _secret(meta, node_keys_secret_name(server_name), server_node_keys(data)),
+    ]
+
+
+def secret_data(secret: Mapping[str, Any] | None) -> dict[str, bytes]:
+    """Decoded data of a Secret as read from the API ({} when absent)."""
+    if not secret:
+        return {}
+    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+
+
+class HubCAUnavailable(RuntimeError):
+    """The hub CA directory is missing or unreadable; the message names the path and fix."""
+
+
+_CA_CACHE: dict[Path, tuple[float, pki.CertAndKey]] = {}
+
+
+def load_hub_ca(directory: Path | None = None) -> pki.CertAndKey:
+    """The hub CA (tls.crt + tls.key) from `directory` or $OCMFL_CA_DIR, re-read on change."""
+    d = Path(directory or os.environ.get(constants.ENV_CA_DIR) or constants.HUB_CA_DIR)
+    cert, key = d / pki.CERT_FILE, d / pki.KEY_FILE
+    try:
+        mtime = max(cert.stat().st_mtime, key.stat().st_mtime)
+        cached = _CA_CACHE.get(d)
+        if cached and cached[0] == mtime:
+            return cached[1]
+        pair = pki.load_cert_and_key(cert.read_bytes(), key.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise HubCAUnavailable(
+            f"hub CA not usable at {d} ({exc}): mount the CA Secret there or set "
+            f"{constants.ENV_CA_DIR} (the Helm chart's ca-init hook creates it)"
+        ) from exc
+    _CA_CACHE[d] = (mtime, pair)
+    return pair

@@ -22,6 +22,7 @@ KINDS: Final[dict[tuple[str, str], tuple[str, bool]]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "PersistentVolumeClaim"): ("persistentvolumeclaims", True),
     ("v1", "ConfigMap"): ("configmaps", True),
+    ("v1", "Secret"): ("secrets", True),
     ("v1", "Pod"): ("pods", True),
     ("batch/v1", "Job"): ("jobs", True),
     ("cluster.open-cluster-management.io/v1beta1", "Placement"): ("placements", True),

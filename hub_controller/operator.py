@@ -18,6 +18,7 @@ INPUTS_ANNOTATION, because kopf ignores changes to annotations under its own pre
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Iterable, Mapping
@@ -27,6 +28,7 @@ from typing import Any, Final
 
 import kopf
 
+from hub_controller import credentials
 from hub_controller import placement as placement_mod
 from hub_controller import server as server_mod
 from hub_controller import works as works_mod
@@ -105,6 +107,48 @@ def apply_status_reports(source: ReportSource) -> None:
     aggregator's ReportStore does). The status timer reads it every REFOLD_INTERVAL_S.
     """
     STATE.reports = source
+
+
+def agent_endpoints() -> dict[str, str]:
+    """Per-cluster agent endpoint overrides from $OCMFL_AGENT_ENDPOINTS (JSON object)."""
+    raw = os.environ.get(constants.ENV_AGENT_ENDPOINTS, "")
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError as exc:
+        raise kopf.PermanentError(f"{constants.ENV_AGENT_ENDPOINTS} is not JSON: {exc}") from exc
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise kopf.PermanentError(f"{constants.ENV_AGENT_ENDPOINTS} must map cluster -> URL")
+    return {str(k): v for k, v in value.items()}
+
+
+def ensure_credentials(
+    kube: Kube, ref: FLRef, server_address: str, members: list[str]
+) -> dict[str, bytes]:
+    """Issue/renew the resource's credentials (hub CA) and store them in its hub Secrets."""
+    try:
+        ca = credentials.load_hub_ca()
+    except credentials.HubCAUnavailable as exc:
+        raise kopf.TemporaryError(str(exc), delay=30) from exc
+    name = server_mod.server_name(ref)
+    secret = kube.get("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
+    current = credentials.secret_data(secret)
+    data = credentials.reconcile_credentials(
+        current,
+        clusters=members,
+        gateway=server_mod.gateway_names(ref, server_address),
+        ca=ca,
+    )
+    if data != current or secret is None:
+        meta = {
+            "namespace": ref.namespace,
+            "labels": ref.labels(server_mod.COMPONENT),
+            "ownerReferences": [ref.owner_reference()],
+        }
+        for obj in credentials.hub_secrets(meta, name, data):
+            kube.apply(obj)
+    return data
 
 
 def _kube() -> Kube:
@@ -324,7 +368,17 @@ def reconcile(
         terminal = previous is not None and previous.phase.value in ("Completed", "Failed")
         terminal = terminal and previous is not None and previous.observed_generation == generation
         if obs.server_address is not None:
-            desired = works_mod.desired_works(ref, fl, obs.resolutions, obs.server_address)
+            members = [r.name for r in obs.resolutions if r.has_data]
+            creds = ensure_credentials(kube, ref, obs.server_address, members)
+            desired = works_mod.desired_works(
+                ref,
+                fl,
+                obs.resolutions,
+                obs.server_address,
+                agent_endpoints(),
+                tls={c: credentials.client_bundle(creds, c) for c in members},
+                server_name=server_mod.gateway_server_name(ref, obs.server_address),
+            )
             if terminal:  # a finished run takes no new clusters
                 desired = {c: w for c, w in desired.items() if c in obs.works}
             for cluster, work in desired.items():
@@ -442,6 +496,7 @@ def cleanup(meta: kopf.Meta, retry: int, logger: kopf.Logger, **_: Any) -> None:
         ("batch/v1", "Job"),
         ("v1", "Service"),
         ("v1", "PersistentVolumeClaim"),
+        ("v1", "Secret"),
     ):
         for obj in kube.list(api_version, kind, ns, selector):
             kube.delete(api_version, kind, ns, obj["metadata"]["name"])

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from hub_controller import credentials
 from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, StorageType
 from hub_controller.works import safe_name
 from ocmfl import constants
@@ -19,6 +20,9 @@ from ocmfl import constants
 COMPONENT: Final = "server"
 SERVER_COMMAND: Final = "ocm-fl-server"
 MODEL_DIR: Final = "/var/lib/ocm-fl/models"
+STATE_DIR: Final = "/var/lib/ocm-fl/state"  # SuperLink database, FLWR_HOME, nginx run dir
+TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.server_tls_bundle
+NODE_KEYS_DIR: Final = "/var/run/ocm-fl/node-keys"  # <cluster>.pub
 FLEET_PORT_NAME: Final = "fleet"
 
 
@@ -74,6 +78,23 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
         str(server.timeouts.round_seconds),
         "--run-id",
         f"{ref.namespace}/{ref.name}",
+        # SuperLink on the pod's loopback; clusters reach it only through the mTLS gateway.
+        "--state-dir",
+        STATE_DIR,
+        "--ssl-ca-certfile",
+        f"{TLS_DIR}/{credentials.CA}",
+        "--ssl-certfile",
+        f"{TLS_DIR}/{credentials.SUPERLINK_CERT}",
+        "--ssl-keyfile",
+        f"{TLS_DIR}/{credentials.SUPERLINK_KEY}",
+        "--supernode-keys",
+        NODE_KEYS_DIR,
+        "--gateway-listen",
+        f"$(POD_IP):{constants.FLEET_PROXY_PORT}",
+        "--gateway-certfile",
+        f"{TLS_DIR}/{credentials.GATEWAY_CERT}",
+        "--gateway-keyfile",
+        f"{TLS_DIR}/{credentials.GATEWAY_KEY}",
     ]
     if server.init_model:
         args += ["--init-model", server.init_model]
@@ -149,12 +170,18 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
         "command": [SERVER_COMMAND],
         "args": server_args(ref, spec),
         "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             {"name": constants.ENV_FL_NAME, "value": ref.name},
             {"name": constants.ENV_FL_NAMESPACE, "value": ref.namespace},
             {"name": constants.ENV_FL_UID, "value": ref.uid},
         ],
         "ports": [{"name": FLEET_PORT_NAME, "containerPort": constants.FLEET_PROXY_PORT}],
-        "volumeMounts": [{"name": "models", "mountPath": MODEL_DIR}],
+        "volumeMounts": [
+            {"name": "models", "mountPath": MODEL_DIR},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+            {"name": "node-keys", "mountPath": NODE_KEYS_DIR, "readOnly": True},
+        ],
         "terminationMessagePolicy": "File",
     }
     if server.resources is not None and server.resources.to_k8s():
@@ -170,7 +197,33 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
                 "spec": {
                     "restartPolicy": "Never",
                     "containers": [container],
-                    "volumes": [volume],
+                    "volumes": [
+                        volume,
+                        {"name": "state", "emptyDir": {}},
+                        {
+                            "name": "tls",
+                            "secret": {
+                                "secretName": credentials.credentials_secret_name(server_name(ref)),
+                                "defaultMode": 0o400,
+                                "items": [
+                                    {"key": k, "path": k}
+                                    for k in (
+                                        credentials.CA,
+                                        credentials.SUPERLINK_CERT,
+                                        credentials.SUPERLINK_KEY,
+                                        credentials.GATEWAY_CERT,
+                                        credentials.GATEWAY_KEY,
+                                    )
+                                ],
+                            },
+                        },
+                        {
+                            "name": "node-keys",
+                            "secret": {
+                                "secretName": credentials.node_keys_secret_name(server_name(ref))
+                            },
+                        },
+                    ],
                 },
             },
         },
@@ -256,3 +309,25 @@ def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifa
         except (ValueError, AttributeError):
             return None
     return None
+
+
+def gateway_names(ref: FLRef, address: str | None) -> credentials.GatewayNames:
+    """SANs of the Fleet gateway certificate: the Service's DNS names and the advertised host."""
+    svc = server_name(ref)
+    dns = [f"{svc}.{ref.namespace}.svc", f"{svc}.{ref.namespace}.svc.cluster.local"]
+    ips: list[str] = []
+    if address:
+        host = address.rsplit(":", 1)[0].strip("[]")
+        if host.replace(".", "").isdigit() or ":" in host:
+            ips.append(host)
+        elif host not in dns:
+            dns.append(host)
+    return credentials.GatewayNames(dns=tuple(dns), ips=tuple(ips))
+
+
+def gateway_server_name(ref: FLRef, address: str) -> str:
+    """The DNS name clients check on the gateway certificate (nginx matches DNS SANs only)."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    if host.replace(".", "").isdigit() or ":" in host:
+        return f"{server_name(ref)}.{ref.namespace}.svc"
+    return host

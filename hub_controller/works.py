@@ -8,6 +8,7 @@ and run config. Status feedback rules bring the Job's counters back to the hub.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -34,6 +35,9 @@ CONFIG_DIR: Final = "/etc/ocm-fl"
 RUN_CONFIG_FILE: Final = "run-config.json"
 SERVICE_ACCOUNT: Final = "fl-client"
 CLIENT_COMMAND: Final = "ocm-fl-client"
+TLS_SECRET_NAME: Final = "fl-client-tls"
+TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.client_bundle: tls.crt/key, ca.crt, node.key
+STATE_DIR: Final = "/var/lib/ocm-fl-client"
 # Where the client posts local metrics: the addon agent's Service in its namespace.
 DEFAULT_AGENT_ENDPOINT: Final = (
     f"http://{constants.ADDON_NAME}-agent.{constants.AGENT_NAMESPACE}.svc:"
@@ -118,20 +122,40 @@ def effective_client(
     return EffectiveClient(env=env, resources=resources, run_config=run_config)
 
 
-def client_args(spec: FederatedLearningSpec, cluster: str, server_address: str) -> list[str]:
+def client_args(
+    spec: FederatedLearningSpec, cluster: str, server_address: str, server_name: str
+) -> list[str]:
     """Arguments for `ocm-fl-client` (workloads.client_launcher).
 
     Expected flags:
-      --server HOST:PORT     the hub server's Fleet endpoint (mTLS proxy)
+      --server HOST:PORT     the hub server's Fleet gateway (mTLS)
+      --server-name NAME     the DNS name on the gateway's certificate
+      --root-certificates, --client-certfile, --client-keyfile, --auth-key
+                             the hub CA, this cluster's identity and SuperNode key (TLS_DIR)
       --cluster NAME         this managed cluster's name (also in OCMFL_CLUSTER_NAME)
       --data-dir PATH        the mounted data directory (also in OCMFL_DATA_DIR)
       --task NAME            the workload task (model + data loader), e.g. digits
       --run-config FILE      JSON object of run-config values (merged overrides)
+      --port 0               any free loopback port for the SuperNode's local API
     The agent endpoint, FL name/namespace/uid come as env vars (ocmfl.constants.ENV_*).
     """
     return [
         "--server",
         server_address,
+        "--server-name",
+        server_name,
+        "--root-certificates",
+        f"{TLS_DIR}/ca.crt",
+        "--client-certfile",
+        f"{TLS_DIR}/tls.crt",
+        "--client-keyfile",
+        f"{TLS_DIR}/tls.key",
+        "--auth-key",
+        f"{TLS_DIR}/node.key",
+        "--state-dir",
+        STATE_DIR,
+        "--port",
+        "0",
         "--cluster",
         cluster,
         "--data-dir",
@@ -168,6 +192,7 @@ def _client_job(
     spec: FederatedLearningSpec,
     resolution: ClusterResolution,
     server_address: str,
+    server_name: str,
     agent_endpoint: str,
     effective: EffectiveClient,
     labels: dict[str, str],
@@ -178,11 +203,13 @@ def _client_job(
         "name": "client",
         "image": spec.client.image,
         "command": [CLIENT_COMMAND],
-        "args": client_args(spec, resolution.name, server_address),
+        "args": client_args(spec, resolution.name, server_address, server_name),
         "env": client_env(ref, spec, resolution.name, agent_endpoint, effective.env),
         "volumeMounts": [
             {"name": "data", "mountPath": mount.mount_path, "readOnly": mount.read_only},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
         ],
     }
     if effective.resources is not None and effective.resources.to_k8s():
@@ -197,6 +224,8 @@ def _client_job(
                 "hostPath": {"path": resolution.data_path, "type": "Directory"},
             },
             {"name": "config", "configMap": {"name": CONFIG_MAP_NAME}},
+            {"name": "tls", "secret": {"secretName": TLS_SECRET_NAME, "defaultMode": 0o400}},
+            {"name": "state", "emptyDir": {}},
         ],
     }
     # Job pod templates are immutable: a changed template gets a new Job name, and the work
@@ -223,14 +252,23 @@ def desired_work(
     resolution: ClusterResolution,
     server_address: str,
     agent_endpoint: str = DEFAULT_AGENT_ENDPOINT,
+    *,
+    tls: Mapping[str, bytes],
+    server_name: str,
 ) -> dict[str, Any]:
-    """The ManifestWork for one cluster that has data."""
+    """The ManifestWork for one cluster that has data.
+
+    `tls` is the cluster's credentials.client_bundle (its identity for the Fleet gateway, the
+    hub CA and its SuperNode key); `server_name` the DNS name on the gateway certificate.
+    """
     if resolution.data_path is None:
         raise ValueError(f"cluster {resolution.name} has no data path: it gets no work")
     labels = {**ref.labels(COMPONENT), constants.LABEL_CLUSTER: resolution.name}
     effective = effective_client(spec.client, resolution.name, resolution.labels)
     namespace = client_namespace(ref)
-    job = _client_job(ref, spec, resolution, server_address, agent_endpoint, effective, labels)
+    job = _client_job(
+        ref, spec, resolution, server_address, server_name, agent_endpoint, effective, labels
+    )
     manifests = [
         {
             "apiVersion": "v1",
@@ -247,6 +285,13 @@ def desired_work(
             "kind": "ConfigMap",
             "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": labels},
             "data": {RUN_CONFIG_FILE: json.dumps(effective.run_config, sort_keys=True)},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": TLS_SECRET_NAME, "namespace": namespace, "labels": labels},
+            "data": {k: base64.b64encode(v).decode() for k, v in sorted(tls.items())},
         },
         job,
     ]
@@ -295,11 +340,27 @@ def desired_works(
     spec: FederatedLearningSpec,
     resolutions: Iterable[ClusterResolution],
     server_address: str,
-    agent_endpoint: str = DEFAULT_AGENT_ENDPOINT,
+    agent_endpoints: Mapping[str, str] | None = None,
+    *,
+    tls: Mapping[str, Mapping[str, bytes]],
+    server_name: str,
 ) -> dict[str, dict[str, Any]]:
-    """Works keyed by cluster name, for the clusters that have data."""
+    """Works keyed by cluster name, for the clusters that have data.
+
+    `tls` maps each such cluster to its credentials bundle; `agent_endpoints` overrides where
+    a cluster's client finds its agent (default: the agent Service, DEFAULT_AGENT_ENDPOINT).
+    """
+    endpoints = agent_endpoints or {}
     return {
-        r.name: desired_work(ref, spec, r, server_address, agent_endpoint)
+        r.name: desired_work(
+            ref,
+            spec,
+            r,
+            server_address,
+            endpoints.get(r.name, DEFAULT_AGENT_ENDPOINT),
+            tls=tls[r.name],
+            server_name=server_name,
+        )
         for r in resolutions
         if r.has_data
     }

@@ -88,6 +88,9 @@ ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; 
 # ports above. The local federation binds them to loopback addresses of its own.
 ENV_AGGREGATOR_LISTEN: Final = "OCMFL_AGGREGATOR_LISTEN"
 ENV_METRICS_LISTEN: Final = "OCMFL_METRICS_LISTEN"
+# hub: JSON {cluster: url} overriding where a cluster's FL client finds its agent (default: the
+# agent's Service on that cluster); the local federation's agents run as processes.
+ENV_AGENT_ENDPOINTS: Final = "OCMFL_AGENT_ENDPOINTS"
 ENV_RUN_CSR_SIGNER: Final = "OCMFL_RUN_CSR_SIGNER"  # hub: "true" = also run our own CSR signer
 AGENT_STATE_DIR: Final = "/var/lib/ocm-fl"  # agent: unsent reports survive restarts here
 ENV_AGENT_STATE_DIR: Final = "OCMFL_AGENT_STATE_DIR"

@@ -32,6 +32,7 @@ from ocmfl.constants import (
     SUPERLINK_PORT,
     SUPERNODE_PORT,
 )
+from ocmfl.nodekeys import ensure_keypair, public_key_of
 from workloads import flower_env as fe
 from workloads.data import PartitionError, load_partition
 from workloads.fedapp.settings import (
@@ -41,7 +42,6 @@ from workloads.fedapp.settings import (
     NODE_DATA_DIR,
 )
 from workloads.fleet_tls import Proxy, ProxyError, free_loopback_port, start_tunnel
-from workloads.nodekeys import ensure_keypair, public_key_of
 
 PREFIX = "ocm-fl-client"
 EXIT_BAD_INPUT = 2

@@ -29,11 +29,11 @@ from typing import Any
 import tomli_w
 
 from ocmfl.constants import SUPERLINK_PORT
+from ocmfl.nodekeys import read_public_keys
 from workloads import flower_env as fe
 from workloads.fedapp.settings import STRATEGIES, RunSettings
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
 from workloads.model_store import ModelStore
-from workloads.nodekeys import read_public_keys
 
 PREFIX = "ocm-fl-server"
 DEFAULT_APP_DIR = Path(__file__).resolve().parent / "fedapp"

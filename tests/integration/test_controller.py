@@ -23,7 +23,7 @@ from hack.controlplane.kube import Kube, KubeError
 from hack.controlplane.plane import ControlPlane
 from hub_controller.api import FLRef
 from hub_controller.works import work_name
-from ocmfl import constants
+from ocmfl import constants, pki
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -119,10 +119,16 @@ def set_claim(spoke: Kube, name: str, value: str) -> None:
 
 
 @pytest.fixture
-def operator(control_plane: ControlPlane, hub: Kube, namespace: str) -> Iterator[KopfRunner]:
+def operator(
+    control_plane: ControlPlane, hub: Kube, namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KopfRunner]:
     """kopf in-process against the hub; at the end the test's resources are deleted while
     the operator still runs, so its finalizer can do its job."""
     os.environ["KUBECONFIG"] = control_plane.hub_kubeconfig
+    # The hub CA the controller issues per-resource credentials from (ca_init on a real hub).
+    ca_dir = tmp_path_factory.mktemp("hub-ca")
+    pki.save_tls_dir(ca_dir, pki.create_ca("test-hub-ca"), None)
+    os.environ[constants.ENV_CA_DIR] = str(ca_dir)
     from hub_controller import operator as op
 
     op.STATE.kube = None  # a client for this plane

@@ -2,7 +2,7 @@
 
 One federation is shared by the tests of this module (they run in file order; the last one
 breaks a client on purpose). Certificates come from ocmfl.pki, SuperNode keys from
-workloads.nodekeys; the launchers `ocm-fl-server` / `ocm-fl-client` start everything.
+ocmfl.nodekeys; the launchers `ocm-fl-server` / `ocm-fl-client` start everything.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 
 from ocmfl import pki
+from ocmfl.nodekeys import write_keypair
 from workloads.client_launcher import EXIT_REFUSED
 from workloads.data import load_partition, partition
 from workloads.model_store import ModelStore
-from workloads.nodekeys import write_keypair
 
 pytestmark = [pytest.mark.federation, pytest.mark.timeout(900)]
 

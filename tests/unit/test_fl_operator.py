@@ -16,7 +16,7 @@ from hub_controller.clusters import ClusterInfo
 from hub_controller.server import JobState
 from hub_controller.status import WorkState
 from hub_controller.works import work_name
-from ocmfl import constants
+from ocmfl import constants, pki
 
 LOG = logging.getLogger("test")
 # kopf's decorators type the handlers as its callback protocols; tests call them directly.
@@ -41,6 +41,15 @@ class FakeKube:
         self.created.append(obj)
         return True
 
+    def get(
+        self, api_version: str, kind: str, namespace: str | None, name: str
+    ) -> dict[str, Any] | None:
+        for obj in reversed(self.applied):
+            meta = obj["metadata"]
+            if (obj["kind"], meta.get("namespace"), meta["name"]) == (kind, namespace, name):
+                return obj
+        return None
+
     def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
         self.deleted.append((kind, namespace, name))
         return True
@@ -60,7 +69,9 @@ class FakeKube:
 
 
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
+def kube(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[FakeKube]:
+    pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
+    monkeypatch.setenv(constants.ENV_CA_DIR, str(tmp_path / "hub-ca"))
     fake = FakeKube()
     monkeypatch.setattr(operator.STATE, "kube", fake)
     events: list[tuple[str, str]] = []
@@ -131,8 +142,12 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
     stale = WorkState(cluster="c9", name=work_name(REF), applied=True)
     patch = run(spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=[stale]))
     kinds = kube.kinds(kube.applied)
-    assert kinds == ["Placement", "Service", "ManifestWork", "ManifestWork"]
-    assert [w["metadata"]["namespace"] for w in kube.applied[2:]] == ["c1", "c2"]
+    assert kinds == ["Placement", "Service", "Secret", "Secret", "ManifestWork", "ManifestWork"]
+    works = [o for o in kube.applied if o["kind"] == "ManifestWork"]
+    assert [w["metadata"]["namespace"] for w in works] == ["c1", "c2"]
+    # The credentials are issued once on the hub, owned by the resource.
+    secrets = [o for o in kube.applied if o["kind"] == "Secret"]
+    assert all(o["metadata"]["ownerReferences"][0]["uid"] == REF.uid for o in secrets)
     assert kube.deleted == [("ManifestWork", "c9", work_name(REF))]
     assert not kube.created  # no server before clusters are ready
     assert patch["status"]["phase"] == "Waiting"
@@ -143,7 +158,11 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
 
 def test_unchanged_works_are_not_reapplied(kube: FakeKube) -> None:
     run(spec_dict(advertiseAddress="127.0.0.1:9443"), indexes())
-    hashes = {w["metadata"]["namespace"]: w["metadata"]["annotations"] for w in kube.applied[2:]}
+    hashes = {
+        w["metadata"]["namespace"]: w["metadata"]["annotations"]
+        for w in kube.applied
+        if w["kind"] == "ManifestWork"
+    }
     works = [
         WorkState(
             cluster=c,
@@ -153,9 +172,10 @@ def test_unchanged_works_are_not_reapplied(kube: FakeKube) -> None:
         )
         for c in ("c1", "c2")
     ]
-    kube.applied.clear()
+    before = len(kube.applied)
     run(spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=works))
-    assert kube.kinds(kube.applied) == ["Placement", "Service"]
+    # Credentials still good and works unchanged: nothing but the idempotent Placement/Service.
+    assert kube.kinds(kube.applied[before:]) == ["Placement", "Service"]
     assert kube.kinds(kube.created) == ["Job"]  # both applied: the gate opens
 
 

@@ -23,6 +23,9 @@ from ocmfl import constants
 C1 = ClusterResolution("c1", "/srv/digits-a", "why", {"zone": "eu", "gpu": "yes"})
 C2 = ClusterResolution("c2", None, "no claim")
 ADDR = "127.0.0.1:9443"
+SNI = "fl-x-server.team.svc"
+TLS = {"tls.crt": b"CERT", "tls.key": b"KEY", "ca.crt": b"CA", "node.key": b"NODE"}
+TLS_BY_CLUSTER = {"c1": TLS}
 
 
 def _manifest(work: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -42,7 +45,7 @@ def _env(work: dict[str, Any]) -> dict[str, str]:
 
 
 def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
-    works = desired_works(REF, spec(), [C1, C2], ADDR)
+    works = desired_works(REF, spec(), [C1, C2], ADDR, tls=TLS_BY_CLUSTER, server_name=SNI)
     assert list(works) == ["c1"]
     work = works["c1"]
     assert work["metadata"]["namespace"] == "c1"
@@ -53,11 +56,11 @@ def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
     assert labels[constants.LABEL_OWNER_UID] == REF.uid
     assert labels[constants.LABEL_CLUSTER] == "c1"
     kinds = [m["kind"] for m in work["spec"]["workload"]["manifests"]]
-    assert kinds == ["Namespace", "ServiceAccount", "ConfigMap", "Job"]
+    assert kinds == ["Namespace", "ServiceAccount", "ConfigMap", "Secret", "Job"]
 
 
 def test_client_job_mounts_the_claimed_path_read_only_at_mount_path() -> None:
-    work = desired_work(REF, spec(), C1, ADDR)
+    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
     pod = _manifest(work, "Job")["spec"]["template"]["spec"]
     [data] = [v for v in pod["volumes"] if v["name"] == "data"]
     assert data["hostPath"]["path"] == "/srv/digits-a"
@@ -66,9 +69,9 @@ def test_client_job_mounts_the_claimed_path_read_only_at_mount_path() -> None:
 
 
 def test_client_runs_ocm_fl_client_with_server_cluster_and_data_dir() -> None:
-    container = _container(desired_work(REF, spec(), C1, ADDR))
+    container = _container(desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI))
     assert container["command"] == ["ocm-fl-client"]
-    assert container["args"] == client_args(spec(), "c1", ADDR)
+    assert container["args"] == client_args(spec(), "c1", ADDR, SNI)
     args = container["args"]
     assert args[args.index("--server") + 1] == ADDR
     assert args[args.index("--cluster") + 1] == "c1"
@@ -76,7 +79,11 @@ def test_client_runs_ocm_fl_client_with_server_cluster_and_data_dir() -> None:
 
 
 def test_client_env_carries_agent_endpoint_cluster_and_owner() -> None:
-    env = _env(desired_work(REF, spec(), C1, ADDR, agent_endpoint="http://127.0.0.1:8088"))
+    env = _env(
+        desired_work(
+            REF, spec(), C1, ADDR, agent_endpoint="http://127.0.0.1:8088", tls=TLS, server_name=SNI
+        )
+    )
     assert env[constants.ENV_AGENT_ENDPOINT] == "http://127.0.0.1:8088"
     assert env[constants.ENV_CLUSTER_NAME] == "c1"
     assert env[constants.ENV_DATA_DIR] == "/data"
@@ -84,7 +91,7 @@ def test_client_env_carries_agent_endpoint_cluster_and_owner() -> None:
 
 
 def test_feedback_rules_read_job_counters_and_delete_is_foreground() -> None:
-    work = desired_work(REF, spec(), C1, ADDR)
+    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
     [cfg] = work["spec"]["manifestConfigs"]
     job = _manifest(work, "Job")
     assert cfg["resourceIdentifier"] == {
@@ -125,7 +132,7 @@ def test_overrides_by_name_and_label_apply_in_order_later_wins() -> None:
             {"clusterName": "other", "runConfig": {"localEpochs": 99}},
         ]
     )
-    work = desired_work(REF, s, C1, ADDR)
+    work = desired_work(REF, s, C1, ADDR, tls=TLS, server_name=SNI)
     run_config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
     assert run_config == {"localEpochs": 5, "batchSize": 32}
     assert _env(work)["A"] == "name"
@@ -147,19 +154,26 @@ def test_label_selector_expressions_select_overrides() -> None:
             },
         ]
     )
-    work = desired_work(REF, s, C1, ADDR)
+    work = desired_work(REF, s, C1, ADDR, tls=TLS, server_name=SNI)
     run_config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
     assert run_config["batchSize"] == 128
 
 
 def test_changed_pod_template_gets_a_new_job_name() -> None:
-    a = _manifest(desired_work(REF, spec(), C1, ADDR), "Job")["metadata"]["name"]
-    b = _manifest(desired_work(REF, spec(), C1, "127.0.0.2:9443"), "Job")["metadata"]["name"]
+    a = _manifest(desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI), "Job")["metadata"][
+        "name"
+    ]
+    b = _manifest(desired_work(REF, spec(), C1, "127.0.0.2:9443", tls=TLS, server_name=SNI), "Job")[
+        "metadata"
+    ]["name"]
     assert a != b and a.startswith("fl-client-")
 
 
 def test_spec_hash_is_stable_and_stored_on_the_work() -> None:
-    w1, w2 = desired_work(REF, spec(), C1, ADDR), desired_work(REF, spec(), C1, ADDR)
+    w1, w2 = (
+        desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI),
+        desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI),
+    )
     assert spec_hash(w1) == spec_hash(w2)
     assert spec_hash(w1) in w1["metadata"]["annotations"].values()
 
@@ -173,6 +187,26 @@ def test_long_names_are_cut_to_a_dns_label_with_a_hash() -> None:
 
 
 def test_clusters_that_left_have_their_works_deleted() -> None:
-    desired = desired_works(REF, spec(), [C1], ADDR)
+    desired = desired_works(REF, spec(), [C1], ADDR, tls=TLS_BY_CLUSTER, server_name=SNI)
     existing = [("c1", work_name(REF)), ("c9", work_name(REF))]
     assert works_to_delete(existing, desired) == [("c9", work_name(REF))]
+
+
+def test_client_gets_its_cluster_identity_and_reaches_the_server_only_through_mtls() -> None:
+    import base64
+
+    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
+    secret = _manifest(work, "Secret")
+    assert {k: base64.b64decode(v) for k, v in secret["data"].items()} == TLS
+    container = _container(work)
+    args = container["args"]
+    flag = {args[i]: args[i + 1] for i in range(0, len(args) - 1) if args[i].startswith("--")}
+    assert flag["--server"] == ADDR
+    assert flag["--server-name"] == SNI
+    assert flag["--client-certfile"].endswith("/tls.crt")
+    assert flag["--auth-key"].endswith("/node.key")
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["tls"]["readOnly"] is True
+    pod = _manifest(work, "Job")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == secret["metadata"]["name"]

@@ -8,7 +8,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from workloads.nodekeys import (
+from ocmfl.nodekeys import (
     ensure_keypair,
     generate_keypair,
     public_key_of,
