@@ -1,0 +1,482 @@
+"""A whole federation on the local control plane (DEMO AND TEST INFRASTRUCTURE).
+
+On a real hub the controller, aggregator and CSR signer run in the Helm chart's Deployment and
+each cluster's agent is deployed by OCM's addon manager; here they run as local processes
+against the real local apiservers (hack.controlplane), with what the chart and OCM would do
+done by this module instead:
+
+* the hub CA (what `hub_controller.ca_init` creates on a real hub) is written to a directory;
+* "clusteradm addon enable": a ManagedClusterAddOn per cluster;
+* OCM's KubeClient registration: each agent gets a hub kubeconfig with the addon agent's
+  default identity (user/groups of `default_agent_subject`), allowed to create CSRs;
+* each agent then obtains its mTLS client certificate through the project's own CSR signer
+  (`ocm-fl-agent --csr-hub-kubeconfig`): no certificate is made by hand for it.
+
+Every process gets its own loopback address (127.77.<i>.1), so nothing collides with pods the
+local nodes run.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from cryptography import x509
+from cryptography.x509.oid import NameOID
+
+from hack.controlplane.kube import Kube
+from hack.controlplane.plane import ControlPlane
+from hub_controller.addon_template import default_agent_subject
+from ocmfl import constants, pki
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = REPO / ".venv" / "bin"
+CRD_FILE = REPO / "crds" / "federatedlearnings.yaml"
+CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+MCA_PATH = f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{{ns}}/managedclusteraddons"
+CLAIMS_PATH = f"/apis/{constants.CLUSTER_GROUP}/v1alpha1/clusterclaims"
+BINDINGS_PATH = (
+    f"/apis/{constants.CLUSTER_GROUP}/v1beta2/namespaces/{{ns}}/managedclustersetbindings"
+)
+FL_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{constants.PLURAL}"
+CSR_RBAC_NAME = "ocm-fl-local-addon-agents"
+HUB_HOST = "127.77.0.1"
+ADDON_AVAILABLE_LABEL = f"feature.open-cluster-management.io/addon-{constants.ADDON_NAME}"
+T = TypeVar("T")
+
+
+def agent_host(index: int) -> str:
+    """Loopback address of the agent of the `index`-th cluster (1-based)."""
+    return f"127.77.{index}.1"
+
+
+class FederationError(RuntimeError):
+    """A component of the local federation failed to start."""
+
+
+def wait_for(fn: Callable[[], T | None], timeout: float, what: str) -> T:
+    """Poll `fn` until it returns something truthy; FederationError naming `what` otherwise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise FederationError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.3)
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+# --- what the Helm chart and OCM registration would do -------------------------------------
+def install_crd(hub: Kube) -> None:
+    """Apply the FederatedLearning CRD (server-side apply) and wait until it is served."""
+    crd = yaml.safe_load(CRD_FILE.read_text())
+    name = crd["metadata"]["name"]
+    hub.request(
+        "PATCH",
+        f"{CRDS}/{name}",
+        crd,
+        query={"fieldManager": "ocm-fl-local", "force": "true"},
+        content_type="application/apply-patch+yaml",
+    )
+
+    def established() -> bool:
+        conds = ((hub.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+    wait_for(established, 30, "the FederatedLearning CRD to be established")
+
+
+def enable_addon(hub: Kube, cluster: str) -> None:
+    """What `clusteradm addon enable --names federated-learning --clusters C` creates."""
+    hub.create(
+        MCA_PATH.format(ns=cluster),
+        {
+            "apiVersion": f"{constants.ADDON_GROUP}/v1alpha1",
+            "kind": "ManagedClusterAddOn",
+            "metadata": {"name": constants.ADDON_NAME, "namespace": cluster},
+            "spec": {},
+        },
+    )
+
+
+def ensure_agent_csr_rbac(hub: Kube) -> None:
+    """Addon agents may create and read CSRs (the agent's hub permissions on a real hub)."""
+    hub.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "metadata": {"name": CSR_RBAC_NAME},
+            "rules": [
+                {
+                    "apiGroups": ["certificates.k8s.io"],
+                    "resources": ["certificatesigningrequests"],
+                    "verbs": ["create", "get", "list", "watch"],
+                }
+            ],
+        },
+    )
+    hub.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        {
+            "metadata": {"name": CSR_RBAC_NAME},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": CSR_RBAC_NAME,
+            },
+            "subjects": [
+                {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Group",
+                    "name": f"system:open-cluster-management:addon:{constants.ADDON_NAME}",
+                }
+            ],
+        },
+    )
+
+
+def addon_agent_kubeconfig(plane: ControlPlane, cluster: str, path: Path) -> str:
+    """A hub kubeconfig for `cluster`'s addon agent identity (as OCM's KubeClient gives it)."""
+    state = Path(plane.state_dir) / "pki"
+    ca = pki.load_cert_and_key((state / "ca.crt").read_bytes(), (state / "ca.key").read_bytes())
+    subject = default_agent_subject(cluster)
+    name = x509.Name(
+        [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"][:2]]
+        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])]
+    )
+    pair = pki.issue_cert_for_subject(name, ca)
+    hub_cfg = yaml.safe_load(Path(plane.hub_kubeconfig).read_text())
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "agent",
+        "clusters": [{"name": "hub", "cluster": hub_cfg["clusters"][0]["cluster"]}],
+        "users": [
+            {
+                "name": "agent",
+                "user": {
+                    "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
+                    "client-key-data": base64.b64encode(pair.key_pem).decode(),
+                },
+            }
+        ],
+        "contexts": [{"name": "agent", "context": {"cluster": "hub", "user": "agent"}}],
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
+    return str(path)
+
+
+def mark_addon_available(hub: Kube, cluster: str) -> None:
+    """The label OCM's registration hub sets once the addon's agent is healthy (Placements
+    select on it); set here when the local agent is up."""
+    hub.patch(
+        f"/apis/{constants.CLUSTER_GROUP}/v1/managedclusters/{cluster}",
+        {"metadata": {"labels": {ADDON_AVAILABLE_LABEL: "available"}}},
+    )
+
+
+# --- what the admin does -------------------------------------------------------------------
+def set_cluster_claim(plane: ControlPlane, cluster: str, name: str, value: str | None) -> None:
+    """Create/update (value) or delete (None) a ClusterClaim on the managed cluster itself."""
+    spoke = Kube(plane.cluster_kubeconfigs[cluster])
+    try:
+        if value is None:
+            spoke.delete(f"{CLAIMS_PATH}/{name}")
+            return
+        body = {
+            "apiVersion": f"{constants.CLUSTER_GROUP}/v1alpha1",
+            "kind": "ClusterClaim",
+            "metadata": {"name": name},
+            "spec": {"value": value},
+        }
+        spoke.request(
+            "PATCH",
+            f"{CLAIMS_PATH}/{name}",
+            body,
+            query={"fieldManager": "ocm-fl-admin", "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+    finally:
+        spoke.close()
+
+
+def bind_global_cluster_set(hub: Kube, namespace: str) -> None:
+    """The ManagedClusterSetBinding an admin creates so Placements in `namespace` see clusters."""
+    hub.create(
+        BINDINGS_PATH.format(ns=namespace),
+        {
+            "apiVersion": f"{constants.CLUSTER_GROUP}/v1beta2",
+            "kind": "ManagedClusterSetBinding",
+            "metadata": {"name": "global", "namespace": namespace},
+            "spec": {"clusterSet": "global"},
+        },
+    )
+
+
+# --- processes -----------------------------------------------------------------------------
+@dataclass
+class _Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class LocalFederation:
+    """The hub controller (+ aggregator + CSR signer) and one agent per cluster, as processes."""
+
+    plane: ControlPlane
+    workdir: Path
+    clusters: list[str] = field(default_factory=list)
+    procs: list[_Proc] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.workdir = Path(self.workdir).resolve()
+        if not self.clusters:
+            self.clusters = list(self.plane.clusters)
+
+    @property
+    def ca_dir(self) -> Path:
+        return self.workdir / "hub-ca"
+
+    @property
+    def aggregator_address(self) -> str:
+        return f"{HUB_HOST}:{constants.AGGREGATOR_PORT}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://{HUB_HOST}:{constants.HUB_METRICS_PORT}/metrics"
+
+    def agent_endpoints(self) -> dict[str, str]:
+        """Where each cluster's FL client posts its metrics (the cluster's agent)."""
+        return {
+            c: f"http://{agent_host(i)}:{constants.AGENT_LOCAL_PORT}"
+            for i, c in enumerate(self.plane.clusters, start=1)
+            if c in self.clusters
+        }
+
+    def log_file(self, name: str) -> Path:
+        return self.workdir / "logs" / f"{name}.log"
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bring up the hub side, enable the addon and start an agent on every cluster."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        hub = Kube(self.plane.hub_kubeconfig)
+        try:
+            install_crd(hub)
+            ensure_agent_csr_rbac(hub)
+            self._ensure_ca()
+            for cluster in self.clusters:
+                enable_addon(hub, cluster)
+        finally:
+            hub.close()
+        try:
+            self._start_hub()
+            for cluster in self.clusters:
+                self._start_agent(cluster)
+            hub = Kube(self.plane.hub_kubeconfig)
+            try:
+                for cluster in self.clusters:
+                    mark_addon_available(hub, cluster)
+            finally:
+                hub.close()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ensure_ca(self) -> None:
+        if (self.ca_dir / pki.KEY_FILE).exists():
+            return
+        pki.save_tls_dir(self.ca_dir, pki.create_ca("ocm-fl-local-hub-ca"), None)
+
+    def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> _Proc:
+        log = self.log_file(name)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        full_env = {
+            **os.environ,
+            "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
+        with log.open("ab") as fh:
+            popen = subprocess.Popen(
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=str(REPO),
+                start_new_session=True,
+            )
+        proc = _Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def _wait_port(self, proc: _Proc, host: str, port: int, timeout: float) -> None:
+        def up() -> bool:
+            if proc.popen.poll() is not None:
+                tail = proc.log.read_text(errors="replace")[-3000:]
+                raise FederationError(
+                    f"{proc.name} exited with {proc.popen.returncode} at start; "
+                    f"log {proc.log}:\n{tail}"
+                )
+            return _port_open(host, port)
+
+        wait_for(up, timeout, f"{proc.name} to listen on {host}:{port} (log {proc.log})")
+
+    def _start_hub(self) -> None:
+        env = {
+            "KUBECONFIG": self.plane.hub_kubeconfig,
+            constants.ENV_CA_DIR: str(self.ca_dir),
+            constants.ENV_HUB_AGGREGATOR_ADDRESS: self.aggregator_address,
+            constants.ENV_AGGREGATOR_LISTEN: self.aggregator_address,
+            constants.ENV_METRICS_LISTEN: f"{HUB_HOST}:{constants.HUB_METRICS_PORT}",
+            constants.ENV_RUN_CSR_SIGNER: "true",
+            constants.ENV_AGENT_ENDPOINTS: json.dumps(self.agent_endpoints()),
+        }
+        argv = [
+            str(VENV_BIN / "ocm-fl-hub"),
+            "--liveness",
+            f"http://{HUB_HOST}:{constants.HUB_HEALTH_PORT}/healthz",
+        ]
+        proc = self._spawn("hub", argv, env)
+        self._wait_port(proc, HUB_HOST, constants.AGGREGATOR_PORT, 90)
+
+    def _start_agent(self, cluster: str) -> None:
+        index = self.plane.clusters.index(cluster) + 1
+        host = agent_host(index)
+        cdir = self.workdir / "agents" / cluster
+        bootstrap = addon_agent_kubeconfig(self.plane, cluster, cdir / "hub-bootstrap.kubeconfig")
+        (cdir / "state").mkdir(parents=True, exist_ok=True)
+        argv = [
+            str(VENV_BIN / "ocm-fl-agent"),
+            "--cluster", cluster,
+            "--hub-address", self.aggregator_address,
+            "--cert-dir", str(cdir / "tls"),
+            "--ca-file", str(self.ca_dir / pki.CERT_FILE),
+            "--kubeconfig", self.plane.cluster_kubeconfigs[cluster],
+            "--csr-hub-kubeconfig", bootstrap,
+            "--listen-host", host,
+            "--state-dir", str(cdir / "state"),
+        ]  # fmt: skip
+        proc = self._spawn(f"agent-{cluster}", argv, {})
+        self._wait_port(proc, host, constants.AGENT_LOCAL_PORT, 60)
+        # The agent's identity comes from the hub CSR signer: wait until it holds it.
+        wait_for(
+            lambda: (cdir / "tls" / pki.CERT_FILE).exists(),
+            60,
+            f"agent {cluster}'s certificate from the hub CSR signer (log {proc.log})",
+        )
+
+    def stop(self) -> None:
+        """Stop every process this federation started (SIGTERM, then SIGKILL)."""
+        for proc in reversed(self.procs):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for proc in reversed(self.procs):
+            remaining = max(0.1, deadline - time.monotonic())
+            try:
+                proc.popen.wait(remaining)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.popen.pid, signal.SIGKILL)
+                proc.popen.wait(5)
+        self.procs.clear()
+
+    def check_alive(self) -> None:
+        """FederationError naming the component (and its log) if a process has died."""
+        for proc in self.procs:
+            if proc.popen.poll() is not None:
+                raise FederationError(
+                    f"{proc.name} exited with {proc.popen.returncode}; log {proc.log}"
+                )
+
+
+@contextlib.contextmanager
+def running(
+    plane: ControlPlane, workdir: Path, clusters: list[str] | None = None
+) -> Iterator[LocalFederation]:
+    """A started LocalFederation, stopped on exit."""
+    fed = LocalFederation(plane, workdir, clusters or [])
+    fed.start()
+    try:
+        yield fed
+    finally:
+        fed.stop()
+
+
+def get_fl(hub: Kube, namespace: str, name: str) -> dict[str, Any] | None:
+    """The FederatedLearning resource as the API returns it, or None."""
+    return hub.get(f"{FL_PATH.format(ns=namespace)}/{name}")
+
+
+def prepare_data(
+    plane: ControlPlane, root: Path, clusters: list[str], claim: str, *, sizes: str = "2,1"
+) -> dict[str, Path]:
+    """Write a label-skewed digits partition per cluster under `root` (each cluster's disk)
+    plus a held-out `root/test`, and point each cluster's ClusterClaim `claim` at its own."""
+    from workloads.data import partition
+
+    partition(root, clusters, split="label-skew", sizes=sizes, seed=0)
+    paths = {c: (root / c).resolve() for c in clusters}
+    for cluster, path in paths.items():
+        set_cluster_claim(plane, cluster, claim, str(path))
+    return paths
+
+
+def create_fl(hub: Kube, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the namespace (if needed), its cluster-set binding and the FederatedLearning."""
+    hub.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    bind_global_cluster_set(hub, namespace)
+    obj = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
+    created = hub.create(FL_PATH.format(ns=namespace), obj, exist_ok=False)
+    assert created is not None
+    return created
+
+
+def wait_fl(
+    hub: Kube,
+    namespace: str,
+    name: str,
+    timeout: float,
+    on_update: Callable[[dict[str, Any]], None] | None = None,
+    fed: LocalFederation | None = None,
+) -> dict[str, Any]:
+    """Follow the resource until Completed/Failed (returned) or FederationError on timeout."""
+    deadline = time.monotonic() + timeout
+    last: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        if fed is not None:
+            fed.check_alive()
+        obj = get_fl(hub, namespace, name)
+        if obj is not None:
+            last = obj
+            if on_update is not None:
+                on_update(obj)
+            if (obj.get("status") or {}).get("phase") in ("Completed", "Failed"):
+                return obj
+        time.sleep(2)
+    phase = ((last or {}).get("status") or {}).get("phase")
+    message = ((last or {}).get("status") or {}).get("message")
+    raise FederationError(
+        f"{namespace}/{name} not finished after {timeout:.0f}s (phase {phase}: {message})"
+    )
