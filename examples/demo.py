@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import signal
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1200)
     p.add_argument("--keep", action="store_true", help="leave everything running at the end")
     a = p.parse_args(argv)
+    # SIGTERM/SIGHUP unwind like Ctrl-C, so the finally below stops everything we started.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_interrupt)
     if not 1 <= a.data_clusters <= a.clusters:
         p.error("--data-clusters must be between 1 and --clusters")
     console = Console()
@@ -109,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             fed.stop()
             cp.down(state_dir)
     return 0 if ok else 1
+
+
+def _raise_interrupt(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def report(console: Console, fl: dict[str, Any], workdir: Path, ok: bool) -> None:

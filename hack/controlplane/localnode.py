@@ -3,7 +3,7 @@
 One per apiserver, inside the supervisor. It registers a Ready Node, binds pending pods to it,
 runs each container as a local process (see podplan for the image mapping) in a private mount
 namespace, gives every pod its own loopback address, reports pod status back, and acts as a
-LoadBalancer controller (ingress IP = the address of a ready selected pod).
+LoadBalancer controller (ingress IP = the Service's loopback ClusterIP, forwarded to a ready pod).
 """
 
 from __future__ import annotations
@@ -326,6 +326,13 @@ class LocalNode:
                 mounts = podplan.container_mounts(c, volumes)
                 if sa_dir and not any(m.target == SA_MOUNT for m in mounts):
                     mounts.append(podplan.Mount(str(sa_dir), SA_MOUNT, read_only=True))
+                # Like kubelet: a per-container file at terminationMessagePath whose content
+                # becomes state.terminated.message when the container exits.
+                message_file = run.dir / f"termination-{ctr.name}"
+                message_file.write_bytes(b"")
+                ctr.message_file = message_file
+                target = c.get("terminationMessagePath") or "/dev/termination-log"
+                mounts.append(podplan.Mount(str(message_file), target))
             except podplan.NotRunnable as e:
                 ctr.waiting, ctr.fatal = (e.reason, e.message), True
                 continue
@@ -433,6 +440,11 @@ class LocalNode:
             "finishedAt": now(),
             "containerID": f"local://{c.popen.pid}",
         }
+        if c.message_file is not None:
+            with contextlib.suppress(OSError):
+                message = c.message_file.read_bytes()[:4096].decode(errors="replace")
+                if message:
+                    c.terminated["message"] = message
         policy = run.restart_policy
         is_init = c in run.init
         restart = not run.deleting and (
@@ -565,11 +577,11 @@ class LocalNode:
         routes: dict[tuple[str, int], tuple[str, int]] = {}
         for svc in services:
             spec = svc.get("spec", {})
+            cip = spec.get("clusterIP")
             got = self._ready_ip(svc, pods)
             if got is not None:
                 ip, pod = got
                 targets = podplan.target_ports(svc, pod)
-                cip = spec.get("clusterIP")
                 for p in spec.get("ports") or []:
                     if p.get("protocol", "TCP") != "TCP" or str(p["port"]) not in targets:
                         continue
@@ -579,7 +591,11 @@ class LocalNode:
                     if spec.get("type") == "LoadBalancer" and int(p["port"]) != dst[1]:
                         routes[(ip, int(p["port"]))] = dst
             if spec.get("type") == "LoadBalancer":
-                self._set_lb(svc, got[0] if got else None)
+                # Like a cloud or MetalLB load balancer: the address exists as soon as the
+                # Service does (here its loopback ClusterIP), whether or not a backend is ready
+                # yet; connections reach a ready pod through the forwarder routes above.
+                vip = cip if cip and cip != "None" else (got[0] if got else None)
+                self._set_lb(svc, vip)
         if self.forwarder is not None:
             self.forwarder.sync(routes)
 

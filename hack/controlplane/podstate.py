@@ -32,6 +32,7 @@ class Ctr:
     fatal: bool = False  # can never run (e.g. unknown image)
     next_start: float = 0.0
     done: bool = False  # exited and will not be restarted
+    message_file: Path | None = None  # bound at terminationMessagePath
 
     @property
     def running(self) -> bool:

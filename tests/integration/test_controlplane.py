@@ -394,8 +394,13 @@ def test_hub_load_balancer_is_reachable_from_a_cluster_pod(
     ip = wait_for(ingress, 30, "LoadBalancer ingress")
     k = spokes[sorted(spokes)[0]]
     pods = f"/api/v1/namespaces/{namespace}/pods"
+    # The address exists before a backend is ready (as with a real load balancer): retry.
     client = (
-        "import socket,sys; s=socket.create_connection((sys.argv[1], 443), timeout=5); "
+        "import socket,sys,time\n"
+        "for _ in range(100):\n"
+        "    try:\n"
+        "        s=socket.create_connection((sys.argv[1], 443), timeout=5); break\n"
+        "    except OSError: time.sleep(0.3)\n"
         "print(s.recv(100).decode())"
     )
     k.create(pods, _pod("client", WORKLOAD_IMAGE, ["python", "-c", client, ip]))
