@@ -312,7 +312,9 @@ def gather(ref: FLRef, spec: FederatedLearningSpec, idx: Indexes) -> Observation
     model: ModelArtifact | None = None
     for item in idx.pods.get(key, []):
         if item.uid == ref.uid and item.value is not None:
-            model = item.value
+            model = item.value.model_copy(
+                update={"path": server_mod.model_location(ref, spec, item.value.path)}
+            )
     return Observations(
         placement=placement,
         resolutions=tuple(resolutions),

@@ -331,3 +331,15 @@ def gateway_server_name(ref: FLRef, address: str) -> str:
     if host.replace(".", "").isdigit() or ":" in host:
         return f"{server_name(ref)}.{ref.namespace}.svc"
     return host
+
+
+def model_location(ref: FLRef, spec: FederatedLearningSpec, path: str) -> str:
+    """Where a model the server wrote at `path` (inside its container) lives for the admin:
+    the host directory for HostPath storage, ``pvc://<claim>/<file>`` for a PVC."""
+    if not path.startswith(MODEL_DIR):
+        return path
+    rel = path[len(MODEL_DIR) :].lstrip("/")
+    claim = model_claim_name(ref, spec)
+    if claim:
+        return f"pvc://{claim}/{rel}"
+    return f"{spec.server.storage.path.rstrip('/')}/{rel}"

@@ -105,3 +105,13 @@ def test_model_artifact_comes_from_the_termination_message() -> None:
         }
     }
     assert model_from_termination_message(bad) is None
+
+
+def test_model_location_names_the_host_directory_or_the_claim_not_the_container_path() -> None:
+    from hub_controller.server import MODEL_DIR, model_location
+
+    inside = f"{MODEL_DIR}/final/model.npz"
+    host = spec(storage={"type": "HostPath", "path": "/srv/models/"})
+    assert model_location(REF, host, inside) == "/srv/models/final/model.npz"
+    pvc = spec(storage={"type": "PVC", "claimName": "mine"})
+    assert model_location(REF, pvc, inside) == "pvc://mine/final/model.npz"

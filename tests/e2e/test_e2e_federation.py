@@ -1,0 +1,200 @@
+"""A whole federation, headless: the demo's flow on a private local control plane.
+
+Real kube-apiservers, OCM placement controller and work agents (hack/controlplane); the hub
+controller, aggregator and CSR signer and one agent per cluster as processes
+(hack/localfed.py); Flower server and clients as pods run by the local nodes, talking through
+the mTLS Fleet gateway. Three clusters, two with data.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from examples.demo import demo_resource
+from hack import controlplane as cp
+from hack.controlplane.kube import Kube
+from hack.localfed import (
+    FL_PATH,
+    LocalFederation,
+    create_fl,
+    get_fl,
+    prepare_data,
+    set_cluster_claim,
+    wait_fl,
+    wait_for,
+)
+from hub_controller.api import FLRef
+from hub_controller.works import client_namespace, work_name
+from ocmfl import constants, pki
+from workloads.evaluate import held_out
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+
+STATE_DIR = Path("/dev/shm/ocm-fl-cp-e2e")
+NAMESPACE = "fl-e2e"
+OWNER = f"{constants.LABEL_OWNER_NAMESPACE}={NAMESPACE}"
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[cp.ControlPlane]:
+    with cp.session(clusters=3, state_dir=STATE_DIR) as state:
+        yield cp.ControlPlane.from_state(state)
+
+
+@pytest.fixture(scope="module")
+def fed(plane: cp.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    workdir = tmp_path_factory.mktemp("e2e")
+    f = LocalFederation(plane, workdir / "federation")
+    f.start()
+    try:
+        yield f
+    finally:
+        f.stop()
+
+
+@pytest.fixture(scope="module")
+def hub(plane: cp.ControlPlane) -> Iterator[Kube]:
+    k = Kube(plane.hub_kubeconfig)
+    yield k
+    k.close()
+
+
+def _works(hub: Kube, cluster: str) -> list[dict[str, Any]]:
+    path = f"/apis/{constants.WORK_GROUP}/v1/namespaces/{cluster}/manifestworks"
+    items = (hub.get(path, {"labelSelector": OWNER}) or {}).get("items") or []
+    return list(items)
+
+
+def _gateway_refuses(address: str, ca_file: Path, tmp: Path) -> None:
+    """No certificate, or one from another CA: the Fleet API is out of reach."""
+    ctx = ssl.create_default_context(cafile=str(ca_file))
+    ctx.check_hostname = False  # the point here is the client side of the handshake
+    with httpx.Client(verify=ctx, timeout=5) as client:
+        r = client.post(f"https://{address}/v1/fleet/pull-messages", content=b"")
+    assert r.status_code == 400, r.text  # nginx: "No required SSL certificate was sent"
+    other = pki.issue_client_cert("cluster1", pki.create_ca("not-the-hub"))
+    pki.save_tls_dir(tmp / "foreign", other, None)
+    ctx.load_cert_chain(str(tmp / "foreign" / "tls.crt"), str(tmp / "foreign" / "tls.key"))
+    with httpx.Client(verify=ctx, timeout=5) as client:
+        r = client.post(f"https://{address}/v1/fleet/pull-messages", content=b"")
+    assert r.status_code == 400, r.text  # certificate not from the hub CA
+    assert "fleet" not in r.text.lower()
+
+
+def test_federation_trains_to_completion_over_mtls_and_cleans_up(
+    plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
+) -> None:
+    workdir = fed.workdir.parent
+    body = demo_resource(rounds=2, models=workdir / "models", min_clients=2)
+    claim = body["spec"]["client"]["dataClaim"]
+    with_data, without = plane.clusters[:2], plane.clusters[2]
+    paths = prepare_data(plane, workdir / "data", with_data, claim)
+    name = body["metadata"]["name"]
+    created = create_fl(hub, NAMESPACE, body)
+    ref = FLRef(namespace=NAMESPACE, name=name, uid=created["metadata"]["uid"])
+
+    # While it trains: the gateway refuses clients without a hub-issued certificate.
+    def running() -> dict[str, Any] | None:
+        obj = get_fl(hub, NAMESPACE, name) or {}
+        return obj if (obj.get("status") or {}).get("phase") in ("Running", "Completed") else None
+
+    wait_for(running, 600, "phase Running")
+    svc_path = f"/api/v1/namespaces/{NAMESPACE}/services"
+    [svc] = (hub.get(svc_path, {"labelSelector": OWNER}) or {})["items"]
+    lb = svc["status"]["loadBalancer"]["ingress"][0]["ip"]
+    _gateway_refuses(f"{lb}:{constants.FLEET_PROXY_PORT}", fed.ca_dir / "tls.crt", tmp_path)
+
+    final = wait_fl(hub, NAMESPACE, name, 900, fed=fed)
+    status = final["status"]
+    assert status["phase"] == "Completed", status.get("message")
+    assert status["round"] == status["totalRounds"] == 2
+
+    # Only clusters whose ClusterClaim points at data got a work; each got its own path.
+    assert _works(hub, without) == []
+    for cluster in with_data:
+        [work] = _works(hub, cluster)
+        assert work["metadata"]["name"] == work_name(ref)
+        job = next(m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "Job")
+        [data] = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "data"]
+        assert data["hostPath"]["path"] == str(paths[cluster])
+
+    # Per-cluster rows come from the agents' reports; each client saw only its partition.
+    rows = {r["name"]: r for r in status["clusters"]}
+    assert set(rows) == set(with_data)
+    for cluster in with_data:
+        manifest = json.loads((paths[cluster] / "manifest.json").read_text())
+        row = rows[cluster]
+        assert row["samples"] == manifest["samples"], row
+        assert row["lastReportTime"], row
+        assert row["accuracy"] is not None and row["round"] == 2, row
+    assert status.get("history"), "per-round metrics missing"
+
+    # The model exists and beats the initial one on held-out data.
+    model = Path(status["model"]["path"])
+    assert model.is_file()
+    before = held_out("digits", workdir / "data" / "test")
+    after = held_out("digits", workdir / "data" / "test", model)
+    assert after.accuracy > before.accuracy + 0.3, (before, after)
+
+    # Deleting the resource cleans the hub and every cluster, and nothing else.
+    hub.delete(f"{FL_PATH.format(ns=NAMESPACE)}/{name}")
+    wait_for(lambda: get_fl(hub, NAMESPACE, name) is None, 180, "FederatedLearning deleted")
+    for cluster in with_data:
+        wait_for(lambda c=cluster: not _works(hub, c), 120, f"work on {cluster} gone")
+        spoke = Kube(plane.cluster_kubeconfigs[cluster])
+        try:
+            ns = f"/api/v1/namespaces/{client_namespace(ref)}"
+            wait_for(lambda s=spoke, n=ns: s.get(n) is None, 180, f"client ns on {cluster} gone")
+        finally:
+            spoke.close()
+    for kind in ("services", "secrets"):
+        items = hub.get(f"/api/v1/namespaces/{NAMESPACE}/{kind}", {"labelSelector": OWNER}) or {}
+        assert not items.get("items"), kind
+    placements = f"/apis/{constants.CLUSTER_GROUP}/v1beta1/namespaces/{NAMESPACE}/placements"
+    assert not (hub.get(placements) or {}).get("items")
+    binding = f"/apis/{constants.CLUSTER_GROUP}/v1beta2/namespaces/{NAMESPACE}"
+    assert hub.get(f"{binding}/managedclustersetbindings/global") is not None  # the admin's
+    for cluster in with_data:
+        set_cluster_claim(plane, cluster, claim, None)
+
+
+def test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason(
+    plane: cp.ControlPlane, fed: LocalFederation, hub: Kube
+) -> None:
+    workdir = fed.workdir.parent
+    body = demo_resource(rounds=20, models=workdir / "models-leave", min_clients=2)
+    body["metadata"]["name"] = "leaver"
+    body["spec"]["server"]["timeouts"] = {"clientsReadySeconds": 30, "roundSeconds": 60}
+    claim = body["spec"]["client"]["dataClaim"]
+    with_data = plane.clusters[:2]
+    prepare_data(plane, workdir / "data-leave", with_data, claim)
+    create_fl(hub, NAMESPACE, body)
+
+    def training() -> bool:
+        status = (get_fl(hub, NAMESPACE, "leaver") or {}).get("status") or {}
+        return int(status.get("round") or 0) >= 1
+
+    wait_for(training, 600, "first round done")
+    leaving = with_data[1]
+    set_cluster_claim(plane, leaving, claim, None)  # the cluster no longer offers its data
+    started = time.monotonic()
+    final = wait_fl(hub, NAMESPACE, "leaver", 400, fed=fed)
+    status = final["status"]
+    assert status["phase"] == "Failed"
+    assert time.monotonic() - started < 400
+    rows = {r["name"]: r for r in status["clusters"]}
+    assert leaving not in rows or rows[leaving]["phase"] != "Running"
+    # The reason says what happened, not just "failed".
+    assert "1 of 2" in status["message"] or "minimum" in status["message"].lower(), status
+    wait_for(lambda: not _works(hub, leaving), 120, f"work on {leaving} deleted")
+    hub.delete(f"{FL_PATH.format(ns=NAMESPACE)}/leaver")
+    wait_for(lambda: get_fl(hub, NAMESPACE, "leaver") is None, 180, "leaver deleted")
+    set_cluster_claim(plane, with_data[0], claim, None)
