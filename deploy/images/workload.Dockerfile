@@ -24,6 +24,11 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="ocm-fl workload" \
       org.opencontainers.image.description="OCM federated learning: Flower + torch (CPU) server and client" \
       org.opencontainers.image.licenses="Apache-2.0"
+# nginx: the launchers run the Fleet gateway (server) and tunnel (client) as child processes
+# (ocmfl/fleet_proxy.py); its config keeps every writable path under the state volume.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends nginx-light \
+ && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
