@@ -4,6 +4,8 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
+# The shared test plane also runs OCM's addon manager, so the AddOnTemplate tests run, not skip.
+export OCMFL_CP_ADDON_MANAGER="${OCMFL_CP_ADDON_MANAGER:-1}"
 .venv/bin/pytest -p no:cacheprovider --timeout=900 "$@" tests
 rc=$?
 if [ "$rc" -eq 5 ]; then

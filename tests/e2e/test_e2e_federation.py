@@ -73,12 +73,24 @@ def _works(hub: Kube, cluster: str) -> list[dict[str, Any]]:
     return list(items)
 
 
+def _post_when_up(address: str, ctx: ssl.SSLContext) -> httpx.Response:
+    """POST to the gateway, waiting while its pod starts (the LB address exists before)."""
+
+    def attempt() -> httpx.Response | None:
+        try:
+            with httpx.Client(verify=ctx, timeout=5) as client:
+                return client.post(f"https://{address}/v1/fleet/pull-messages", content=b"")
+        except httpx.ConnectError:
+            return None
+
+    return wait_for(attempt, 180, f"the Fleet gateway at {address}")
+
+
 def _gateway_refuses(address: str, ca_file: Path, tmp: Path) -> None:
     """No certificate, or one from another CA: the Fleet API is out of reach."""
     ctx = ssl.create_default_context(cafile=str(ca_file))
     ctx.check_hostname = False  # the point here is the client side of the handshake
-    with httpx.Client(verify=ctx, timeout=5) as client:
-        r = client.post(f"https://{address}/v1/fleet/pull-messages", content=b"")
+    r = _post_when_up(address, ctx)
     assert r.status_code == 400, r.text  # nginx: "No required SSL certificate was sent"
     other = pki.issue_client_cert("cluster1", pki.create_ca("not-the-hub"))
     pki.save_tls_dir(tmp / "foreign", other, None)
