@@ -63,6 +63,16 @@ def backoff_delay(attempt: int, initial: float, maximum: float, rng: random.Rand
     return float(min(maximum, initial * (2 ** min(attempt, 30))) * rng.uniform(0.5, 1.0))
 
 
+_CALL_ENDED = (asyncio.InvalidStateError, grpc.aio.AioRpcError, grpc.aio.UsageError)
+
+
+def _raise_if_cancelling() -> None:
+    """Honour a pending cancel of this task that a grpc.aio call turned into an RPC error."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class _Rotate(Exception):
     """The certificate files changed: reconnect with the new ones now."""
 
@@ -112,6 +122,7 @@ class HubStreamer:
         """Connect, stream, reconnect; forever (until cancelled)."""
         attempt = 0
         while True:
+            _raise_if_cancelling()
             try:
                 sig = self.tls.signature()
                 creds = self.tls.credentials()
@@ -152,6 +163,7 @@ class HubStreamer:
             finally:
                 self.connected.clear()
                 await channel.close(grace=None)
+            _raise_if_cancelling()
             if progressed:
                 attempt = 0
             await asyncio.sleep(
@@ -179,14 +191,21 @@ class HubStreamer:
             # the hub closed the stream cleanly (after our half-close on rotation)
             return acked
         finally:
-            for task in (sender, watcher):
+            helpers = (sender, watcher)
+            for task in helpers:
                 task.cancel()
-                with contextlib.suppress(
-                    asyncio.CancelledError, grpc.aio.AioRpcError, grpc.aio.UsageError
-                ):
-                    await task
-            if not call.done():
-                call.cancel()
+            try:
+                # asyncio.wait neither raises the helpers' errors nor swallows a cancellation
+                # of this task (stop() must end the run loop whenever it arrives)
+                await asyncio.wait(helpers)
+            finally:
+                if not call.done():
+                    call.cancel()
+            for task in helpers:
+                exc = None if task.cancelled() else task.exception()
+                # writing to a call that has ended fails; the reader above has its real outcome
+                if exc is not None and not isinstance(exc, _CALL_ENDED):
+                    raise exc
 
     async def _send(
         self,
