@@ -310,6 +310,11 @@ def desired_work(
                         "namespace": namespace,
                         "name": job["metadata"]["name"],
                     },
+                    # A Job's selector is defaulted by the API and its template is immutable:
+                    # the work agent's default Update would resend the manifest without the
+                    # selector and be refused on every resync. Server-side apply only sends
+                    # the fields we own (a changed template gets a new Job name anyway).
+                    "updateStrategy": {"type": "ServerSideApply"},
                     "feedbackRules": [
                         {"type": "WellKnownStatus"},
                         {

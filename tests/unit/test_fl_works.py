@@ -210,3 +210,10 @@ def test_client_gets_its_cluster_identity_and_reaches_the_server_only_through_mt
     pod = _manifest(work, "Job")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+def test_client_job_is_server_side_applied_so_resyncs_never_touch_its_selector() -> None:
+    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
+    [config] = work["spec"]["manifestConfigs"]
+    assert config["resourceIdentifier"]["resource"] == "jobs"
+    assert config["updateStrategy"] == {"type": "ServerSideApply"}
