@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass
+
+from ocmfl.constants import ENV_FL_NAME, ENV_FL_NAMESPACE, ENV_FL_UID
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,17 @@ class LocalMetrics:
     duration_s: float
 
 
+def resource_identity() -> dict[str, str]:
+    """The FederatedLearning this client serves, from the env the controller sets; the agent
+    needs it whenever more than one FL client runs on its cluster."""
+    pairs = (
+        ("fl_namespace", ENV_FL_NAMESPACE),
+        ("fl_name", ENV_FL_NAME),
+        ("fl_uid", ENV_FL_UID),
+    )
+    return {key: os.environ[var] for key, var in pairs if os.environ.get(var)}
+
+
 def post_metrics(
     endpoint: str | None, metrics: LocalMetrics, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> bool:
@@ -38,7 +52,7 @@ def post_metrics(
     if not endpoint:
         return False
     url = endpoint.rstrip("/") + METRICS_PATH
-    body = json.dumps(asdict(metrics)).encode()
+    body = json.dumps({**asdict(metrics), **resource_identity()}).encode()
     try:
         request = urllib.request.Request(
             url, data=body, method="POST", headers={"Content-Type": "application/json"}

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from ocmfl.constants import ENV_FL_NAME, ENV_FL_NAMESPACE, ENV_FL_UID
 from workloads.metrics_hook import LocalMetrics, post_metrics
 
 SAMPLE = LocalMetrics("cluster1", 2, "fit", 0.5, 0.8, 100, 1.5)
@@ -39,7 +40,11 @@ def agent() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     server.server_close()
 
 
-def test_metrics_reach_the_agent_as_json(agent: tuple[str, list[dict[str, Any]]]) -> None:
+def test_metrics_reach_the_agent_as_json(
+    agent: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in (ENV_FL_NAME, ENV_FL_NAMESPACE, ENV_FL_UID):
+        monkeypatch.delenv(var, raising=False)
     endpoint, received = agent
     assert post_metrics(endpoint, SAMPLE) is True
     assert received == [{
@@ -47,6 +52,19 @@ def test_metrics_reach_the_agent_as_json(agent: tuple[str, list[dict[str, Any]]]
         "body": {"cluster": "cluster1", "round": 2, "phase": "fit", "loss": 0.5,
                  "accuracy": 0.8, "samples": 100, "duration_s": 1.5},
     }]  # fmt: skip
+
+
+def test_metrics_name_the_federatedlearning_they_belong_to(
+    agent: tuple[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two FL clients on one cluster: the agent can only attribute reports that say whose.
+    monkeypatch.setenv(ENV_FL_NAMESPACE, "team")
+    monkeypatch.setenv(ENV_FL_NAME, "digits")
+    monkeypatch.setenv(ENV_FL_UID, "u-1")
+    endpoint, received = agent
+    assert post_metrics(endpoint, SAMPLE) is True
+    body = received[0]["body"]
+    assert (body["fl_namespace"], body["fl_name"], body["fl_uid"]) == ("team", "digits", "u-1")
 
 
 def test_no_endpoint_means_no_post() -> None:
