@@ -20,21 +20,15 @@ from typer.testing import CliRunner
 
 from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
+from hack.localfed import install_crd
 from hub_controller import cli, dashboard
 from ocmfl import constants
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "federatedlearnings.yaml"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NAME = "digits"
 runner = CliRunner()
-
-
-def _crd_has_history() -> bool:
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
-    return "history" in props["status"].get("properties", {})
 
 
 def _wait_for(fn: Callable[[], bool], timeout: float, what: str) -> None:
@@ -50,21 +44,7 @@ def _wait_for(fn: Callable[[], bool], timeout: float, what: str) -> None:
 def hub(control_plane: ControlPlane) -> Iterator[Kube]:
     """The hub apiserver with the FederatedLearning CRD installed and established."""
     k = Kube(control_plane.hub_kubeconfig)
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    name = crd["metadata"]["name"]
-    k.request(
-        "PATCH",
-        f"{CRDS}/{name}",
-        crd,
-        query={"fieldManager": "ocmfl-tests", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-
-    def established() -> bool:
-        conds = ((k.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-    _wait_for(established, 30, "FederatedLearning CRD established")
+    install_crd(k)
     yield k
     k.close()
 
@@ -115,17 +95,16 @@ def running_status(now: datetime) -> dict[str, Any]:
             {"name": "cluster3", "phase": "NoData", "reason": "no ClusterClaim fl-data"},
         ],
     }
-    if _crd_has_history():
-        status["history"] = [
-            {"round": r, "cluster": c, "loss": loss, "accuracy": acc, "samples": n}
-            for r, c, loss, acc, n in [
-                (1, "cluster1", 0.6, 0.8, 1078),
-                (1, "cluster2", 0.7, 0.78, 719),
-                (2, "cluster1", 0.25, 0.92, 1078),
-                (2, "cluster2", 0.31, 0.88, 719),
-                (2, "global", 0.27, 0.9, None),
-            ]
+    status["history"] = [
+        {"round": r, "cluster": c, "loss": loss, "accuracy": acc, "samples": n}
+        for r, c, loss, acc, n in [
+            (1, "cluster1", 0.6, 0.8, 1078),
+            (1, "cluster2", 0.7, 0.78, 719),
+            (2, "cluster1", 0.25, 0.92, 1078),
+            (2, "cluster2", 0.31, 0.88, 719),
+            (2, "global", 0.27, 0.9, None),
         ]
+    ]
     return status
 
 
@@ -206,8 +185,6 @@ def test_model_exits_one_until_status_has_one(fl: FL) -> None:
 
 
 def test_plot_writes_a_png_from_the_history(fl: FL, tmp_path: Path) -> None:
-    if not _crd_has_history():
-        pytest.skip("crds/federatedlearnings.yaml has no status.history yet (pruned on write)")
     out = tmp_path / "metrics.png"
     res = fl.cli("plot", NAME, "-o", str(out))
     assert res.exit_code == 0, res.output

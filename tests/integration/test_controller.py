@@ -12,15 +12,14 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import yaml
 from kopf.testing import KopfRunner
 
 from hack.controlplane.kube import Kube, KubeError
 from hack.controlplane.plane import ControlPlane
+from hack.localfed import install_crd
 from hub_controller.api import FLRef
 from hub_controller.works import work_name
 from ocmfl import constants, pki
@@ -28,7 +27,6 @@ from ocmfl import constants, pki
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 T = TypeVar("T")
-CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "federatedlearnings.yaml"
 CLUSTER = constants.CLUSTER_GROUP
 CLAIMS = f"/apis/{CLUSTER}/v1alpha1/clusterclaims"
 WORKS_ALL = f"/apis/{constants.WORK_GROUP}/v1/manifestworks"
@@ -54,22 +52,7 @@ def fl_path(namespace: str, name: str = "") -> str:
 @pytest.fixture
 def hub(control_plane: ControlPlane) -> Iterator[Kube]:
     k = Kube(control_plane.hub_kubeconfig)
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    name = crd["metadata"]["name"]
-    k.request(
-        "PATCH",
-        f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}",
-        crd,
-        query={"fieldManager": "ocmfl-tests", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-
-    def established() -> bool:
-        got = k.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}") or {}
-        conds = (got.get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-    wait_for(established, 30, "FederatedLearning CRD established")
+    install_crd(k)
     yield k
     k.close()
 

@@ -14,7 +14,6 @@ import base64
 import datetime as dt
 import threading
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,14 +21,17 @@ from typing import Any, TypeVar
 import aiohttp
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 
 from agent_addon.agent import Agent, AgentConfig
 from agent_addon.csr import RenewalError, request_certificate
 from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
-from hub_controller.addon_template import default_agent_subject
+from hack.localfed import (
+    CSR_RBAC_NAME,
+    addon_agent_kubeconfig,
+    ensure_agent_csr_rbac,
+    install_crd,
+)
 from hub_controller.aggregator import (
     AggregatorServer,
     KubernetesClusterRegistry,
@@ -47,9 +49,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
-CRD_FILE = ROOT / "crds" / "federatedlearnings.yaml"
 EXAMPLE = ROOT / "examples" / "federatedlearning.yaml"
-CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MCA_PATH = f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{{ns}}/managedclusteraddons"
 CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 
@@ -79,21 +79,7 @@ async def await_for(fn: Callable[[], T | None], timeout: float = 30.0, what: str
 @pytest.fixture
 def hub(control_plane: ControlPlane) -> Iterator[Kube]:
     k = Kube(control_plane.hub_kubeconfig)
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    name = crd["metadata"]["name"]
-    k.request(
-        "PATCH",
-        f"{CRDS}/{name}",
-        crd,
-        query={"fieldManager": "ocmfl-tests", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
-
-    def established() -> bool:
-        conds = ((k.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
-
-    wait_for(established, 30, "FederatedLearning CRD established")
+    install_crd(k)
     yield k
     k.close()
 
@@ -233,75 +219,15 @@ async def test_report_reaches_federatedlearning_status(
 
 
 # --- the CSR signer ----------------------------------------------------------------------
-def addon_agent_kubeconfig(control_plane: ControlPlane, cluster: str, path: Path) -> str:
-    """A hub kubeconfig for `cluster`'s addon agent identity (as OCM's KubeClient gives it)."""
-    state = Path(control_plane.state_dir) / "pki"
-    ca = pki.load_cert_and_key((state / "ca.crt").read_bytes(), (state / "ca.key").read_bytes())
-    subject = default_agent_subject(cluster)
-    name = x509.Name(
-        [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"][:2]]
-        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])]
-    )
-    pair = pki.issue_cert_for_subject(name, ca)
-    hub_cfg = yaml.safe_load(Path(control_plane.hub_kubeconfig).read_text())
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "agent",
-        "clusters": [{"name": "hub", "cluster": hub_cfg["clusters"][0]["cluster"]}],
-        "users": [
-            {
-                "name": "agent",
-                "user": {
-                    "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
-                    "client-key-data": base64.b64encode(pair.key_pem).decode(),
-                },
-            }
-        ],
-        "contexts": [{"name": "agent", "context": {"cluster": "hub", "user": "agent"}}],
-    }
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
 
 
 @pytest.fixture
 def csr_rbac(hub: Kube, control_plane: ControlPlane) -> Iterator[None]:
     """Addon agents may create and read CSRs (what the agent's hub permissions would grant)."""
-    name = f"ocmfl-test-csr-{uuid.uuid4().hex[:6]}"
-    hub.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        {
-            "metadata": {"name": name},
-            "rules": [
-                {
-                    "apiGroups": ["certificates.k8s.io"],
-                    "resources": ["certificatesigningrequests"],
-                    "verbs": ["create", "get", "list", "watch"],
-                }
-            ],
-        },
-    )
-    hub.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        {
-            "metadata": {"name": name},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": name,
-            },
-            "subjects": [
-                {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Group",
-                    "name": f"system:open-cluster-management:addon:{constants.ADDON_NAME}",
-                }
-            ],
-        },
-    )
+    ensure_agent_csr_rbac(hub)
     yield
-    hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{name}")
-    hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}")
+    hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{CSR_RBAC_NAME}")
+    hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{CSR_RBAC_NAME}")
 
 
 async def test_csr_signer_issues_identities_only_to_registered_clusters(
