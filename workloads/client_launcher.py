@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO
@@ -288,12 +288,21 @@ def flower_exit_code(line: str) -> int | None:
     return int(tail[0]) if tail and tail[0].isdigit() else None
 
 
+# Flower's SuperNode log line when it holds a reply for a run the SuperLink no longer runs:
+# the server restarted while this node was mid-message. Its ClientApp can then wait forever
+# and block every later message, so the launcher restarts the SuperNode (fresh state, same
+# key) and it picks up the resumed run.
+STALE_RUN_MARKER = "is not in `RUNNING` status. Ignoring reply message"
+
+
 class _Output:
     """Echoes the SuperNode's output and notes what it says about connecting and exiting."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_stale_run: Callable[[], None] | None = None) -> None:
         self.connected_at: float | None = None
         self.flower_code: int | None = None
+        self.stale_run = False
+        self._on_stale_run = on_stale_run
 
     def pump(self, stream: IO[str] | None) -> None:
         if stream is None:
@@ -302,6 +311,10 @@ class _Output:
             sys.stdout.write(line)
             if "SuperNode ID:" in line:
                 self.connected_at = time.monotonic()
+            if STALE_RUN_MARKER in line and not self.stale_run:
+                self.stale_run = True
+                if self._on_stale_run is not None:
+                    self._on_stale_run()
             self.flower_code = flower_exit_code(line) or self.flower_code
 
 
@@ -328,7 +341,15 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        seen = _Output()
+
+        def restart_stale(p: subprocess.Popen[str] = proc) -> None:
+            # Its SuperExec follows it (--parent-pid); a stuck ClientApp stays in our process
+            # group, so it still ends with the pod.
+            print(f"{PREFIX}: the server restarted mid-message: restarting the SuperNode",
+                  flush=True)  # fmt: skip
+            p.kill()
+
+        seen = _Output(restart_stale)
         reader = threading.Thread(target=seen.pump, args=(proc.stdout,), daemon=True)
         reader.start()
         # Wait on the process, not on its output: its SuperExec helper inherits the pipe
@@ -340,6 +361,10 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
         if seen.connected_at is not None:  # it was connected: count from when it ended
             last_connected = time.monotonic()
             backoff = 1.0
+        if seen.stale_run and not stopping:
+            last_connected = time.monotonic()
+            backoff = 1.0
+            continue
         if stopping or code == 0:
             print(f"{PREFIX}: SuperNode stopped (exit {code})", flush=True)
             return code

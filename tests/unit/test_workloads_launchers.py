@@ -88,3 +88,17 @@ def test_client_fails_fast_naming_a_missing_data_dir(
 def test_flower_exit_code_is_read_from_its_log_line() -> None:
     assert client_launcher.flower_exit_code("\x1b[91mERROR \x1b[0m: Exit Code: 305") == 305
     assert client_launcher.flower_exit_code("INFO: all good") is None
+
+
+def test_a_reply_for_a_run_that_no_longer_runs_restarts_the_supernode() -> None:
+    # After a server restart mid-message Flower logs this and its ClientApp can hang forever;
+    # the launcher must react (restart the SuperNode) instead of waiting.
+    import io
+
+    from workloads.client_launcher import STALE_RUN_MARKER, _Output
+
+    calls: list[str] = []
+    out = _Output(lambda: calls.append("restart"))
+    out.pump(io.StringIO(f"INFO: Run ID 42 {STALE_RUN_MARKER} abc.\nINFO: {STALE_RUN_MARKER}\n"))
+    assert out.stale_run is True
+    assert calls == ["restart"]  # once per SuperNode process, not per line
