@@ -473,6 +473,21 @@ class Launcher:
         )
 
 
+# A run that failed only because nodes were briefly unreachable (e.g. right after this server
+# restarted, before every SuperNode heartbeated again) is resubmitted; the model store makes the
+# new run resume from the last checkpoint. Client errors and too few clients are not retried.
+TRANSIENT_MARKER = "Node Unavailable"
+MAX_RUN_ATTEMPTS = 3
+RETRY_PAUSE_S = 15.0
+
+
+def transient_failure(reason: str) -> bool:
+    """True when a failed run's reason names only node unavailability, nothing else."""
+    return TRANSIENT_MARKER in reason and "Error: " not in reason.replace(
+        f"Error: {TRANSIENT_MARKER}", ""
+    )
+
+
 def _raise_exit(signum: int, _frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
@@ -498,10 +513,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher.start_superlink()
         launcher.start_gateway()
         nodes = launcher.register_nodes()
-        launcher.wait_for_clients(nodes)
-        launcher.stop_stale_runs()
-        run_id = launcher.submit()
-        result = launcher.outcome(launcher.follow(run_id))
+        attempt = 1
+        while True:
+            launcher.wait_for_clients(nodes)
+            launcher.stop_stale_runs()
+            run_id = launcher.submit()
+            result = launcher.outcome(launcher.follow(run_id))
+            if result.ok or not transient_failure(result.reason) or attempt >= MAX_RUN_ATTEMPTS:
+                break
+            attempt += 1
+            launcher.log(
+                f"nodes were unavailable ({result.reason[:160]}); resuming from the last "
+                f"checkpoint in {RETRY_PAUSE_S:.0f}s (attempt {attempt}/{MAX_RUN_ATTEMPTS})"
+            )
+            time.sleep(RETRY_PAUSE_S)
     except (LaunchError, fe.FlwrCliError, OSError, ValueError) as exc:
         result = Outcome(False, one_line(str(exc)), {})
     except SystemExit as exc:

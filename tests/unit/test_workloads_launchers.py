@@ -102,3 +102,21 @@ def test_a_reply_for_a_run_that_no_longer_runs_restarts_the_supernode() -> None:
     out.pump(io.StringIO(f"INFO: Run ID 42 {STALE_RUN_MARKER} abc.\nINFO: {STALE_RUN_MARKER}\n"))
     assert out.stale_run is True
     assert calls == ["restart"]  # once per SuperNode process, not per line
+
+
+def test_only_runs_lost_to_unavailable_nodes_are_resubmitted() -> None:
+    from workloads.server_launcher import transient_failure
+
+    unavailable = (
+        "run 1 finished:failed: ServerApp failed with exception: round 1 train: 0 successful "
+        "client results, minimum is 2 (node 1: Error: Node Unavailable — no heartbeat; "
+        "node 2: Error: Node Unavailable — no heartbeat)"
+    )
+    assert transient_failure(unavailable)
+    crashed = (
+        "run 1 finished:failed: ServerApp failed with exception: round 1 train: 1 successful "
+        "client results, minimum is 2 (node 2: Error: ClientAppException: bad data)"
+    )
+    assert not transient_failure(crashed)
+    mixed = unavailable.replace("node 2: Error: Node Unavailable", "node 2: Error: ValueError")
+    assert not transient_failure(mixed)
