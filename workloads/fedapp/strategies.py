@@ -54,25 +54,16 @@ def split_replies(
     return valid, per_cluster
 
 
-class _Tracking:
-    """Mixin: per-round, per-cluster metrics plus the min-results rule."""
+class TrackingFedAvg(FedAvg):
+    """FedAvg (weighted by num-examples) with per-round, per-cluster metrics and the
+    min-results rule. Calls to the parent go through super(), so TrackingFedProx gets the
+    same tracking on top of FedProx."""
 
-    min_clients: int
-    train_by_round: dict[int, dict[str, dict[str, Any]]]
-    evaluate_by_round: dict[int, dict[str, dict[str, Any]]]
-
-    def _init_tracking(self, min_clients: int) -> None:
+    def __init__(self, min_clients: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.min_clients = min_clients
-        self.train_by_round = {}
-        self.evaluate_by_round = {}
-
-
-class TrackingFedAvg(_Tracking, FedAvg):
-    """FedAvg (weighted by num-examples) with per-cluster tracking."""
-
-    def __init__(self, min_clients: int, **kwargs: Any) -> None:
-        FedAvg.__init__(self, **kwargs)
-        self._init_tracking(min_clients)
+        self.train_by_round: dict[int, dict[str, dict[str, Any]]] = {}
+        self.evaluate_by_round: dict[int, dict[str, dict[str, Any]]] = {}
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
@@ -80,7 +71,7 @@ class TrackingFedAvg(_Tracking, FedAvg):
         """Check the minimum, record per-cluster metrics, then average."""
         valid, per = split_replies(replies, self.min_clients, "train", server_round)
         self.train_by_round[server_round] = per
-        return FedAvg.aggregate_train(self, server_round, valid)
+        return super().aggregate_train(server_round, valid)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
@@ -90,33 +81,12 @@ class TrackingFedAvg(_Tracking, FedAvg):
             return None
         valid, per = split_replies(replies, self.min_clients, "evaluate", server_round)
         self.evaluate_by_round[server_round] = per
-        return FedAvg.aggregate_evaluate(self, server_round, valid)
+        return super().aggregate_evaluate(server_round, valid)
 
 
-class TrackingFedProx(_Tracking, FedProx):
-    """FedProx (clients add mu/2 ||w - w_global||^2) with per-cluster tracking."""
-
-    def __init__(self, min_clients: int, **kwargs: Any) -> None:
-        FedProx.__init__(self, **kwargs)
-        self._init_tracking(min_clients)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Check the minimum, record per-cluster metrics, then average."""
-        valid, per = split_replies(replies, self.min_clients, "train", server_round)
-        self.train_by_round[server_round] = per
-        return FedProx.aggregate_train(self, server_round, valid)
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Check the minimum, record per-cluster metrics, then average."""
-        if self.fraction_evaluate == 0.0:
-            return None
-        valid, per = split_replies(replies, self.min_clients, "evaluate", server_round)
-        self.evaluate_by_round[server_round] = per
-        return FedProx.aggregate_evaluate(self, server_round, valid)
+class TrackingFedProx(TrackingFedAvg, FedProx):
+    """FedProx (clients add mu/2 ||w - w_global||^2) with the same tracking (MRO:
+    TrackingFedAvg -> FedProx -> FedAvg)."""
 
 
 def make_strategy(settings: RunSettings) -> TrackingFedAvg | TrackingFedProx:
