@@ -311,14 +311,20 @@ def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifa
     return None
 
 
+def _advertised_host(address: str) -> tuple[str, bool]:
+    """The host of a host:port address (brackets stripped) and whether it is an IP address."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host, host.replace(".", "").isdigit() or ":" in host
+
+
 def gateway_names(ref: FLRef, address: str | None) -> credentials.GatewayNames:
     """SANs of the Fleet gateway certificate: the Service's DNS names and the advertised host."""
     svc = server_name(ref)
     dns = [f"{svc}.{ref.namespace}.svc", f"{svc}.{ref.namespace}.svc.cluster.local"]
     ips: list[str] = []
     if address:
-        host = address.rsplit(":", 1)[0].strip("[]")
-        if host.replace(".", "").isdigit() or ":" in host:
+        host, is_ip = _advertised_host(address)
+        if is_ip:
             ips.append(host)
         elif host not in dns:
             dns.append(host)
@@ -327,10 +333,8 @@ def gateway_names(ref: FLRef, address: str | None) -> credentials.GatewayNames:
 
 def gateway_server_name(ref: FLRef, address: str) -> str:
     """The DNS name clients check on the gateway certificate (nginx matches DNS SANs only)."""
-    host = address.rsplit(":", 1)[0].strip("[]")
-    if host.replace(".", "").isdigit() or ":" in host:
-        return f"{server_name(ref)}.{ref.namespace}.svc"
-    return host
+    host, is_ip = _advertised_host(address)
+    return f"{server_name(ref)}.{ref.namespace}.svc" if is_ip else host
 
 
 def model_location(ref: FLRef, spec: FederatedLearningSpec, path: str) -> str:
