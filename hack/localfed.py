@@ -5,7 +5,8 @@ each cluster's agent is deployed by OCM's addon manager; here they run as local 
 against the real local apiservers (hack.controlplane), with what the chart and OCM would do
 done by this module instead:
 
-* the hub CA (what `hub_controller.ca_init` creates on a real hub) is written to a directory;
+* the hub CA (what `hub_controller.bootstrap.ca_init` creates on a real hub) is written to a
+  directory;
 * "clusteradm addon enable": a ManagedClusterAddOn per cluster;
 * OCM's KubeClient registration: each agent gets a hub kubeconfig with the addon agent's
   default identity (user/groups of `default_agent_subject`), allowed to create CSRs;
@@ -35,10 +36,10 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
-from hub_controller.addon_template import default_agent_subject
+from hub_controller.bootstrap.addon_template import default_agent_subject
 from ocmfl import constants, pki
+from ocmfl.kube import Kube
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"

@@ -20,7 +20,6 @@ import pytest
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
-from hack.controlplane.kube import Kube
 from hack.localfed import (
     FL_PATH,
     LocalFederation,
@@ -32,8 +31,9 @@ from hack.localfed import (
     wait_for,
 )
 from hub_controller.api import FLRef
-from hub_controller.works import client_namespace, work_name
+from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants, pki
+from ocmfl.kube import Kube
 from workloads.evaluate import held_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
