@@ -14,7 +14,8 @@ done by this module instead:
   (`ocm-fl-agent --csr-hub-kubeconfig`): no certificate is made by hand for it.
 
 Every process gets its own loopback address (127.77.<i>.1), so nothing collides with pods the
-local nodes run.
+local nodes run; $OCMFL_LOCALFED_NET (default 127.77) moves them, so that two local federations
+on one machine do not collide either.
 """
 
 from __future__ import annotations
@@ -52,14 +53,15 @@ BINDINGS_PATH = (
 )
 FL_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{constants.PLURAL}"
 CSR_RBAC_NAME = "ocm-fl-local-addon-agents"
-HUB_HOST = "127.77.0.1"
+LOCAL_NET = os.environ.get("OCMFL_LOCALFED_NET", "127.77")  # first two octets (loopback)
+HUB_HOST = f"{LOCAL_NET}.0.1"
 ADDON_AVAILABLE_LABEL = f"feature.open-cluster-management.io/addon-{constants.ADDON_NAME}"
 T = TypeVar("T")
 
 
 def agent_host(index: int) -> str:
     """Loopback address of the agent of the `index`-th cluster (1-based)."""
-    return f"127.77.{index}.1"
+    return f"{LOCAL_NET}.{index}.1"
 
 
 class FederationError(RuntimeError):

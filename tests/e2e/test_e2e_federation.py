@@ -9,6 +9,7 @@ the mTLS Fleet gateway. Three clusters, two with data.
 from __future__ import annotations
 
 import json
+import os
 import ssl
 import time
 from collections.abc import Iterator
@@ -38,7 +39,8 @@ from workloads.evaluate import held_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
-STATE_DIR = Path("/dev/shm/ocm-fl-cp-e2e")
+# A plane of its own (3 clusters), next to the $OCMFL_CP_DIR of the other tests.
+STATE_DIR = Path(os.environ.get("OCMFL_CP_DIR", "/dev/shm/ocm-fl-cp") + "-e2e")
 NAMESPACE = "fl-e2e"
 OWNER = f"{constants.LABEL_OWNER_NAMESPACE}={NAMESPACE}"
 
