@@ -46,7 +46,6 @@ CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
 IMAGE_REGISTRY: Final = "quay.io/ocm-fl"
 WORKLOAD_IMAGE: Final = f"{IMAGE_REGISTRY}/workload:0.1.0"  # Flower + torch: server and client
 ADDON_IMAGE: Final = f"{IMAGE_REGISTRY}/addon:0.1.0"  # hub controller, aggregator and agent
-PROXY_IMAGE: Final = f"{IMAGE_REGISTRY}/proxy:0.1.0"  # nginx mTLS terminator for the Fleet API
 
 # --- ports ---------------------------------------------------------------------------------
 AGGREGATOR_PORT: Final = 9443  # hub: agent -> aggregator gRPC over mTLS

@@ -33,10 +33,6 @@ CREATED_MOUNTPOINTS = Path("/dev/shm/ocm-fl-cp-mountpoints")
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
 
 
-def _which(program: str, path: str) -> str | None:
-    return shutil.which(program, path=path)
-
-
 def node_name(cluster: str) -> str:
     return f"ocmfl-local-{cluster}"
 
@@ -320,7 +316,7 @@ class LocalNode:
         for ctr in run.all():
             c = by_name[ctr.name]
             try:
-                rt = podplan.resolve_image(c.get("image", ""), _which)
+                rt = podplan.resolve_image(c.get("image", ""))
                 env = podplan.container_env(pod, c, {**base, "PATH": rt.path}, self._lookup, run.ip)
                 argv = podplan.argv_for(c, rt, env)
                 mounts = podplan.container_mounts(c, volumes)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ocmfl.constants import ADDON_IMAGE, PROXY_IMAGE, WORKLOAD_IMAGE
+from ocmfl.constants import ADDON_IMAGE, WORKLOAD_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
@@ -62,14 +62,10 @@ def _repository(image: str) -> str:
 
 
 PROJECT_REPOS = {_repository(WORKLOAD_IMAGE), _repository(ADDON_IMAGE)}
-PROXY_REPO = _repository(PROXY_IMAGE)
 
 
-def resolve_image(image: str, which: Callable[[str, str], str | None]) -> Runtime:
-    """Map an image to a local runtime; raise NotRunnable for anything else.
-
-    `which(program, path)` finds a program on a PATH (shutil.which in production).
-    """
+def resolve_image(image: str) -> Runtime:
+    """Map an image to a local runtime; raise NotRunnable for anything else."""
     repo = _repository(image)
     if repo in PROJECT_REPOS:
         if not (VENV_BIN / "python").exists():
@@ -77,19 +73,12 @@ def resolve_image(image: str, which: Callable[[str, str], str | None]) -> Runtim
                 "ImageNotRunnableLocally", f"{image}: project venv {VENV_BIN} is missing"
             )
         return Runtime(f"{VENV_BIN}:{SYSTEM_PATH}")
-    if repo == PROXY_REPO:
-        if which("nginx", SYSTEM_PATH) is None:
-            raise NotRunnable(
-                "ImageNotRunnableLocally",
-                f"{image} runs nginx from the system PATH; nginx is not installed",
-            )
-        return Runtime(SYSTEM_PATH, ("nginx", "-g", "daemon off;"))
     if repo.rsplit("/", 1)[-1] == "busybox":
         return Runtime(SYSTEM_PATH, ("sh",))
     raise NotRunnable(
         "ImageNotRunnableLocally",
         f"image {image!r} has no local mapping (local node runs only {sorted(PROJECT_REPOS)}, "
-        f"{PROXY_REPO} and busybox)",
+        "and busybox)",
     )
 
 

@@ -8,15 +8,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 from flwr.app import Array, ArrayRecord
-from torch import nn
-
-from workloads.tasks.common import get_weights
-
-
-def to_array_record(model: nn.Module) -> ArrayRecord:
-    """The model's state_dict as an ArrayRecord (names kept)."""
-    names = list(model.state_dict().keys())
-    return named_to_array_record(dict(zip(names, get_weights(model), strict=True)))
 
 
 def named_to_array_record(arrays: Mapping[str, npt.NDArray[Any]]) -> ArrayRecord:
