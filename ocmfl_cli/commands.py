@@ -19,9 +19,11 @@ Exit codes: 0 ok; 1 the answer is "not (yet)": Failed, timed out, no model, no h
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Protocol
@@ -230,35 +232,70 @@ def _fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _open(kubeconfig: str | None, context: str | None, namespace: str | None) -> tuple[Source, str]:
-    try:
-        source = connect(kubeconfig, context)
-        return source, namespace or source.namespace
-    except CliError as e:
-        raise _fail(str(e), EXIT_UNREACHABLE) from e
+@dataclass(frozen=True)
+class Target:
+    """What every command gets: the resource (NAME, -n, --context, --kubeconfig) and how to
+    answer (-o)."""
+
+    name: str
+    namespace: str | None = None
+    context: str | None = None
+    kubeconfig: str | None = None
+    output: Output = Output.TEXT
+
+    @property
+    def json(self) -> bool:
+        return self.output == Output.JSON
+
+    def open(self) -> tuple[Source, str]:
+        """The door to the cluster and the resource's namespace."""
+        try:
+            source = connect(self.kubeconfig, self.context)
+            return source, self.namespace or source.namespace
+        except CliError as e:
+            raise _fail(str(e), EXIT_UNREACHABLE) from e
+
+    def get(self) -> dict[str, Any]:
+        """The resource now."""
+        source, ns = self.open()
+        try:
+            return source.get(self.name, ns)
+        except CliError as e:
+            raise _fail(str(e), EXIT_UNREACHABLE) from e
 
 
-def _get(
-    name: str, namespace: str | None, kubeconfig: str | None, context: str | None
-) -> dict[str, Any]:
-    source, ns = _open(kubeconfig, context, namespace)
-    try:
-        return source.get(name, ns)
-    except CliError as e:
-        raise _fail(str(e), EXIT_UNREACHABLE) from e
+_KW = inspect.Parameter.KEYWORD_ONLY
+_TARGET = [
+    inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=NameArg),
+    inspect.Parameter("namespace", _KW, default=None, annotation=NamespaceOpt),
+    inspect.Parameter("context", _KW, default=None, annotation=ContextOpt),
+    inspect.Parameter("kubeconfig", _KW, default=None, annotation=KubeconfigOpt),
+    inspect.Parameter("output", _KW, default=Output.TEXT, annotation=OutputOpt),
+]
 
 
-@app.command()
-def status(
-    name: NameArg,
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
-    output: OutputOpt = Output.TEXT,
-) -> None:
+def command(fn: Callable[..., None]) -> Callable[..., None]:
+    """Register `fn(target, **own_options)` as the command of its name: typer sees NAME, its
+    own options and the options every command takes, and `fn` gets the latter as a Target."""
+    own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+
+    def run(**kwargs: Any) -> None:
+        target = Target(**{p.name: kwargs.pop(p.name) for p in _TARGET})
+        fn(target, **kwargs)
+
+    run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+    run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [_TARGET[0], *(p.replace(kind=_KW) for p in own), *_TARGET[1:]]
+    )
+    app.command(fn.__name__.removesuffix("_cmd"))(run)
+    return fn
+
+
+@command
+def status(target: Target) -> None:
     """Phase, round/totalRounds, clients, accuracy, failing conditions, one row per cluster."""
-    fl = _get(name, namespace, kubeconfig, context)
-    if output == Output.JSON:
+    fl = target.get()
+    if target.json:
         _echo_json(_status_json(fl))
     elif console.is_terminal:
         console.print(dashboard.render_dashboard(fl))
@@ -266,17 +303,13 @@ def status(
         _echo_lines(dashboard.plain_lines(fl))
 
 
-@app.command()
+@command
 def watch(
-    name: NameArg,
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
+    target: Target,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", min=0, help="give up after this many seconds (exit 1)"),
     ] = None,
-    output: OutputOpt = Output.TEXT,
 ) -> None:
     """Follow the resource until its run ends: Completed (exit 0) or Failed (exit 1).
 
@@ -284,18 +317,18 @@ def watch(
     status as plain lines; with `-o json`, one JSON object per change."""
     from rich.live import Live
 
-    source, ns = _open(kubeconfig, context, namespace)
-    view = dashboard.LiveView({"metadata": {"name": name, "namespace": ns}})
+    source, ns = target.open()
+    view = dashboard.LiveView({"metadata": {"name": target.name, "namespace": ns}})
 
     def follow(show: Callable[[], None]) -> None:
-        for fl in source.watch(name, ns, timeout):
+        for fl in source.watch(target.name, ns, timeout):
             view.fl = fl
             show()
             if dashboard.finished(fl):
                 return
 
     try:
-        if output == Output.JSON:
+        if target.json:
             follow(lambda: _echo_json(_status_json(view.fl), indent=None))
         elif console.is_terminal:
             with Live(view, console=console, refresh_per_second=1) as live:
@@ -325,23 +358,19 @@ def watch(
     )
 
 
-@app.command("plot")
-def plot_cmd(
-    name: NameArg,
+@command
+def plot(
+    target: Target,
     file: Annotated[
         Path | None,
         typer.Option("--file", "-f", help="image file to write (.png, .svg, .pdf)"),
     ] = None,
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
-    output: OutputOpt = Output.TEXT,
 ) -> None:
     """Loss and accuracy per round per cluster (from status.history): an image (--file),
     and with `-o json` the same series as JSON."""
-    if file is None and output != Output.JSON:
+    if file is None and not target.json:
         raise _fail("give --file PATH for the image, or -o json for the numbers", EXIT_USAGE)
-    fl = _get(name, namespace, kubeconfig, context)
+    fl = target.get()
     written = None
     try:
         if file is not None:
@@ -350,23 +379,17 @@ def plot_cmd(
             raise dashboard.NoHistoryError(f"no per-round metrics yet: {dashboard.summary(fl)}")
     except dashboard.NoHistoryError as e:
         raise _fail(str(e), EXIT_NOT_YET) from e
-    if output == Output.JSON:
+    if target.json:
         series = dashboard.history_series(fl)
         _echo_json({"file": str(written) if written else None, "series": series})
     else:
         typer.echo(f"wrote {written}")
 
 
-@app.command()
-def model(
-    name: NameArg,
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
-    output: OutputOpt = Output.TEXT,
-) -> None:
+@command
+def model(target: Target) -> None:
     """Where the trained model is: path, round, sha256, metrics (exit 1 if none yet)."""
-    fl = _get(name, namespace, kubeconfig, context)
+    fl = target.get()
     info = dashboard.model_info(fl)
     table = dashboard.render_model(fl)
     if info is None or table is None:
@@ -376,7 +399,7 @@ def model(
             f"round {s['round']})",
             EXIT_NOT_YET,
         )
-    if output == Output.JSON:
+    if target.json:
         _echo_json(info)
         return
     _print(table)
