@@ -19,13 +19,15 @@ client_launcher = pytest.importorskip("workloads.client_launcher")
 
 
 def test_server_args_parse_with_the_server_launcher() -> None:
-    s = spec(rounds=4, strategy={"name": "fedprox", "params": {"proximalMu": 0.1}})
+    app = {"path": "/opt/ocm-fl/apps/digits", "runConfig": {"strategy": "fedprox"}}
+    s = spec(rounds=4, app=app, initModel="base.pth")
     args = server_launcher.build_parser().parse_args(server_args(REF, s))
     assert args.rounds == 4
     assert args.min_clients == 2
-    assert args.strategy == "fedprox"
-    assert json.loads(args.strategy_params)["proximalMu"] == 0.1
-    assert args.task == "digits"
+    assert str(args.app_dir) == "/opt/ocm-fl/apps/digits"
+    assert json.loads(args.run_config) == {"strategy": "fedprox"}
+    assert args.storage == "/var/lib/ocm-fl/models" and args.init_model == "base.pth"
+    assert args.install_dependencies is False
     assert args.wait_clients_timeout == s.server.timeouts.clients_ready_seconds
     assert args.gateway_listen.endswith(":9443")
     assert str(args.gateway_certfile).endswith("gateway.crt")
