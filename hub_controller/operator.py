@@ -32,7 +32,14 @@ from hub_controller import credentials
 from hub_controller import placement as placement_mod
 from hub_controller import server as server_mod
 from hub_controller import works as works_mod
-from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, SpecError, parse_spec
+from hub_controller.api import (
+    FederatedLearningSpec,
+    FLRef,
+    ModelArtifact,
+    SpecError,
+    data_claim_of,
+    parse_spec,
+)
 from hub_controller.clusters import (
     ClusterInfo,
     cluster_info,
@@ -43,7 +50,7 @@ from hub_controller.clusters import (
 from hub_controller.kube import Kube, KubeError
 from hub_controller.placement import PlacementState, placement_state
 from hub_controller.reports import NoReports, ReportSource
-from hub_controller.server import JobState, job_state, model_from_termination_message
+from hub_controller.server import JobState, job_state, outcome_from_termination_message
 from hub_controller.status import (
     Observations,
     WorkState,
@@ -259,7 +266,7 @@ def server_service_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
 def server_pod_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
     key = _owner_key(labels)
     uid = labels.get(constants.LABEL_OWNER_UID, "")
-    return {key: Owned(uid, model_from_termination_message(body))} if key else None
+    return {key: Owned(uid, outcome_from_termination_message(body))} if key else None
 
 
 @dataclass(frozen=True)
@@ -305,15 +312,19 @@ def gather(ref: FLRef, spec: FederatedLearningSpec, idx: Indexes) -> Observation
     for name in decided:
         for info in idx.clusters.get(name, []):
             clusters[name] = info
-    resolutions = resolve_clusters(decided, clusters, spec.client.data_claim)
+    resolutions = resolve_clusters(decided, clusters, data_claim_of(spec)[0] or "")
     works = {w.cluster: w for w in idx.works.get(key, [])}
     job: JobState = _owned(idx.jobs.get(key, []), ref.uid) or JobState()
     service = _owned(idx.services.get(key, []), ref.uid)
     model: ModelArtifact | None = None
+    reason = ""
     for item in idx.pods.get(key, []):
-        if item.uid == ref.uid and item.value is not None:
-            model = item.value.model_copy(
-                update={"path": server_mod.model_location(ref, spec, item.value.path)}
+        if item.uid != ref.uid or item.value is None:
+            continue
+        reason = item.value.reason or reason
+        if item.value.model is not None:
+            model = item.value.model.model_copy(
+                update={"path": server_mod.model_location(ref, spec, item.value.model.path)}
             )
     return Observations(
         placement=placement,
@@ -322,6 +333,7 @@ def gather(ref: FLRef, spec: FederatedLearningSpec, idx: Indexes) -> Observation
         server_job=job,
         server_address=server_mod.server_address(spec, service),
         model=model,
+        server_reason=reason,
         reports=STATE.reports.snapshot(ref.namespace, ref.name),
     )
 
