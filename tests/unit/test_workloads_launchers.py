@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from workloads import client_launcher, server_launcher
 from ocmfl.constants import ENV_FL_UID as OCMFL_FL_UID
+from workloads import client_launcher, server_launcher
 from workloads.flower_env import flower_env, write_connection
 
 DIGITS = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
