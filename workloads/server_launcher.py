@@ -502,6 +502,7 @@ def _tee(stream: IO[bytes] | None, run_log: RunLog) -> None:
     for raw in stream:
         line = raw.decode(errors="replace")
         sys.stdout.write(line)
+        sys.stdout.flush()
         run_log.feed(line)
     sys.stdout.flush()
 

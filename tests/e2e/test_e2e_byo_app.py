@@ -68,7 +68,7 @@ def resource(name: str, app: str, models: Path, **server: Any) -> dict[str, Any]
                 "rounds": 2,
                 "minAvailableClients": 2,
                 "storage": {"type": "HostPath", "path": str(models)},
-                "timeouts": {"clientsReadySeconds": 300, "roundSeconds": 300},
+                "timeouts": {"clientsReadySeconds": 600, "roundSeconds": 600},
                 **server,
             },
             "client": {
@@ -108,6 +108,21 @@ def _pretrained(path: Path) -> float:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
     return accuracy(model, *load(path.parent.parent / "data" / "test"))
+
+
+def _settled(hub: Kube, name: str, phase: str, what: str | None = None) -> dict[str, Any]:
+    """The status once the phase is reached and carries the server's own outcome: `what` in
+    the message, or (None) the model. The pod's termination message can be folded in a
+    moment after the Job's condition."""
+
+    def ready() -> dict[str, Any] | None:
+        status = ((get_fl(hub, NAMESPACE, name) or {}).get("status")) or {}
+        if status.get("phase") != phase:
+            return None
+        done = status.get("model") if what is None else what in status.get("message", "")
+        return status if done else None
+
+    return wait_for(ready, 90, f"{name}: {phase} with {what!r}")
 
 
 def _job_template(obj: dict[str, Any]) -> dict[str, Any]:
@@ -159,9 +174,9 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
     created = create_fl(hub, NAMESPACE, body)
     uid = created["metadata"]["uid"]
 
-    final = wait_fl(hub, NAMESPACE, "byo", 1200, fed=fed)
-    status = final["status"]
-    assert status["phase"] == "Completed", status.get("message")
+    final = wait_fl(hub, NAMESPACE, "byo", 1500, fed=fed)
+    assert final["status"]["phase"] == "Completed", final["status"].get("message")
+    status = _settled(hub, "byo", "Completed")
     assert status["round"] == status["totalRounds"] == 2
 
     # Data by claim, the incumbent's way: dataClaim unset, the placement's one Exists key.
@@ -213,12 +228,11 @@ def test_a_raising_clientapp_and_a_missing_app_fail_with_their_own_reason(
     root = fed.workdir.parent / "byo"
     create_fl(hub, NAMESPACE, resource("raising", "raising", root / "models-raising"))
     create_fl(hub, NAMESPACE, resource("lost", "does-not-exist", root / "models-lost"))
-    lost = wait_fl(hub, NAMESPACE, "lost", 900, fed=fed)["status"]
-    assert lost["phase"] == "Failed"
-    assert f"app directory {constants.APPS_DIR}/does-not-exist does not exist" in lost["message"]
-    raising = wait_fl(hub, NAMESPACE, "raising", 900, fed=fed)["status"]
-    assert raising["phase"] == "Failed"
-    assert "ValueError: cannot parse" in raising["message"], raising["message"]
+    assert wait_fl(hub, NAMESPACE, "lost", 900, fed=fed)["status"]["phase"] == "Failed"
+    missing = f"app directory {constants.APPS_DIR}/does-not-exist does not exist"
+    assert missing in _settled(hub, "lost", "Failed", missing)["message"]
+    assert wait_fl(hub, NAMESPACE, "raising", 1200, fed=fed)["status"]["phase"] == "Failed"
+    raising = _settled(hub, "raising", "Failed", "ValueError: cannot parse")
     assert "no column 'label'" in raising["message"]
     for name in ("byo", "raising", "lost"):
         hub.delete(
