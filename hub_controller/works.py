@@ -137,9 +137,13 @@ def client_args(
       --run-config FILE      JSON object of this cluster's values, given to the ClientApp as
                              node config (spec.client.runConfig + matching overrides)
       --port 0               any free loopback port for the SuperNode's local API
+      --install-dependencies Flower installs the app's dependencies (spec.server.app)
     The agent endpoint, FL name/namespace/uid come as env vars (ocmfl.constants.ENV_*).
     """
+    app = spec.server.app
+    extra = ["--install-dependencies"] if app is not None and app.install_dependencies else []
     return [
+        *extra,
         "--server",
         server_address,
         "--server-name",

@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
         "restarted until then, e.g. while the server has not registered its key yet)",
     )
     p.add_argument(
+        "--install-dependencies",
+        action="store_true",
+        help="let Flower install the app's dependencies at run time (off: the image has them)",
+    )
+    p.add_argument(
         "--max-retries",
         type=int,
         default=None,
@@ -219,6 +224,8 @@ def supernode_command(
         "--node-config", str(node_config_file),
         "--port", str(port),
     ]  # fmt: skip
+    if args.install_dependencies:
+        cmd.append("--allow-runtime-dependency-installation")
     if args.max_retries is not None:
         cmd += ["--max-retries", str(args.max_retries)]
     if args.max_wait_time is not None:

@@ -285,8 +285,11 @@ class Launcher:
             "--port",
             str(self.port),
         ]
-        if not self.settings.install_dependencies:
-            cmd.append("--disable-runtime-dependency-installation")
+        cmd.append(
+            "--allow-runtime-dependency-installation"
+            if self.settings.install_dependencies
+            else "--disable-runtime-dependency-installation"
+        )
         log = (self.state / "superlink.log").open("ab")
         self.superlink = fe.start(cmd, self.env, log)
         self.wait_health(60.0)

@@ -44,3 +44,8 @@ def test_client_args_parse_with_the_client_launcher() -> None:
     assert args.cluster_name == "c1"
     assert str(args.data_dir) == "/data"
     assert str(args.run_config) == "/etc/ocm-fl/run-config.json"
+    assert args.install_dependencies is False
+    app = {"path": "/opt/ocm-fl/apps/x", "installDependencies": True}
+    argv = client_args(spec(app=app), c.name, "127.0.0.1:9443", "fl-x-server.team.svc")
+    args = client_launcher.build_parser().parse_args(argv)
+    assert args.install_dependencies is True
