@@ -43,6 +43,9 @@ from workloads.sdk.platform import ServerPlatform
 from workloads.sdk.store import ModelStore, ModelStoreError
 
 PREFIX = "ocm-fl-server"
+# The SuperLink answers /health in ~3.5 s on an idle 2-core machine; a loaded one (several
+# federations side by side) has been seen to need over a minute.
+HEALTH_TIMEOUT_S = 240.0
 
 
 class LaunchError(Exception):
@@ -292,7 +295,7 @@ class Launcher:
         )
         log = (self.state / "superlink.log").open("ab")
         self.superlink = fe.start(cmd, self.env, log)
-        self.wait_health(60.0)
+        self.wait_health(HEALTH_TIMEOUT_S)
         self.log(f"SuperLink up on {self.host}:{self.port} (log {self.state / 'superlink.log'})")
 
     def start_gateway(self) -> None:
