@@ -140,7 +140,9 @@ def s3_client() -> Any:
         raise StorageError(f"S3 storage needs boto3 ({exc})") from None
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     config = Config(s3={"addressing_style": "path"} if endpoint else {})
-    return boto3.client("s3", endpoint_url=endpoint or None, config=config)
+    # A fresh session: boto3's default one keeps the credentials it first resolved.
+    session = boto3.session.Session()
+    return session.client("s3", endpoint_url=endpoint or None, config=config)
 
 
 def parse_s3(uri: str) -> tuple[str, str]:
