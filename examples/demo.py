@@ -25,9 +25,9 @@ from rich.live import Live
 from rich.table import Table
 
 from hack import controlplane as cp
-from hack.controlplane.kube import Kube
 from hack.localfed import LocalFederation, create_fl, prepare_data, wait_fl
-from hub_controller.dashboard import LiveView, NoHistoryError, plot_history, render_dashboard
+from ocmfl.kube import Kube
+from ocmfl_cli.dashboard import LiveView, NoHistoryError, plot_history, render_dashboard
 from workloads.sdk import ModelStore
 
 EXAMPLE = Path(__file__).resolve().parent / "federatedlearning.yaml"

@@ -1,7 +1,7 @@
 """The FederatedLearning custom resource as pydantic models.
 
 The models ARE the API: the controller validates a resource with `FederatedLearningSpec`,
-writes status with `FederatedLearningStatus`, and `hub_controller.crdgen` turns them into the
+writes status with `FederatedLearningStatus`, and `hack.codegen.crdgen` turns them into the
 CRD's structural schema. JSON names are camelCase (aliases); Python names are snake_case.
 """
 

@@ -15,8 +15,7 @@ COPY ocmfl ocmfl
 COPY hub_controller hub_controller
 COPY agent_addon agent_addon
 COPY workloads workloads
-COPY hack/__init__.py hack/__init__.py
-RUN /opt/venv/bin/pip install --no-compile ".[hub,agent,cli]" \
+RUN /opt/venv/bin/pip install --no-compile ".[hub,agent]" \
  && /opt/venv/bin/python -m compileall -q /opt/venv
 
 FROM ${PYTHON_IMAGE}
@@ -27,8 +26,7 @@ COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    HOME=/tmp \
-    MPLCONFIGDIR=/tmp/matplotlib
+    HOME=/tmp
 USER 65532:65532
 WORKDIR /tmp
 ENTRYPOINT []

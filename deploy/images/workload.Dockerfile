@@ -16,7 +16,6 @@ COPY ocmfl ocmfl
 COPY hub_controller hub_controller
 COPY agent_addon agent_addon
 COPY workloads workloads
-COPY hack/__init__.py hack/__init__.py
 RUN /opt/venv/bin/pip install --no-compile ".[workloads]" \
  && /opt/venv/bin/python -m compileall -q /opt/venv
 
@@ -25,7 +24,7 @@ LABEL org.opencontainers.image.title="ocm-fl workload" \
       org.opencontainers.image.description="OCM federated learning: Flower + torch (CPU) server and client" \
       org.opencontainers.image.licenses="Apache-2.0"
 # nginx: the launchers run the Fleet gateway (server) and tunnel (client) as child processes
-# (ocmfl/fleet_proxy.py); its config keeps every writable path under the state volume.
+# (workloads/fleet_proxy.py); its config keeps every writable path under the state volume.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends nginx-light \
  && rm -rf /var/lib/apt/lists/*

@@ -21,8 +21,8 @@ from pathlib import Path
 from hack.controlplane import podplan, podstate
 from hack.controlplane.bootstrap import now
 from hack.controlplane.forwarder import Forwarder
-from hack.controlplane.kube import Informer, Kube, KubeError, Obj
 from hack.controlplane.podstate import Ctr, PodRun
+from ocmfl.kube import Informer, Kube, KubeError, Obj
 
 log = logging.getLogger(__name__)
 

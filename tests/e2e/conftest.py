@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from hack import controlplane as cp
-from hack.controlplane.kube import Kube
 from hack.localfed import LocalFederation
+from ocmfl.kube import Kube
 
 STATE_DIR = Path((os.environ.get("OCMFL_CP_DIR") or "/dev/shm/ocm-fl-cp") + "-e2e")
 

@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from hack import controlplane as cp
-from hack.controlplane.kube import Kube
 from hack.controlplane.podplan import register_local_image
 from hack.localfed import (
     LocalFederation,
@@ -35,6 +34,7 @@ from hack.localfed import (
     wait_for,
 )
 from ocmfl import constants
+from ocmfl.kube import Kube
 from tests.apps.byo.myapp.model import accuracy, load, make_model
 from workloads.sdk import ModelStore
 

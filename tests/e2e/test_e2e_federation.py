@@ -19,7 +19,6 @@ import pytest
 
 from examples.demo import demo_resource, held_out_scores
 from hack import controlplane as cp
-from hack.controlplane.kube import Kube
 from hack.localfed import (
     FL_PATH,
     LocalFederation,
@@ -31,8 +30,9 @@ from hack.localfed import (
     wait_for,
 )
 from hub_controller.api import FLRef
-from hub_controller.works import client_namespace, work_name
+from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants, pki
+from ocmfl.kube import Kube
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 

@@ -2,8 +2,8 @@
 
 Real processes on 127.0.0.1: `ocm-fl-server` with its nginx Fleet gateway (client
 certificates required, only /v1/fleet/ forwarded) and two `ocm-fl-client`s, each with the
-cluster certificate the hub issues (hub_controller.credentials) and its nginx tunnel. A client
-without a certificate cannot reach the Fleet API at all.
+cluster certificate the hub issues (hub_controller.operator.desired.credentials) and its nginx
+tunnel. A client without a certificate cannot reach the Fleet API at all.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_controller import credentials as cr
+from hub_controller.operator.desired import credentials as cr
 from ocmfl import pki
 from workloads.data import partition
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from hub_controller import api, apidoc
+from hack.codegen import apidoc
+from hub_controller import api
 
 API_DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 
@@ -17,7 +18,7 @@ def _paths(model: type[BaseModel], prefix: str) -> list[str]:
 
 def test_committed_api_doc_matches_the_models() -> None:
     assert API_DOC.read_text() == apidoc.render(), (
-        "docs/api.md is stale: run `python -m hub_controller.apidoc > docs/api.md`"
+        "docs/api.md is stale: run `python -m hack.codegen.apidoc > docs/api.md`"
     )
 
 

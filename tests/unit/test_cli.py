@@ -1,4 +1,4 @@
-"""`ocm-fl` CLI and its pure rendering (hub_controller.dashboard), on resources given as dicts.
+"""`ocm-fl` CLI and its pure rendering (ocmfl_cli.dashboard), on resources given as dicts.
 
 The Kubernetes API is replaced by a fake `cli.connect`; only the unreachable-API and
 bad-kubeconfig tests use the real client (against a closed 127.0.0.1 port / missing file).
@@ -20,8 +20,9 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from hub_controller import cli, dashboard
 from ocmfl import constants
+from ocmfl_cli import commands as cli
+from ocmfl_cli import dashboard
 
 runner = CliRunner()
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

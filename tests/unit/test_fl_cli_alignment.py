@@ -10,9 +10,9 @@ import json
 import pytest
 from fl_fixtures import REF, spec
 
-from hub_controller.clusters import ClusterResolution
-from hub_controller.server import server_args
-from hub_controller.works import client_args
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator.desired.server import server_args
+from hub_controller.operator.desired.works import client_args
 
 server_launcher = pytest.importorskip("workloads.server_launcher")
 client_launcher = pytest.importorskip("workloads.client_launcher")

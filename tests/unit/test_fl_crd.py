@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from hub_controller import crdgen
+from hack.codegen import crdgen
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "federatedlearnings.yaml"
 
@@ -33,7 +33,7 @@ def _nodes(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 def test_committed_crd_matches_the_models() -> None:
     assert CRD_FILE.read_text() == crdgen.render(), (
         "crds/federatedlearnings.yaml is stale: run "
-        "`python -m hub_controller.crdgen > crds/federatedlearnings.yaml`"
+        "`python -m hack.codegen.crdgen > crds/federatedlearnings.yaml`"
     )
 
 

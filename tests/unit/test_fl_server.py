@@ -6,15 +6,17 @@ import json
 
 from fl_fixtures import REF, spec
 
-from hub_controller.server import (
+from hub_controller.operator.desired.server import (
     desired_job,
     desired_model_claim,
     desired_service,
+    server_args,
+)
+from hub_controller.operator.observed import (
     job_state,
     model_from_termination_message,
     outcome_from_termination_message,
     server_address,
-    server_args,
 )
 from ocmfl import constants
 
@@ -155,7 +157,7 @@ def test_model_artifact_comes_from_the_termination_message() -> None:
 
 
 def test_model_location_names_the_host_directory_or_the_claim_not_the_container_path() -> None:
-    from hub_controller.server import MODEL_DIR, model_location
+    from hub_controller.operator.desired.server import MODEL_DIR, model_location
 
     inside = f"{MODEL_DIR}/final/model.npz"
     host = spec(storage={"type": "HostPath", "path": "/srv/models/"})

@@ -8,8 +8,8 @@ from typing import Any
 from fl_fixtures import REF, spec, spec_dict
 
 from hub_controller.api import FLRef, parse_spec
-from hub_controller.clusters import ClusterResolution
-from hub_controller.works import (
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator.desired.works import (
     client_args,
     desired_work,
     desired_works,

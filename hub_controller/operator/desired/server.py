@@ -8,13 +8,11 @@ clusters are ready (gang admission, decided in status.py / operator.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
-from hub_controller import credentials
-from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact
-from hub_controller.works import safe_name
+from hub_controller.api import FederatedLearningSpec, FLRef
+from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired.works import safe_name
 from ocmfl import constants
 
 COMPONENT: Final = "server"
@@ -259,120 +257,6 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
             },
         },
     }
-
-
-def server_address(spec: FederatedLearningSpec, service: Mapping[str, Any] | None) -> str | None:
-    """host:port clients dial: spec.server.advertiseAddress, else the LoadBalancer ingress."""
-    if spec.server.advertise_address:
-        return spec.server.advertise_address
-    if service is None:
-        return None
-    ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
-    for entry in ingress:
-        host = entry.get("hostname") or entry.get("ip")
-        if host:
-            host = f"[{host}]" if ":" in host else host
-            return f"{host}:{constants.FLEET_PROXY_PORT}"
-    return None
-
-
-@dataclass(frozen=True)
-class JobState:
-    """Counters and terminal conditions of a Job (server Job or, via feedback, client Job)."""
-
-    exists: bool = False
-    active: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    complete: bool = False
-    failed_condition: bool = False
-    message: str = ""
-
-    @property
-    def done(self) -> bool:
-        return self.complete or self.failed_condition
-
-
-def job_state(job: Mapping[str, Any] | None) -> JobState:
-    """Read a Job object's status."""
-    if job is None:
-        return JobState()
-    status = job.get("status") or {}
-    complete = failed = False
-    message = ""
-    for cond in status.get("conditions") or []:
-        if cond.get("status") != "True":
-            continue
-        if cond.get("type") == "Complete":
-            complete = True
-        elif cond.get("type") == "Failed":
-            failed = True
-            message = str(cond.get("message") or cond.get("reason") or "")
-    return JobState(
-        exists=True,
-        active=int(status.get("active") or 0),
-        succeeded=int(status.get("succeeded") or 0),
-        failed=int(status.get("failed") or 0),
-        complete=complete,
-        failed_condition=failed,
-        message=message,
-    )
-
-
-@dataclass(frozen=True)
-class ServerOutcome:
-    """What the server container said when it ended (its termination message)."""
-
-    ok: bool | None = None
-    reason: str = ""
-    model: ModelArtifact | None = None
-
-
-def outcome_from_termination_message(pod: Mapping[str, Any] | None) -> ServerOutcome | None:
-    """The outcome the server container left in its termination message, if any: the final
-    model on success, the launcher's one-line reason (the app's own error) either way."""
-    if pod is None:
-        return None
-    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-        terminated = (cs.get("state") or {}).get("terminated") or {}
-        text = terminated.get("message")
-        if cs.get("name") != "server" or not text:
-            continue
-        try:
-            data = json.loads(text)
-        except ValueError:
-            return None
-        if not isinstance(data, dict):
-            return None
-        model: ModelArtifact | None = None
-        if data.get("path"):
-            metrics = data.get("metrics") or {}
-            try:
-                model = ModelArtifact(
-                    path=str(data["path"]),
-                    round=data.get("round"),
-                    sha256=data.get("sha256"),
-                    metrics={
-                        str(k): float(v)
-                        for k, v in (metrics.items() if isinstance(metrics, dict) else [])
-                        if isinstance(v, int | float) and not isinstance(v, bool)
-                    },
-                )
-            except ValueError:
-                model = None
-        ok = data.get("ok")
-        return ServerOutcome(
-            ok=ok if isinstance(ok, bool) else None,
-            reason=str(data.get("reason") or "")[:1000],
-            model=model,
-        )
-    return None
-
-
-def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifact | None:
-    """The final model described by the server container's termination message, if any."""
-    outcome = outcome_from_termination_message(pod)
-    return outcome.model if outcome is not None else None
 
 
 def _advertised_host(address: str) -> tuple[str, bool]:

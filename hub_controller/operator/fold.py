@@ -1,9 +1,9 @@
 """Fold everything observed about one resource into its status (pure; no I/O).
 
-Inputs: the spec, the Placement's state, the per-cluster resolutions (decisions + claims), the
-ManifestWorks' status (with client Job feedback), the server Job, the server address, the
-model artifact and the agents' reports. Output: phase, conditions, one row per selected
-cluster. Gates:
+Inputs: the spec and the observations (observed.py): the Placement's state, the per-cluster
+resolutions (decisions + claims), the ManifestWorks' status (with client Job feedback), the
+server Job, the server address, the model artifact and the agents' reports. Output: phase,
+conditions, one row per selected cluster. Gates:
 - Waiting until >= minAvailableClients clusters are decided with data AND their works are
   Applied; then the server starts (gang admission) and the phase is Running.
 - Completed / Failed follow the server Job.
@@ -13,10 +13,7 @@ cluster. Gates:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -33,113 +30,15 @@ from hub_controller.api import (
     FederatedLearningSpec,
     FederatedLearningStatus,
     HistoryEntry,
-    ModelArtifact,
     Phase,
     data_claim_of,
 )
-from hub_controller.clusters import ClusterResolution
-from hub_controller.placement import PlacementState, placement_condition
-from hub_controller.reports import ClusterReportView
-from hub_controller.server import JobState
-from hub_controller.works import (
-    FEEDBACK_ACTIVE,
-    FEEDBACK_FAILED,
-    FEEDBACK_SUCCEEDED,
-    SPEC_HASH_ANNOTATION,
-)
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator.observed import Observations, PlacementState, ready_clusters
 
 TERMINAL = (Phase.COMPLETED, Phase.FAILED)
 GLOBAL = "global"  # history rows of the federation as a whole
 MAX_HISTORY = 500
-
-
-@dataclass(frozen=True)
-class WorkState:
-    """A ManifestWork as the hub sees it: conditions plus the client Job's feedback."""
-
-    cluster: str
-    name: str
-    applied: bool = False
-    available: bool = False
-    deleting: bool = False
-    message: str = ""
-    job: JobState = field(default_factory=JobState)
-    spec_hash: str = ""
-
-
-def work_state(work: Mapping[str, Any]) -> WorkState:
-    """Read a ManifestWork object (namespace = cluster)."""
-    meta = work.get("metadata") or {}
-    status = work.get("status") or {}
-    conds = {c.get("type"): c for c in status.get("conditions") or []}
-
-    def is_true(kind: str) -> bool:
-        return bool(conds.get(kind, {}).get("status") == "True")
-
-    message = ""
-    applied_cond = conds.get("Applied")
-    if applied_cond is not None and applied_cond.get("status") != "True":
-        message = str(applied_cond.get("message") or applied_cond.get("reason") or "")
-    values: dict[str, Any] = {}
-    for manifest in (status.get("resourceStatus") or {}).get("manifests") or []:
-        if (manifest.get("resourceMeta") or {}).get("kind") != "Job":
-            continue
-        for value in (manifest.get("statusFeedback") or {}).get("values") or []:
-            field_value = value.get("fieldValue") or {}
-            values[str(value.get("name"))] = (
-                field_value.get("integer")
-                if "integer" in field_value
-                else field_value.get("string", field_value.get("boolean"))
-            )
-    job = JobState(
-        exists=bool(values),
-        active=int(values.get(FEEDBACK_ACTIVE) or 0),
-        succeeded=int(values.get(FEEDBACK_SUCCEEDED) or values.get("JobSucceeded") or 0),
-        failed=int(values.get(FEEDBACK_FAILED) or 0),
-        complete=str(values.get("JobComplete")) == "True",
-    )
-    return WorkState(
-        cluster=str(meta.get("namespace")),
-        name=str(meta.get("name")),
-        applied=is_true("Applied"),
-        available=is_true("Available"),
-        deleting=bool(meta.get("deletionTimestamp")) or is_true("Deleting"),
-        message=message,
-        job=job,
-        spec_hash=str((meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION, "")),
-    )
-
-
-@dataclass(frozen=True)
-class Observations:
-    """Everything the fold needs besides the spec and the previous status."""
-
-    placement: PlacementState = field(default_factory=PlacementState)
-    resolutions: Sequence[ClusterResolution] = ()
-    works: Mapping[str, WorkState] = field(default_factory=dict)
-    server_job: JobState = field(default_factory=JobState)
-    server_address: str | None = None
-    model: ModelArtifact | None = None
-    server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
-    reports: Mapping[str, ClusterReportView] = field(default_factory=dict)
-
-
-def observation_digest(obs: Observations) -> str:
-    """Short stable digest of the observed inputs, reports excluded (they are folded by time)."""
-    data = asdict(obs)
-    data.pop("reports", None)
-    text = json.dumps(data, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def ready_clusters(obs: Observations) -> list[str]:
-    """Decided clusters with data whose work is Applied (and not being deleted)."""
-    out = []
-    for r in obs.resolutions:
-        work = obs.works.get(r.name)
-        if r.has_data and work is not None and work.applied and not work.deleting:
-            out.append(r.name)
-    return out
 
 
 def gate_open(spec: FederatedLearningSpec, obs: Observations) -> bool:
@@ -465,3 +364,24 @@ def parse_status(raw: Mapping[str, Any] | None) -> FederatedLearningStatus | Non
         return FederatedLearningStatus.model_validate(dict(raw))
     except ValueError:
         return None
+
+
+def placement_condition(
+    state: PlacementState, spec: FederatedLearningSpec, namespace: str
+) -> tuple[str, str, str]:
+    """(status, reason, message) for the resource's PlacementSatisfied condition."""
+    if not state.exists:
+        return "Unknown", "PlacementPending", "Placement not created yet"
+    if state.satisfied is None:
+        return "Unknown", "PlacementPending", "waiting for the OCM placement controller"
+    if state.missing_binding:
+        sets = spec.client.placement.cluster_sets or ["<any set>"]
+        return (
+            "False",
+            "NoManagedClusterSetBindings",
+            f"no ManagedClusterSetBinding in namespace {namespace} for cluster set(s) "
+            f"{', '.join(sets)}: a hub admin must bind them (e.g. `clusteradm clusterset bind "
+            f"{sets[0]} --namespace {namespace}`); the controller never creates bindings",
+        )
+    reason = state.reason or ("Satisfied" if state.satisfied == "True" else "NotSatisfied")
+    return state.satisfied, reason, state.message

@@ -3,7 +3,7 @@
 On startup: AggregatorService from the Deployment's env (server cert issued from
 OCMFL_CA_DIR, gRPC on AGGREGATOR_PORT, /metrics on HUB_METRICS_PORT, CSR signer when
 OCMFL_RUN_CSR_SIGNER=true), and its ReportStore handed to the controller's status fold
-(`hub_controller.operator.apply_status_reports`). On cleanup: stopped.
+(`hub_controller.operator.handlers.apply_status_reports`). On cleanup: stopped.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ async def start_aggregator(logger: Any, **_: Any) -> None:
     settings.run_signer = os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").lower() == "true"
     _service = AggregatorService(settings)
     port = await _service.start()
-    from hub_controller.operator import apply_status_reports
+    from hub_controller.operator.handlers import apply_status_reports
 
     apply_status_reports(_service.store)
     logger.info("aggregator listening on %d (signer: %s)", port, settings.run_signer)

@@ -1,6 +1,9 @@
-"""A tiny JSON REST client over the kubernetes package's ApiClient (auth, TLS from kubeconfig).
+"""Kubernetes access: ApiClient construction and a JSON REST client with list+watch.
 
-Plain dicts in and out: no model (de)serialisation, so CRDs and status patches round-trip as is.
+`api_client` builds a kubernetes ApiClient from a kubeconfig file, else the pod's service
+account. `Kube` is a tiny JSON REST client over such a client (auth, TLS from kubeconfig):
+plain dicts in and out, no model (de)serialisation, so CRDs and status patches round-trip as
+is. `Informer` keeps a listed and watched collection in memory.
 """
 
 from __future__ import annotations
@@ -206,3 +209,19 @@ class Informer:
                     return
                 log.debug("informer %s: %s; relisting", self.path, e)
                 time.sleep(0.5)
+
+
+def api_client(kubeconfig: str | None = None) -> Any:
+    """An ApiClient from `kubeconfig`, or from the pod's service account when None."""
+    from kubernetes import client
+
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    config.load_incluster_config()  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+def custom_objects(kubeconfig: str | None = None) -> Any:
+    from kubernetes import client
+
+    return client.CustomObjectsApi(api_client(kubeconfig))

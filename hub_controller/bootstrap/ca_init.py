@@ -1,7 +1,7 @@
 """Hub CA bootstrap, run by the Helm chart's hook Jobs inside the hub.
 
-    python -m hub_controller.ca_init ensure-secret --namespace NS --secret NAME
-    python -m hub_controller.ca_init publish --namespace NS --secret NAME --adc ADC
+    python -m hub_controller.bootstrap.ca_init ensure-secret --namespace NS --secret NAME
+    python -m hub_controller.bootstrap.ca_init publish --namespace NS --secret NAME --adc ADC
 
 `ensure-secret` creates a kubernetes.io/tls Secret holding a new RSA CA (what OCM's
 CustomSigner signs agent certificates with) when it is absent, and never overwrites one.
@@ -138,7 +138,7 @@ def publish(namespace: str, name: str, adc: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (the chart's hook Jobs)."""
-    parser = argparse.ArgumentParser(prog="python -m hub_controller.ca_init")
+    parser = argparse.ArgumentParser(prog="python -m hub_controller.bootstrap.ca_init")
     sub = parser.add_subparsers(dest="command", required=True)
     e = sub.add_parser("ensure-secret", help="create the CA Secret if it is absent")
     e.add_argument("--validity-days", type=int, default=365)

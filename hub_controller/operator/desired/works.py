@@ -24,7 +24,7 @@ from hub_controller.api import (
     RunConfigValue,
     SelectorOperator,
 )
-from hub_controller.clusters import ClusterResolution
+from hub_controller.membership import ClusterResolution
 from ocmfl import constants
 
 WORK_API_VERSION: Final = f"{constants.WORK_GROUP}/v1"

@@ -1,9 +1,12 @@
-"""Which clusters take part, and where their data is.
+"""Which clusters are members (pure): of the addon, and of each federation.
 
-Inputs: every PlacementDecision of the resource's Placement (OCM splits decisions over several
-objects: take the union) and the ManagedClusters' `status.clusterClaims`. Output: one
-resolution per decided cluster, with the data path from the claim named by spec.client.dataClaim
-or the reason the cluster cannot take part. The path is never guessed.
+Addon membership: an accepted ManagedCluster (not being deleted) that has the addon's
+ManagedClusterAddOn may report to the aggregator and get an agent certificate.
+Federation membership: every PlacementDecision of the resource's Placement (OCM splits
+decisions over several objects: take the union) and the ManagedClusters'
+`status.clusterClaims` give one resolution per decided cluster, with the data path from the
+claim named by spec.client.dataClaim or the reason the cluster cannot take part. The path is
+never guessed.
 """
 
 from __future__ import annotations
@@ -92,3 +95,10 @@ def resolve_clusters(
             reason = f"selected by the placement; data at {value} (ClusterClaim {data_claim})"
             out.append(ClusterResolution(name, value, reason, info.labels))
     return out
+
+
+def is_accepted(managed_cluster: dict[str, Any]) -> bool:
+    """Pure: the hub accepts this ManagedCluster and it is not being deleted."""
+    meta = managed_cluster.get("metadata") or {}
+    spec = managed_cluster.get("spec") or {}
+    return bool(spec.get("hubAcceptsClient")) and not meta.get("deletionTimestamp")

@@ -7,7 +7,7 @@
 
 Everything is read from the resource through the Kubernetes API (any kubeconfig and
 context; the namespace defaults to the context's). Rendering lives in
-`hub_controller.dashboard` (pure functions of the resource dict); the only door to the
+`ocmfl_cli.dashboard` (pure functions of the resource dict); the only door to the
 cluster is `connect()`, which tests replace with a fake.
 
 Exit codes: 0 ok; 1 the answer is "not (yet)": Failed, timed out, no model, no history;
@@ -27,8 +27,8 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from hub_controller import dashboard
 from ocmfl import constants
+from ocmfl_cli import dashboard
 
 EXIT_NOT_YET = 1
 EXIT_UNREACHABLE = 2
