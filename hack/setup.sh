@@ -19,3 +19,5 @@ fi
 if [ -f hack/tools/build-helm.sh ]; then
   bash hack/tools/build-helm.sh
 fi
+# An S3-compatible server for the model store's S3 tests (tests/integration/test_s3_store.py).
+bash hack/tools/build-versitygw.sh

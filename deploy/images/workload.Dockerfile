@@ -29,6 +29,9 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends nginx-light \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/venv /opt/venv
+# The example Flower apps (ocmfl.constants.APPS_DIR): spec.server.app.path names one. A user's
+# image adds its own app the same way: FROM this image, COPY my-app /opt/ocm-fl/apps/my-app.
+COPY examples/apps /opt/ocm-fl/apps
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

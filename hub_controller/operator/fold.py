@@ -32,6 +32,7 @@ from hub_controller.api import (
     FederatedLearningStatus,
     HistoryEntry,
     Phase,
+    data_claim_of,
     run_finished,
 )
 from hub_controller.membership import ClusterResolution
@@ -205,7 +206,15 @@ def fold(
     def cond(type_: str, status: str, reason: str, message: str) -> Condition:
         return _condition(prev_conds, type_, status, reason, message, now, generation)
 
-    conditions = [cond(CONDITION_VALIDATED, "True", "Valid", "spec is valid")]
+    claim, inferred = data_claim_of(spec)
+    valid = (
+        ("True", "DataClaimFromPlacement", f"spec is valid; spec.client.dataClaim is unset, so "
+         f"the data directory comes from ClusterClaim {claim}, the one key the placement "
+         "selects with Exists")
+        if inferred
+        else ("True", "Valid", "spec is valid")
+    )  # fmt: skip
+    conditions = [cond(CONDITION_VALIDATED, *valid)]
     p_status, p_reason, p_message = placement_condition(obs.placement, spec, namespace)
     conditions.append(cond(CONDITION_PLACEMENT_SATISFIED, p_status, p_reason, p_message))
 
@@ -226,6 +235,7 @@ def fold(
     conditions.append(clients_ready)
 
     job = obs.server_job
+    failure = obs.server_reason or job.message or "server Job failed"
     if obs.server_address is None:
         server = (
             "False",
@@ -236,7 +246,7 @@ def fold(
     elif job.complete:
         server = ("True", "Completed", f"server finished; clients dial {obs.server_address}")
     elif job.failed_condition:
-        server = ("False", "ServerFailed", job.message or "server Job failed")
+        server = ("False", "ServerFailed", failure)
     elif job.exists:
         server = ("True", "Running", f"server Job running; clients dial {obs.server_address}")
     else:
@@ -249,7 +259,7 @@ def fold(
         phase, message = Phase.COMPLETED, "training completed"
         training = ("True", "Succeeded", message)
     elif job.failed_condition:
-        phase, message = Phase.FAILED, f"server failed: {job.message or 'server Job failed'}"
+        phase, message = Phase.FAILED, f"server failed: {failure}"
         training = ("False", "ServerFailed", message)
     elif job.exists:
         lost_for = (now - clients_ready.last_transition_time).total_seconds()

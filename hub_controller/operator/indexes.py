@@ -17,7 +17,7 @@ from typing import Any, Final
 
 import kopf
 
-from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact
+from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, data_claim_of
 from hub_controller.membership import (
     AddonMembers,
     ClusterInfo,
@@ -34,7 +34,7 @@ from hub_controller.operator.observed import (
     PlacementState,
     WorkState,
     job_state,
-    model_from_termination_message,
+    outcome_from_termination_message,
     placement_state,
     server_address,
     work_state,
@@ -115,7 +115,7 @@ def server_service_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
 
 @kopf.index("", "v1", "pods", labels=SERVER_OWNED)
 def server_pod_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    return _owned_by(labels, model_from_termination_message(body))
+    return _owned_by(labels, outcome_from_termination_message(body))
 
 
 @dataclass(frozen=True)
@@ -167,15 +167,19 @@ def gather(
     for name in decided:
         for info in idx.clusters.get(name, []):
             clusters[name] = info
-    resolutions = resolve_clusters(decided, clusters, spec.client.data_claim)
+    resolutions = resolve_clusters(decided, clusters, data_claim_of(spec)[0] or "")
     works = {w.cluster: w for w in idx.works.get(key, [])}
     job: JobState = _owned(idx.jobs.get(key, []), ref.uid) or JobState()
     service = _owned(idx.services.get(key, []), ref.uid)
     model: ModelArtifact | None = None
+    reason = ""
     for item in idx.pods.get(key, []):
-        if item.uid == ref.uid and item.value is not None:
-            model = item.value.model_copy(
-                update={"path": server_mod.model_location(ref, spec, item.value.path)}
+        if item.uid != ref.uid or item.value is None:
+            continue
+        reason = item.value.reason or reason
+        if item.value.model is not None:
+            model = item.value.model.model_copy(
+                update={"path": server_mod.model_location(ref, spec, item.value.model.path)}
             )
     return Observations(
         placement=placement,
@@ -184,5 +188,6 @@ def gather(
         server_job=job,
         server_address=server_address(spec, service),
         model=model,
+        server_reason=reason,
         reports=reports.snapshot(ref.uid),
     )

@@ -127,6 +127,7 @@ def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
                 "rounds": 1,
                 "minAvailableClients": 9,
                 "advertiseAddress": "127.0.0.1:9443",
+                "app": {"path": f"{constants.APPS_DIR}/digits"},
                 **server,
             },
             "client": {
@@ -263,7 +264,7 @@ def test_schema_refuses_what_it_can_say(hub: Kube, namespace: str) -> None:
     assert exc.value.status == 422
     assert "spec.server.rounds" in str(exc.value)
     body = fl_body(namespace, "x.data")
-    body["spec"]["server"]["strategy"] = {"name": "fedmagic"}
+    body["spec"]["server"]["storage"] = {"type": "Floppy"}
     with pytest.raises(KubeError):
         hub.create(fl_path(namespace), body)
 

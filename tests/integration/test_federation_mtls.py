@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.federation, pytest.mark.timeout(600)]
 
 BIN = Path(sys.executable).parent
 CLUSTERS = ("cluster1", "cluster2")
+DIGITS_APP = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 
 
 def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -80,8 +81,9 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         "--wait-clients-timeout", "240",
         "--status-interval", "3",
         "--rounds", "2",
-        "--storage-dir", str(tmp_path / "models"),
-        "--test-dir", str(tmp_path / "data" / "test"),
+        "--app-dir", str(DIGITS_APP),
+        "--run-config", json.dumps({"fraction-evaluate": 0.0}),
+        "--storage", str(tmp_path / "models"),
         "--result-file", str(tmp_path / "result.json"),
     ]  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
