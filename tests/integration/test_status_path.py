@@ -166,7 +166,11 @@ def fl(
         "kind": constants.KIND,
         "metadata": {"name": "digits", "namespace": namespace},
         "spec": {
-            "server": {"rounds": 1, "minAvailableClients": 9},
+            "server": {
+                "rounds": 1,
+                "minAvailableClients": 9,
+                "app": {"path": f"{constants.APPS_DIR}/digits"},
+            },
             "client": {
                 "image": "example.invalid/not-run:0",
                 "dataClaim": claim,
