@@ -11,11 +11,14 @@ fi
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q -U pip setuptools wheel
-  .venv/bin/pip install -q -e '.[hub,agent,workloads,cli,dev]'
+  .venv/bin/pip install -q -e '.[hub,agent,workloads,cli,plot,dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
 .venv/bin/python -m hack.controlplane build
+# Base images from Debian's archive and every image in deploy/images (hack/images; cached by
+# content: the first run takes about 10 minutes, a run with nothing changed a few seconds).
+.venv/bin/python -m hack.images build
 if [ -f hack/tools/build-helm.sh ]; then
   bash hack/tools/build-helm.sh
 fi

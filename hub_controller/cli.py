@@ -338,6 +338,11 @@ def plot_cmd(
         written = dashboard.plot_history(fl, out)
     except dashboard.NoHistoryError as e:
         raise _fail(str(e), EXIT_NOT_YET) from e
+    except ModuleNotFoundError as e:  # the addon image has the CLI without the `plot` extra
+        raise _fail(
+            f"ocm-fl plot needs matplotlib ({e}): pip install 'ocm-federated-learning[plot]'",
+            EXIT_UNREACHABLE,
+        ) from e
     console.print(f"wrote {written}", highlight=False)
 
 
