@@ -25,6 +25,7 @@ from typing import Annotated, Any, Protocol
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from hub_controller import dashboard
@@ -236,7 +237,8 @@ def _print(renderable: Any) -> None:
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: "[plot]" or an API error's brackets must print as is.
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -6,6 +6,13 @@
 # volumes in the chart and the AddOnTemplate.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The dependency list alone (pyproject.toml also holds tool settings): the install below is
+# rebuilt only when this list changes.
+FROM ${PYTHON_IMAGE} AS requirements
+WORKDIR /src
+COPY pyproject.toml deploy/images/pyproject_deps.py ./
+RUN python pyproject_deps.py hub agent cli >requirements.txt
+
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
@@ -16,14 +23,13 @@ WORKDIR /src
 # 160 MB), which this image leaves out: plot from a workstation.
 # Byte-code is compiled ahead (the root FS is read-only), except for the generated Kubernetes
 # API and model classes: 20 MB of .pyc that save only about 0.5 s per process start.
-COPY pyproject.toml deploy/images/pyproject_deps.py ./
+COPY --from=requirements /src/requirements.txt ./
 RUN python -m venv /opt/venv \
- && python pyproject_deps.py hub agent cli >requirements.txt \
  && /opt/venv/bin/pip install --no-compile -r requirements.txt \
  && rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio \
  && find /opt/venv/lib -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} + \
  && /opt/venv/bin/python -m compileall -q -x 'kubernetes/client/(api|models)/' /opt/venv
-COPY README.md ./
+COPY pyproject.toml README.md ./
 COPY ocmfl ocmfl
 COPY hub_controller hub_controller
 COPY agent_addon agent_addon

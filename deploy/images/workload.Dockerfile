@@ -7,6 +7,13 @@
 # Runs as uid 65532 with a read-only root FS: data, model storage and /tmp are volumes.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
+# The dependency list alone (pyproject.toml also holds tool settings): the install below is
+# rebuilt only when this list changes.
+FROM ${PYTHON_IMAGE} AS requirements
+WORKDIR /src
+COPY pyproject.toml deploy/images/pyproject_deps.py ./
+RUN python pyproject_deps.py workloads >requirements.txt
+
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
@@ -15,12 +22,11 @@ RUN python -m venv --system-site-packages /opt/venv \
 WORKDIR /src
 # Dependencies first, in their own layer: a code change rebuilds only the layer below them.
 # Third-party packages' own tests are not needed at run time.
-COPY pyproject.toml deploy/images/pyproject_deps.py ./
-RUN python pyproject_deps.py workloads >requirements.txt \
- && /opt/venv/bin/pip install --no-compile -r requirements.txt \
+COPY --from=requirements /src/requirements.txt ./
+RUN /opt/venv/bin/pip install --no-compile -r requirements.txt \
  && find /opt/venv/lib -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} + \
  && /opt/venv/bin/python -m compileall -q /opt/venv
-COPY README.md ./
+COPY pyproject.toml README.md ./
 COPY ocmfl ocmfl
 COPY hub_controller hub_controller
 COPY agent_addon agent_addon
