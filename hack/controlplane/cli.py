@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from hack.controlplane import build, plane, processes, supervisor
+from hack.controlplane import build, kubelet, plane, processes, supervisor
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument(
         "--addon-manager", action="store_true", help="also run OCM's addon manager on the hub"
     )
+    p_up.add_argument(
+        "--kubelet",
+        action="store_true",
+        help="real kubelet + containerd nodes running the images (hack.images) as containers",
+    )
     sub.add_parser("down", help="stop everything and remove the state")
     p_st = sub.add_parser("status", help="what runs, ports, memory")
     p_st.add_argument("--json", action="store_true")
@@ -37,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "build":
             times = build.build_all(echo=True)
+            times["kubernetes-node"] = kubelet.build_binaries()
             for name, secs in times.items():
                 print(f"{name}: {'cached' if secs == 0 else f'{secs:.0f}s'}")
             crds = build.crd_files()
@@ -44,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "up":
             st = plane.up(
-                args.clusters, echo=True, ocm=not args.no_ocm, addon_manager=args.addon_manager
+                args.clusters,
+                echo=True,
+                ocm=not args.no_ocm,
+                addon_manager=args.addon_manager,
+                kubelet=args.kubelet,
             )
             print(plane.status_report()[1])
             for k, v in plane.kubeconfig_env(st).items():
