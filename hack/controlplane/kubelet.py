@@ -55,6 +55,7 @@ COMPONENT = build.Component(
         "k8s.io/kubernetes/cmd/kubelet",
         "k8s.io/kubernetes/cmd/kube-proxy",
         "k8s.io/kubernetes/cmd/kube-scheduler",
+        "k8s.io/kubernetes/cmd/kubectl",
     ),
     build._k8s_ldflags(build.KUBERNETES_VERSION),
 )
@@ -793,3 +794,44 @@ def node_images() -> list[str]:
     env = os.environ.get("OCMFL_KUBELET_IMAGES")
     names = [n for n in env.split(",") if n] if env is not None else [i.tag for i in deploy.IMAGES]
     return [n for n in names if podman.inspect(n) is not None]
+
+
+def demo_env(state: State) -> dict[str, str]:
+    """What hack/demo-local.sh needs to run examples/kind/demo.sh's later steps here."""
+    from hack.helm import helm_binary
+
+    merged: dict[str, object] = {"apiVersion": "v1", "kind": "Config", "clusters": []}
+    users: list[object] = []
+    contexts: list[object] = []
+    for name in ["hub", *state.clusters]:
+        cfg = yaml.safe_load(Path(state.kubeconfigs[name]).read_text())
+        merged["clusters"].append({"name": name, "cluster": cfg["clusters"][0]["cluster"]})  # type: ignore[attr-defined]
+        users.append({"name": name, "user": cfg["users"][0]["user"]})
+        contexts.append({"name": name, "context": {"cluster": name, "user": name}})
+    merged.update({"users": users, "contexts": contexts, "current-context": "hub"})
+    path = Path(state.dir) / "kubeconfig" / "all.kubeconfig"
+    path.write_text(yaml.safe_dump(merged))
+    path.chmod(0o600)
+    return {
+        "KUBECONFIG": str(path),
+        "HUB_CONTEXT": "hub",
+        "CLUSTERS": ",".join(state.clusters),
+        "HUB_NODE_ADDRESS": node_ip(state.slot, 0),
+        "NODES_DIR": str(nodes_dir(state.slot)),
+        "MODELS_DIR": str(nodes_dir(state.slot) / "hub" / "models"),
+        "HELM": helm_binary() or "helm",
+        "PATH": f"{COMPONENT.out_dir}:{os.environ.get('PATH', '')}",
+    }
+
+
+if __name__ == "__main__":
+    import shlex
+    import sys
+
+    if sys.argv[1:] != ["demo-env"]:
+        sys.exit("usage: python -m hack.controlplane.kubelet demo-env")
+    loaded = State.load()
+    if loaded is None or not loaded.kubelet:
+        sys.exit(f"no plane with kubelet nodes in {processes.state_dir()} (up --kubelet)")
+    for key, value in demo_env(loaded).items():
+        print(f"{key}={shlex.quote(value)}")
