@@ -22,7 +22,8 @@ Addresses (index = podplan.node_index(slot, i)): node IP 10.215.<slot>.<10+i>, p
 loopback range cannot work, inside a pod 127.x is the pod's own). Every node routes the other
 nodes' Service ranges to them, so a cluster's pod reaches the hub's LoadBalancer address; a
 host-side forwarder gives the pods and node agents the apiserver (which listens on 127.0.0.1).
-No cluster DNS runs here unless CoreDNS is built (hack/controlplane/coredns.py).
+Cluster DNS: CoreDNS (built from the Go module registry) in every node's network namespace,
+on the node address, answering only for cluster.local from that node's apiserver.
 """
 
 from __future__ import annotations
@@ -58,6 +59,10 @@ COMPONENT = build.Component(
         "k8s.io/kubernetes/cmd/kubectl",
     ),
     build._k8s_ldflags(build.KUBERNETES_VERSION),
+)
+COREDNS_VERSION = "v1.15.0"
+DNS_COMPONENT = build.Component(
+    "coredns", COREDNS_VERSION, "coredns", ("github.com/coredns/coredns",), "-s -w"
 )
 NODES_ROOT = Path(os.environ.get("OCMFL_KUBELET_DIR", "/var/lib/ocm-fl-kubelet"))
 PAUSE_IMAGE = "localhost/ocm-fl/pause:3.10.1"
@@ -135,8 +140,8 @@ def missing_tools() -> list[str]:
 
 
 def build_binaries() -> float:
-    """kubelet, kube-proxy and kube-scheduler (cached like the rest of the control plane)."""
-    return build.build_component(COMPONENT)
+    """kubelet, kube-proxy, kube-scheduler, kubectl and CoreDNS (cached like the rest)."""
+    return build.build_component(COMPONENT) + build.build_component(DNS_COMPONENT)
 
 
 def ensure_pause_image(log_file: Path) -> None:
@@ -412,9 +417,7 @@ def _kubelet_config(spec: NodeSpec) -> str:
         "cgroupsPerQOS": True,
         "enforceNodeAllocatable": ["pods"],
     }
-    dns = spec.dir / "cluster-dns"
-    if dns.is_file():
-        cfg["clusterDNS"] = [dns.read_text().strip()]
+    cfg["clusterDNS"] = [spec.ip]  # CoreDNS on the node address
     return yaml.safe_dump(cfg)
 
 
@@ -450,6 +453,21 @@ def _kubeconfig(spec: NodeSpec, ca_pem: bytes, kp: certs.KeyPair, user: str, pat
     # The apiserver certificate names "kubernetes", not the bridge address the node dials.
     cfg["clusters"][0]["cluster"]["tls-server-name"] = "kubernetes"
     path.write_text(yaml.safe_dump(cfg))
+
+
+def _corefile(spec: NodeSpec) -> str:
+    # No `forward`: names outside cluster.local get no answer, and nothing leaves the machine.
+    return f"""cluster.local:53 in-addr.arpa:53 {{
+    bind {spec.ip}
+    errors
+    kubernetes cluster.local in-addr.arpa {{
+        kubeconfig {spec.dir / "coredns.kubeconfig"} coredns
+        pods insecure
+        ttl 5
+    }}
+    cache 5
+}}
+"""
 
 
 def _holder_script(spec: NodeSpec) -> str:
@@ -556,6 +574,8 @@ def start_node(
     serving.write(spec.dir / "pki", "kubelet")
     _kubeconfig(spec, ca.cert_pem, node_kp, "kubelet", spec.dir / "kubelet.kubeconfig")
     _kubeconfig(spec, ca.cert_pem, proxy_kp, "kube-proxy", spec.dir / "kube-proxy.kubeconfig")
+    dns_kp = certs.issue(ca, "system:ocmfl:coredns", client=True)
+    _kubeconfig(spec, ca.cert_pem, dns_kp, "coredns", spec.dir / "coredns.kubeconfig")
 
     (spec.dir / "containerd.toml").write_text(_containerd_config(spec))
     (spec.dir / "cni" / "10-ocmfl.conflist").write_text(_cni_config(spec))
@@ -606,6 +626,17 @@ def start_node(
             logs / f"kubelet-{spec.cluster}.log",
         )
     )
+    (spec.dir / "Corefile").write_text(_corefile(spec))
+    track(  # type: ignore[operator]
+        processes.spawn(
+            f"coredns-{spec.cluster}",
+            _nsenter(
+                holder.pid,
+                [str(DNS_COMPONENT.binaries["coredns"]), "-conf", str(spec.dir / "Corefile")],
+            ),
+            logs / f"coredns-{spec.cluster}.log",
+        )
+    )
     (spec.dir / "kube-proxy.yaml").write_text(_kube_proxy_config(spec))
     track(  # type: ignore[operator]
         processes.spawn(
@@ -621,7 +652,28 @@ def start_node(
 
 def bootstrap_apiserver(kube: Kube, spec: NodeSpec) -> None:
     """RBAC for the node agents and the `kubernetes` Service's endpoint (the forwarder)."""
+    kube.create(
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {"name": "ocmfl:coredns"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["services", "endpoints", "pods", "namespaces"],
+                    "verbs": ["list", "watch"],
+                },
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["list", "watch"],
+                },
+            ],
+        },
+    )
     bindings = {
+        "ocmfl:coredns": ("ocmfl:coredns", {"kind": "User", "name": "system:ocmfl:coredns"}),
         "ocmfl:nodes": ("system:node", {"kind": "Group", "name": "system:nodes"}),
         "ocmfl:kube-proxy": ("system:node-proxier", {"kind": "User", "name": "system:kube-proxy"}),
     }
