@@ -412,6 +412,7 @@ def _kubelet_config(spec: NodeSpec) -> str:
         "syncFrequency": "10s",
         "nodeStatusUpdateFrequency": "5s",
         "containerLogMaxSize": "5Mi",
+        "podLogsDirectory": str(spec.dir / "pod-logs"),
         "shutdownGracePeriod": "0s",
         "localStorageCapacityIsolation": False,
         "cgroupsPerQOS": True,
@@ -815,8 +816,8 @@ def start_all(
     build_binaries()
     logs = Path(state.dir) / "logs"
     ensure_pause_image(logs / "pause-image.log")
-    archives = [image_archive(PAUSE_IMAGE, NODES_ROOT / "images")]
-    archives += [image_archive(i, NODES_ROOT / "images") for i in node_images()]
+    cache = build.bin_root().parent / "image-archives"
+    archives = [image_archive(i, cache) for i in (PAUSE_IMAGE, *node_images())]
     node_specs = specs(state)
     for spec in node_specs:
         kube = Kube(state.kubeconfigs[spec.cluster])
