@@ -493,7 +493,7 @@ def _start(
                     f"--authentication-kubeconfig={kc}",
                     f"--authorization-kubeconfig={kc}",
                     f"--controllers={KCM_CONTROLLERS}"
-                    + (",endpointslice-controller" if kubelet else ""),
+                    + (",endpointslice-controller,node-lifecycle-controller" if kubelet else ""),
                     "--leader-elect=false",
                     "--bind-address=127.0.0.1",
                     f"--secure-port={port}",
