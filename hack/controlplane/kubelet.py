@@ -795,10 +795,16 @@ def teardown(slot: int, clusters: list[str]) -> None:
     for cluster in ["hub", *clusters]:
         d = nodes_dir(slot) / cluster
         with contextlib.suppress(OSError):
+            # The node's daemons and the containerd shims (which outlive their parent).
             ns = (d / "mnt-ns").read_text().strip()
-            for pid in _pids_in_mount_ns(ns):  # containerd shims outlive their parent
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while (pids := _pids_in_mount_ns(ns)) and time.monotonic() < deadline:
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, signal.SIGKILL)
+                    with contextlib.suppress(ChildProcessError, OSError):
+                        os.waitpid(pid, os.WNOHANG)
+                time.sleep(0.1)
         for sub in _cgroup_controllers():
             _kill_cgroup_tree(CGROUP_FS / sub / cgroup_root(slot, cluster).lstrip("/"))
     delete_bridge(slot)

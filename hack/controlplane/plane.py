@@ -439,6 +439,7 @@ def _start(
                     "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                     f"--proxy-client-cert-file={proxy_crt}",
                     f"--proxy-client-key-file={proxy_key}",
+                    *(["--kubelet-preferred-address-types=InternalIP"] if kubelet else []),
                 ],
                 logs / f"kube-apiserver-{n}.log",
             )
@@ -614,12 +615,13 @@ def down(state_dir: Path | None = None) -> bool:
 def _down_locked(d: Path) -> bool:
     state = State.load(d)
     found = False
+    if state is not None and state.kubelet:  # the nodes first: SIGKILL, all they left
+        found = any(processes.alive(p.pid) for p in state.procs)
+        kubelet_node.teardown(state.slot, state.clusters)
     if state is not None:
         for p in reversed(state.procs):  # supervisor first (it stops its pods), etcd last
             found = found or processes.alive(p.pid)
             processes.kill_group(p.pid, grace=10.0 if p.name == "supervisor" else 5.0)
-    if state is not None and state.kubelet:
-        kubelet_node.teardown(state.slot, state.clusters)
     pid_dir = d / "pod-pids"
     if pid_dir.is_dir():
         for f in pid_dir.iterdir():
