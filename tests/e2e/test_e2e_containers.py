@@ -84,6 +84,6 @@ def test_demo_steps_run_the_federation_in_containers_to_completed(plane: cp.Stat
         statuses = [
             c for p in got["items"] for c in (p.get("status") or {}).get("containerStatuses") or []
         ]
-        assert any(
-            c["image"] == constants.ADDON_IMAGE and c.get("ready") for c in statuses
-        ), statuses
+        assert any(c["image"] == constants.ADDON_IMAGE and c.get("ready") for c in statuses), (
+            statuses
+        )
