@@ -3,9 +3,11 @@
 set -euo pipefail
 # Container tools (hack/images, the kubelet nodes of hack/controlplane): podman and buildah
 # build the images, debootstrap makes their base from Debian's archive, containerd + runc run
-# pods under a real kubelet, the CNI plugins and iptables give them networks.
+# pods under a real kubelet, the CNI plugins and iptables give them networks, gcc builds the
+# static pause binary of their sandboxes from Kubernetes' own pause.c.
 pkgs=(nginx-light shellcheck util-linux iproute2
-  podman buildah runc conmon uidmap debootstrap containerd containernetworking-plugins iptables)
+  podman buildah runc conmon uidmap debootstrap containerd containernetworking-plugins iptables
+  gcc libc6-dev)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

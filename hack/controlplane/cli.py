@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from hack.controlplane import build, kubelet, plane, processes, supervisor
+from hack.controlplane import build, plane, processes, supervisor
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,7 +42,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "build":
             times = build.build_all(echo=True)
-            times["kubernetes-node"] = kubelet.build_binaries()
             for name, secs in times.items():
                 print(f"{name}: {'cached' if secs == 0 else f'{secs:.0f}s'}")
             crds = build.crd_files()
