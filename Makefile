@@ -17,7 +17,7 @@ demo: setup
 lint: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check .
-	.venv/bin/mypy hub_controller agent_addon workloads ocmfl hack examples bench
+	.venv/bin/mypy hub_controller agent_addon workloads ocmfl ocmfl_cli hack examples bench
 
 unit: setup
 	.venv/bin/pytest tests/unit

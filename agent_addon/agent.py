@@ -211,7 +211,7 @@ class Agent:
                 self._runner, self.config.listen_host, self.config.health_port
             ).start()
         if self.config.watch:
-            from ocmfl.kubeclient import api_client
+            from ocmfl.kube import api_client
 
             self._watcher = ClientWatcher(
                 api_client(self.config.kubeconfig),
@@ -235,7 +235,7 @@ class Agent:
         from kubernetes import client
 
         from agent_addon.csr import RenewalError, renew_if_due
-        from ocmfl.kubeclient import api_client
+        from ocmfl.kube import api_client
 
         certs = client.CertificatesV1Api(api_client(self.config.csr_hub_kubeconfig))
         while True:

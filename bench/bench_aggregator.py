@@ -31,6 +31,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from hack.testing import TestPKI
 from hub_controller.aggregator import (
     AggregatorServer,
     InMemoryClusterRegistry,
@@ -40,7 +41,6 @@ from hub_controller.aggregator import (
 )
 from ocmfl import pki
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
-from ocmfl.testing import TestPKI
 
 
 class _Baseline(StatusServicer):

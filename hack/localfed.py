@@ -5,7 +5,8 @@ each cluster's agent is deployed by OCM's addon manager; here they run as local 
 against the real local apiservers (hack.controlplane), with what the chart and OCM would do
 done by this module instead:
 
-* the hub CA (what `hub_controller.ca_init` creates on a real hub) is written to a directory;
+* the hub CA (what `hub_controller.bootstrap.ca_init` creates on a real hub) is written to a
+  directory;
 * "clusteradm addon enable": a ManagedClusterAddOn per cluster;
 * OCM's KubeClient registration: each agent gets a hub kubeconfig with the addon agent's
   default identity (user/groups of `default_agent_subject`), allowed to create CSRs;
@@ -13,7 +14,8 @@ done by this module instead:
   (`ocm-fl-agent --csr-hub-kubeconfig`): no certificate is made by hand for it.
 
 Every process gets its own loopback address (127.77.<i>.1), so nothing collides with pods the
-local nodes run.
+local nodes run; $OCMFL_LOCALFED_NET (default 127.77) moves them, so that two local federations
+on one machine do not collide either.
 """
 
 from __future__ import annotations
@@ -35,10 +37,10 @@ import yaml
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
-from hub_controller.addon_template import default_agent_subject
+from hub_controller.bootstrap.addon_template import default_agent_subject
 from ocmfl import constants, pki
+from ocmfl.kube import Kube
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -51,14 +53,15 @@ BINDINGS_PATH = (
 )
 FL_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{constants.PLURAL}"
 CSR_RBAC_NAME = "ocm-fl-local-addon-agents"
-HUB_HOST = "127.77.0.1"
+LOCAL_NET = os.environ.get("OCMFL_LOCALFED_NET", "127.77")  # first two octets (loopback)
+HUB_HOST = f"{LOCAL_NET}.0.1"
 ADDON_AVAILABLE_LABEL = f"feature.open-cluster-management.io/addon-{constants.ADDON_NAME}"
 T = TypeVar("T")
 
 
 def agent_host(index: int) -> str:
     """Loopback address of the agent of the `index`-th cluster (1-based)."""
-    return f"127.77.{index}.1"
+    return f"{LOCAL_NET}.{index}.1"
 
 
 class FederationError(RuntimeError):

@@ -11,7 +11,7 @@ fi
 stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q -U pip setuptools wheel
-  .venv/bin/pip install -q -e '.[hub,agent,workloads,cli,plot,dev]'
+  .venv/bin/pip install -q -e '.[hub,agent,workloads,cli,dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
@@ -22,3 +22,5 @@ fi
 if [ -f hack/tools/build-helm.sh ]; then
   bash hack/tools/build-helm.sh
 fi
+# An S3-compatible server for the model store's S3 tests (tests/integration/test_s3_store.py).
+bash hack/tools/build-versitygw.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Keeps the Helm chart's copy of the CRDs identical to crds/ (generated from the pydantic
-# models by `python -m hub_controller.crdgen`). Helm installs everything in the chart's crds/.
+# models by `python -m hack.codegen.crdgen`). Helm installs everything in the chart's crds/.
 #   hack/sync-chart-crds.sh          copy crds/*.yaml into the chart
 #   hack/sync-chart-crds.sh --check  exit 1 (and say which) when the copies differ
 set -euo pipefail

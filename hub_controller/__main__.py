@@ -1,5 +1,5 @@
 """`ocm-fl-hub`: run the FederatedLearning controller (kopf) on the hub, with the agents'
-report aggregator in the same process (hub_controller.aggregator.kopf_hooks).
+report aggregator in the same process (hub_controller.aggregator.handlers).
 
 Cluster-wide by default. `--namespace` (repeatable, globs allowed) limits the namespaced
 watches, which include the ManifestWorks in the cluster namespaces: list those too (or a glob
@@ -40,11 +40,11 @@ def main(argv: list[str] | None = None) -> None:
 
     import kopf
 
-    import hub_controller.operator  # registers the handlers
+    import hub_controller.operator.handlers
 
     if not args.no_aggregator:
         # Registers startup/cleanup handlers: the aggregator's ReportStore feeds the status fold.
-        import hub_controller.aggregator.kopf_hooks  # noqa: F401
+        import hub_controller.aggregator.handlers  # noqa: F401
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

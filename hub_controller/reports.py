@@ -3,7 +3,7 @@
 The aggregator (hub_controller.aggregator) keeps the latest state per (resource, cluster) in
 its `ReportStore`; anything with the same `snapshot(namespace, name)` read side works here
 (`ReportSource`), so the controller does not depend on protobufs or gRPC.
-`hub_controller.operator.apply_status_reports` installs the source the fold uses.
+`hub_controller.operator.handlers.apply_status_reports` installs the source the fold uses.
 """
 
 from __future__ import annotations

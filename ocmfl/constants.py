@@ -62,6 +62,16 @@ ENV_DATA_DIR: Final = "OCMFL_DATA_DIR"
 ENV_FL_NAME: Final = "OCMFL_FL_NAME"
 ENV_FL_NAMESPACE: Final = "OCMFL_FL_NAMESPACE"
 ENV_FL_UID: Final = "OCMFL_FL_UID"
+# Server side: what `ocm-fl-server` tells the app's ServerApp (workloads.sdk reads them; Flower's
+# run config only takes keys the app declares, so the platform's own settings travel as env).
+ENV_STORAGE: Final = "OCMFL_STORAGE"  # model store: absolute directory or s3://bucket/prefix
+ENV_INIT_MODEL: Final = "OCMFL_INIT_MODEL"  # starting model: path inside the store, or absolute
+ENV_ROUNDS: Final = "OCMFL_ROUNDS"  # rounds the resource asks for (spec.server.rounds)
+ENV_MIN_CLIENTS: Final = "OCMFL_MIN_CLIENTS"  # successful results a round needs
+ENV_ROUND_TIMEOUT: Final = "OCMFL_ROUND_TIMEOUT"  # seconds a round waits for replies
+ENV_NODE_NAMES: Final = "OCMFL_NODE_NAMES"  # JSON file {cluster: node id} the launcher keeps
+# Where apps live in the project's images (examples/apps is copied here; the local node maps it).
+APPS_DIR: Final = "/opt/ocm-fl/apps"
 
 # --- deployment: Helm chart (hub) and AddOnTemplate (agent) --------------------------------
 # OCM's template addon mounts the CustomSigner client cert (tls.crt, tls.key; no CA) here.

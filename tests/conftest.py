@@ -47,7 +47,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 @pytest.fixture
 def namespace(control_plane: ControlPlane) -> Iterator[str]:
     """A fresh namespace on the hub, deleted (without waiting) after the test."""
-    from hack.controlplane.kube import Kube
+    from ocmfl.kube import Kube
 
     hub = Kube(control_plane.hub_kubeconfig)
     name = f"t-{uuid.uuid4().hex[:8]}"

@@ -1,6 +1,6 @@
 """Run the Fleet API gateway (server side) and tunnel (client side) as nginx child processes.
 
-The configurations come from `ocmfl.fleet_proxy`; this module only starts nginx, checks that
+The configurations come from `workloads.fleet_proxy`; this module only starts nginx, checks that
 it came up, and stops it. The launchers own these processes next to the SuperLink/SuperNode,
 so one container carries each end of the mutually authenticated connection.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ocmfl import pki
-from ocmfl.fleet_proxy import TLSFiles, fleet_gateway_conf, fleet_tunnel_conf, nginx_command
+from workloads.fleet_proxy import TLSFiles, fleet_gateway_conf, fleet_tunnel_conf, nginx_command
 
 
 class ProxyError(RuntimeError):

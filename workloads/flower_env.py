@@ -95,8 +95,11 @@ class FlwrCliError(RuntimeError):
     """A `flwr` CLI call failed."""
 
 
-def flwr_json(args: Sequence[str], env: Mapping[str, str], timeout: float = 60.0) -> Any:
-    """Run ``flwr <args> --format json`` and return its parsed JSON output."""
+def flwr_json(args: Sequence[str], env: Mapping[str, str], timeout: float = 180.0) -> Any:
+    """Run ``flwr <args> --format json`` and return its parsed JSON output.
+
+    Each call starts a Python process (about 2.5 s idle; over a minute was seen on a 2-core
+    machine running several federations), hence the generous timeout."""
     cmd = [executable("flwr"), *args, "--format", "json"]
     done = subprocess.run(
         cmd, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False

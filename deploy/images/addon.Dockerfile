@@ -11,7 +11,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS requirements
 WORKDIR /src
 COPY pyproject.toml deploy/images/pyproject_deps.py ./
-RUN python pyproject_deps.py hub agent cli >requirements.txt
+RUN python pyproject_deps.py hub agent >requirements.txt
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -19,8 +19,7 @@ WORKDIR /src
 # Dependencies first, in their own layer: a code change rebuilds only the layer below them.
 # Then drop what nothing here runs: kubernetes>=35 also ships an asyncio copy of its whole
 # generated client (kubernetes/aio, about 60 MB; the code uses the synchronous client) and the
-# third-party packages' own tests. `ocm-fl plot` needs the `plot` extra (matplotlib, about
-# 160 MB), which this image leaves out: plot from a workstation.
+# third-party packages' own tests.
 # Byte-code is compiled ahead (the root FS is read-only), except for the generated Kubernetes
 # API and model classes: 20 MB of .pyc that save only about 0.5 s per process start.
 COPY --from=requirements /src/requirements.txt ./
@@ -34,7 +33,6 @@ COPY ocmfl ocmfl
 COPY hub_controller hub_controller
 COPY agent_addon agent_addon
 COPY workloads workloads
-COPY hack/__init__.py hack/__init__.py
 RUN /opt/venv/bin/pip install --no-compile --no-deps . \
  && /opt/venv/bin/python -m pip uninstall -y -q pip \
  && /opt/venv/bin/python -m compileall -q -x 'kubernetes/client/(api|models)/' /opt/venv

@@ -1,5 +1,5 @@
 # nginx for the mTLS Fleet API gateway (hub) and tunnel (clusters). The nginx.conf comes from a
-# ConfigMap rendered by hub_controller/fleet_proxy.py; every writable path it uses is under its
+# ConfigMap rendered by workloads/fleet_proxy.py; every writable path it uses is under its
 # run dir (a volume), so the root FS can be read-only.
 # Build from the repository root:
 #   docker build -f deploy/images/proxy.Dockerfile -t quay.io/ocm-fl/proxy:0.1.0 .

@@ -31,7 +31,6 @@ COPY ocmfl ocmfl
 COPY hub_controller hub_controller
 COPY agent_addon agent_addon
 COPY workloads workloads
-COPY hack/__init__.py hack/__init__.py
 RUN /opt/venv/bin/pip install --no-compile --no-deps . \
  && /opt/venv/bin/python -m pip uninstall -y -q pip \
  && /opt/venv/bin/python -m compileall -q /opt/venv
@@ -41,11 +40,14 @@ LABEL org.opencontainers.image.title="ocm-fl workload" \
       org.opencontainers.image.description="OCM federated learning: Flower + torch (CPU) server and client" \
       org.opencontainers.image.licenses="Apache-2.0"
 # nginx: the launchers run the Fleet gateway (server) and tunnel (client) as child processes
-# (ocmfl/fleet_proxy.py); its config keeps every writable path under the state volume.
+# (workloads/fleet_proxy.py); its config keeps every writable path under the state volume.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends nginx-light \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /opt/venv /opt/venv
+# The example Flower apps (ocmfl.constants.APPS_DIR): spec.server.app.path names one. A user's
+# image adds its own app the same way: FROM this image, COPY my-app /opt/ocm-fl/apps/my-app.
+COPY examples/apps /opt/ocm-fl/apps
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \

@@ -24,7 +24,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
-from hack.controlplane.kube import Kube, KubeError, Obj
+from ocmfl.kube import Kube, KubeError, Obj
 from ocmfl import constants, pki
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from hack.controlplane.kube import Kube, KubeError, Obj
 from ocmfl.constants import CLUSTER_GROUP, HUB_NAMESPACE, WORK_GROUP
+from ocmfl.kube import Kube, KubeError, Obj
 
 CRD_PATH = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 MC_PATH = f"/apis/{CLUSTER_GROUP}/v1/managedclusters"

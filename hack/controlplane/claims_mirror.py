@@ -12,8 +12,8 @@ import time
 from collections.abc import Mapping
 
 from hack.controlplane.bootstrap import set_cluster_status
-from hack.controlplane.kube import Kube, KubeError, Obj
 from ocmfl.constants import CLUSTER_GROUP
+from ocmfl.kube import Kube, KubeError, Obj
 
 log = logging.getLogger(__name__)
 

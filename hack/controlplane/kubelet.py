@@ -43,7 +43,7 @@ from pathlib import Path
 import yaml
 
 from hack.controlplane import build, certs, podplan, processes
-from hack.controlplane.kube import Informer, Kube, KubeError, Obj
+from ocmfl.kube import Informer, Kube, KubeError, Obj
 from hack.controlplane.processes import Proc, State
 
 log = logging.getLogger(__name__)

@@ -27,11 +27,11 @@ import yaml
 
 from hack.controlplane import bootstrap, build, certs, podplan, processes
 from hack.controlplane import kubelet as kubelet_node
-from hack.controlplane.kube import Kube
 from hack.controlplane.localnode import CREATED_MOUNTPOINTS
 from hack.controlplane.processes import ComponentFailed, Proc, State
 from hack.controlplane.supervisor import READY_FILE
 from ocmfl.constants import HUB_NAMESPACE
+from ocmfl.kube import Kube
 
 AGENT_NAMESPACE = "open-cluster-management-agent"
 KCM_CONTROLLERS = (

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from hack.controlplane import podplan
 from hack.controlplane.bootstrap import now
-from hack.controlplane.kube import Obj
+from ocmfl.kube import Obj
 
 
 @dataclass

@@ -15,9 +15,9 @@ from types import FrameType
 from hack.controlplane import kubelet, podplan
 from hack.controlplane.addon_registration import AddonRegistration
 from hack.controlplane.claims_mirror import ClaimsMirror
-from hack.controlplane.kube import Kube
 from hack.controlplane.localnode import LocalNode
 from hack.controlplane.processes import State
+from ocmfl.kube import Kube
 
 READY_FILE = "supervisor.ready"
 

@@ -6,7 +6,7 @@ from hub_controller.aggregator.registry import (
     InMemoryClusterRegistry,
     KubernetesClusterRegistry,
 )
-from hub_controller.aggregator.server import (
+from hub_controller.aggregator.servicer import (
     AggregatorServer,
     ReloadingServerCredentials,
     StatusServicer,

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
+from hub_controller.membership import is_accepted
 from ocmfl import constants
 
 
@@ -33,13 +34,6 @@ class InMemoryClusterRegistry:
         self.clusters.discard(cluster)
 
 
-def is_accepted(managed_cluster: dict[str, Any]) -> bool:
-    """Pure: the hub accepts this ManagedCluster and it is not being deleted."""
-    meta = managed_cluster.get("metadata") or {}
-    spec = managed_cluster.get("spec") or {}
-    return bool(spec.get("hubAcceptsClient")) and not meta.get("deletionTimestamp")
-
-
 class KubernetesClusterRegistry:
     """Checks on the hub API that the ManagedCluster is accepted and the addon enabled.
 
@@ -64,7 +58,7 @@ class KubernetesClusterRegistry:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None, **kw: Any) -> KubernetesClusterRegistry:
-        from ocmfl.kubeclient import custom_objects
+        from ocmfl.kube import custom_objects
 
         return cls(custom_objects(kubeconfig), **kw)
 

@@ -5,7 +5,7 @@ Embed it in the controller's event loop (kopf startup handler)::
 
     service = AggregatorService(AggregatorSettings.from_env())
     await service.start()
-    hub_controller.operator.apply_status_reports(service.store)   # controller folds reports
+    hub_controller.operator.handlers.apply_status_reports(service.store)  # the fold reads it
 
 or run it alone: ``python -m hub_controller.aggregator`` (then `--write-status` makes its
 own coalescing StatusWriter patch status.clusters).
@@ -32,7 +32,7 @@ from hub_controller.aggregator.registry import (
     InMemoryClusterRegistry,
     KubernetesClusterRegistry,
 )
-from hub_controller.aggregator.server import AggregatorServer, ReloadingServerCredentials
+from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.aggregator.writer import KubernetesStatusClient, StatusWriter
 from ocmfl import constants, pki
@@ -185,8 +185,12 @@ class AggregatorService:
         return port
 
     def _start_signer(self) -> None:
-        from hub_controller.signer import CSRSigner, load_ca_from_secret, registered_clusters
-        from ocmfl.kubeclient import api_client
+        from hub_controller.signer.handlers import (
+            CSRSigner,
+            load_ca_from_secret,
+            registered_clusters,
+        )
+        from ocmfl.kube import api_client
 
         client = api_client(self.settings.kubeconfig)
         from kubernetes import client as k8s

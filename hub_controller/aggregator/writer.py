@@ -162,7 +162,7 @@ class KubernetesStatusClient:
 
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None = None) -> KubernetesStatusClient:
-        from ocmfl.kubeclient import custom_objects
+        from ocmfl.kube import custom_objects
 
         return cls(custom_objects(kubeconfig))
 

@@ -5,8 +5,8 @@ With the chart's addon objects on the hub and a ManagedClusterAddOn for cluster1
 registry) must write a ManifestWork whose agent manifests have every {{VARIABLE}} filled from
 the AddOnDeploymentConfig, the CA bundle joined back together and the CustomSigner client
 certificate mounted at constants.AGENT_CERT_DIR. A CSR made the way OCM's registration agent
-makes it is then approved and signed with the CA Secret that `hub_controller.ca_init` created,
-and the certificate names cluster1 (ocmfl.pki).
+makes it is then approved and signed with the CA Secret that `hub_controller.bootstrap.ca_init`
+created, and the certificate names cluster1 (ocmfl.pki).
 
 Uses the plane's addon manager when it runs one (OCMFL_CP_ADDON_MANAGER=1), else starts one
 for this module and stops it afterwards.
@@ -32,10 +32,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
-from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
 from hack.helm import helm_binary
 from ocmfl import constants, pki
+from ocmfl.kube import Kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -169,7 +169,14 @@ def test_addon_manager_renders_agent_and_signs_its_csr_with_our_ca(
             ["publish", "--secret", "ocm-fl-ca", "--adc", addon],
         ):
             subprocess.run(
-                [sys.executable, "-m", "hub_controller.ca_init", *args, "--namespace", namespace],
+                [
+                    sys.executable,
+                    "-m",
+                    "hub_controller.bootstrap.ca_init",
+                    *args,
+                    "--namespace",
+                    namespace,
+                ],
                 env=env,
                 check=True,
                 capture_output=True,

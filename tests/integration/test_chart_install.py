@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
-from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
 from hack.helm import helm_binary
-from hub_controller import ca_init, rbac
+from hub_controller.bootstrap import ca_init, rbac
 from ocmfl import constants
+from ocmfl.kube import Kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -209,7 +209,14 @@ def test_ca_hook_creates_the_ca_once_and_publishes_it_to_the_deployment_config(
 
     def hook(*args: str) -> str:
         res = subprocess.run(
-            [sys.executable, "-m", "hub_controller.ca_init", *args, "--namespace", namespace],
+            [
+                sys.executable,
+                "-m",
+                "hub_controller.bootstrap.ca_init",
+                *args,
+                "--namespace",
+                namespace,
+            ],
             capture_output=True,
             text=True,
             env=env,

@@ -18,11 +18,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
 from hack.localfed import install_crd
-from hub_controller import cli, dashboard
 from ocmfl import constants
+from ocmfl.kube import Kube
+from ocmfl_cli import commands as cli
+from ocmfl_cli import dashboard
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 

@@ -17,12 +17,12 @@ from typing import Any, TypeVar
 import pytest
 from kopf.testing import KopfRunner
 
-from hack.controlplane.kube import Kube, KubeError
 from hack.controlplane.plane import ControlPlane
 from hack.localfed import install_crd
 from hub_controller.api import FLRef
-from hub_controller.works import work_name
+from hub_controller.operator.desired.works import work_name
 from ocmfl import constants, pki
+from ocmfl.kube import Kube, KubeError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -112,13 +112,13 @@ def operator(
     ca_dir = tmp_path_factory.mktemp("hub-ca")
     pki.save_tls_dir(ca_dir, pki.create_ca("test-hub-ca"), None)
     os.environ[constants.ENV_CA_DIR] = str(ca_dir)
-    from hub_controller import operator as op
+    from hub_controller.operator import handlers as op
 
     op.STATE.kube = None  # a client for this plane
     # Only this test's namespace and the cluster namespaces (where the works live), so other
     # tests' resources on a shared plane are left to their own operators.
     watched = [f"--namespace={n}" for n in (namespace, *control_plane.clusters)]
-    args = ["run", "--standalone", *watched, "-m", "hub_controller.operator"]
+    args = ["run", "--standalone", *watched, "-m", "hub_controller.operator.handlers"]
     with KopfRunner(args, timeout=60) as runner:
         time.sleep(2)  # indexes pre-populate before handlers run
         yield runner
@@ -138,6 +138,7 @@ def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
                 "rounds": 1,
                 "minAvailableClients": 9,
                 "advertiseAddress": "127.0.0.1:9443",
+                "app": {"path": f"{constants.APPS_DIR}/digits"},
                 **server,
             },
             "client": {
@@ -274,7 +275,7 @@ def test_schema_refuses_what_it_can_say(hub: Kube, namespace: str) -> None:
     assert exc.value.status == 422
     assert "spec.server.rounds" in str(exc.value)
     body = fl_body(namespace, "x.data")
-    body["spec"]["server"]["strategy"] = {"name": "fedmagic"}
+    body["spec"]["server"]["storage"] = {"type": "Floppy"}
     with pytest.raises(KubeError):
         hub.create(fl_path(namespace), body)
 

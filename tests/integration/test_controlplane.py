@@ -15,9 +15,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from hack.controlplane.kube import Kube, KubeError
 from hack.controlplane.plane import ControlPlane
 from ocmfl.constants import CLUSTER_GROUP, WORK_GROUP, WORKLOAD_IMAGE
+from ocmfl.kube import Kube, KubeError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hack.controlplane import plane, processes
-from hack.controlplane.kube import Kube
+from ocmfl.kube import Kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

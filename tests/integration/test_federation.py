@@ -1,4 +1,5 @@
-"""A real federation on 127.0.0.1: SuperLink + 2 SuperNodes as processes, TLS, node auth.
+"""A real federation on 127.0.0.1: SuperLink + 2 SuperNodes as processes, TLS, node auth,
+running the digits example app (examples/apps/digits) through the launchers.
 
 One federation is shared by the tests of this module (they run in file order; the last one
 breaks a client on purpose). Certificates come from ocmfl.pki, SuperNode keys from
@@ -26,11 +27,12 @@ from ocmfl import pki
 from ocmfl.nodekeys import write_keypair
 from workloads.client_launcher import EXIT_REFUSED
 from workloads.data import load_partition, partition
-from workloads.model_store import ModelStore
+from workloads.sdk import ModelStore
 
 pytestmark = [pytest.mark.federation, pytest.mark.timeout(900)]
 
 BIN = Path(sys.executable).parent
+DIGITS_APP = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 CLUSTERS = ("cluster1", "cluster2")
 ROUNDS = 3
 
@@ -89,10 +91,10 @@ class Federation:
             "--min-clients", "2",
             "--wait-clients-timeout", "180",
             "--status-interval", "5",
+            "--app-dir", str(DIGITS_APP),
+            "--run-config", json.dumps({"test-dir": str(self.data / "test")}),
             "--rounds", str(rounds),
-            "--lr", "0.1",
-            "--storage-dir", str(storage),
-            "--test-dir", str(self.data / "test"),
+            "--storage", str(storage),
             *extra,
         ]  # fmt: skip
 

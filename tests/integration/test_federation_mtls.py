@@ -2,8 +2,8 @@
 
 Real processes on 127.0.0.1: `ocm-fl-server` with its nginx Fleet gateway (client
 certificates required, only /v1/fleet/ forwarded) and two `ocm-fl-client`s, each with the
-cluster certificate the hub issues (hub_controller.credentials) and its nginx tunnel. A client
-without a certificate cannot reach the Fleet API at all.
+cluster certificate the hub issues (hub_controller.operator.desired.credentials) and its nginx
+tunnel. A client without a certificate cannot reach the Fleet API at all.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hub_controller import credentials as cr
+from hub_controller.operator.desired import credentials as cr
 from ocmfl import pki
 from workloads.data import partition
 
@@ -28,6 +28,7 @@ pytestmark = [pytest.mark.federation, pytest.mark.timeout(600)]
 
 BIN = Path(sys.executable).parent
 CLUSTERS = ("cluster1", "cluster2")
+DIGITS_APP = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 
 
 def _free_port() -> int:
@@ -86,8 +87,9 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         "--wait-clients-timeout", "240",
         "--status-interval", "3",
         "--rounds", "2",
-        "--storage-dir", str(tmp_path / "models"),
-        "--test-dir", str(tmp_path / "data" / "test"),
+        "--app-dir", str(DIGITS_APP),
+        "--run-config", json.dumps({"fraction-evaluate": 0.0}),
+        "--storage", str(tmp_path / "models"),
         "--result-file", str(tmp_path / "result.json"),
     ]  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []

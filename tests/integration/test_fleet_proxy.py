@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from ocmfl import pki
-from ocmfl.fleet_proxy import (
+from workloads.fleet_proxy import (
     TLSFiles,
     fleet_gateway_conf,
     fleet_tunnel_conf,

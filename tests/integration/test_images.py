@@ -69,8 +69,7 @@ def test_image_runs_as_numeric_non_root_user_on_a_read_only_root(name: str) -> N
 ADDON_COMMANDS = (
     "ocm-fl-hub --help",
     "ocm-fl-agent --help",
-    "python -m hub_controller.ca_init --help",
-    "ocm-fl --help",
+    "python -m hub_controller.bootstrap.ca_init --help",
 )
 WORKLOAD_COMMANDS = (
     "ocm-fl-server --help",

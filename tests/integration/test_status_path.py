@@ -24,7 +24,6 @@ import yaml
 
 from agent_addon.agent import Agent, AgentConfig
 from agent_addon.csr import RenewalError, request_certificate
-from hack.controlplane.kube import Kube
 from hack.controlplane.plane import ControlPlane
 from hack.localfed import (
     CSR_RBAC_NAME,
@@ -32,6 +31,7 @@ from hack.localfed import (
     ensure_agent_csr_rbac,
     install_crd,
 )
+from hack.testing import TestPKI
 from hub_controller.aggregator import (
     AggregatorServer,
     KubernetesClusterRegistry,
@@ -40,10 +40,9 @@ from hub_controller.aggregator import (
     ReportStore,
     StatusWriter,
 )
-from hub_controller.signer import CSRSigner, registered_clusters
+from hub_controller.signer.handlers import CSRSigner, registered_clusters
 from ocmfl import constants, pki
-from ocmfl.kubeclient import api_client
-from ocmfl.testing import TestPKI
+from ocmfl.kube import Kube, api_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

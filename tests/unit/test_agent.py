@@ -17,6 +17,7 @@ from agent_addon.agent import Agent, AgentConfig
 from agent_addon.buffer import ReportBuffer
 from agent_addon.phase import derive_client_phase, phases_by_run
 from agent_addon.state import AgentState, BadRequest, parse_metrics_post
+from hack.testing import TestPKI
 from hub_controller.aggregator import (
     AggregatorServer,
     InMemoryClusterRegistry,
@@ -25,7 +26,6 @@ from hub_controller.aggregator import (
 )
 from ocmfl import constants, pki
 from ocmfl.status.v1 import report_pb2
-from ocmfl.testing import TestPKI
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -12,6 +12,7 @@ import grpc.aio
 import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from hack.testing import TestPKI
 from hub_controller.aggregator import (
     AggregatorServer,
     InMemoryClusterRegistry,
@@ -20,7 +21,6 @@ from hub_controller.aggregator import (
 )
 from ocmfl import pki
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
-from ocmfl.testing import TestPKI
 
 pytestmark = pytest.mark.timeout(60)
 

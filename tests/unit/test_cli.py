@@ -1,4 +1,4 @@
-"""`ocm-fl` CLI and its pure rendering (hub_controller.dashboard), on resources given as dicts.
+"""`ocm-fl` CLI and its pure rendering (ocmfl_cli.dashboard), on resources given as dicts.
 
 The Kubernetes API is replaced by a fake `cli.connect`; only the unreachable-API and
 bad-kubeconfig tests use the real client (against a closed 127.0.0.1 port / missing file).
@@ -20,8 +20,9 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from hub_controller import cli, dashboard
 from ocmfl import constants
+from ocmfl_cli import commands as cli
+from ocmfl_cli import dashboard
 
 runner = CliRunner()
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -383,7 +384,7 @@ def test_plot_without_history_exits_one(source: FakeSource, tmp_path: Path) -> N
 def test_plot_without_matplotlib_says_which_extra_to_install(
     source: FakeSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The addon image has the CLI without the `plot` extra."""
+    """An install without matplotlib (e.g. `pip install ocm-federated-learning` alone)."""
     import sys
 
     source.items.append(resource("Completed", model=True))
@@ -393,7 +394,7 @@ def test_plot_without_matplotlib_says_which_extra_to_install(
     out = tmp_path / "metrics.png"
     res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
     assert res.exit_code == cli.EXIT_UNREACHABLE
-    assert "pip install 'ocm-federated-learning[plot]'" in res.stderr and not out.exists()
+    assert "pip install 'ocm-federated-learning[cli]'" in res.stderr and not out.exists()
 
 
 # --- the real client, without a cluster ------------------------------------------------------

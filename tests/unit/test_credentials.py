@@ -6,7 +6,7 @@ import datetime as dt
 
 from cryptography import x509
 
-from hub_controller import credentials as cr
+from hub_controller.operator.desired import credentials as cr
 from ocmfl import pki
 
 GW = cr.GatewayNames(dns=("fl-server.team.svc",), ips=("127.0.1.5",))

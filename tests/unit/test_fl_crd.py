@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from hub_controller import crdgen
+from hack.codegen import crdgen
 
 CRD_FILE = Path(__file__).resolve().parents[2] / "crds" / "federatedlearnings.yaml"
 
@@ -33,7 +33,7 @@ def _nodes(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 def test_committed_crd_matches_the_models() -> None:
     assert CRD_FILE.read_text() == crdgen.render(), (
         "crds/federatedlearnings.yaml is stale: run "
-        "`python -m hub_controller.crdgen > crds/federatedlearnings.yaml`"
+        "`python -m hack.codegen.crdgen > crds/federatedlearnings.yaml`"
     )
 
 
@@ -58,10 +58,14 @@ def test_schema_carries_defaults_enums_bounds_and_required() -> None:
     assert spec["required"] == ["client"]
     assert server["properties"]["rounds"]["minimum"] == 1
     assert server["properties"]["minAvailableClients"]["minimum"] == 1
-    assert server["properties"]["strategy"]["properties"]["name"]["enum"] == ["fedavg", "fedprox"]
+    assert server["properties"]["app"]["required"] == ["path"]
+    assert "PersistentVolumeClaim" in server["properties"]["storage"]["properties"]["type"]["enum"]
     assert server["default"] == {}
     client = spec["properties"]["client"]
-    assert "dataClaim" in client["required"]
+    assert "dataClaim" not in client.get("required", [])  # inferred from the placement
+    # Fields of the incumbent controller are kept (not pruned) so the controller can say
+    # what to write instead.
+    assert server["properties"]["listeners"]["type"] == "array"
     assert client["properties"]["dataMount"]["properties"]["mountPath"]["default"] == "/data"
     assert client["properties"]["placement"]["x-kubernetes-preserve-unknown-fields"] is True
     limits = client["properties"]["resources"]["properties"]["limits"]

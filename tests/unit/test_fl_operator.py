@@ -10,12 +10,12 @@ import kopf
 import pytest
 from fl_fixtures import REF, spec_dict
 
-from hub_controller import operator
 from hub_controller.api import parse_spec
-from hub_controller.clusters import ClusterInfo
-from hub_controller.server import JobState
-from hub_controller.status import WorkState
-from hub_controller.works import work_name
+from hub_controller.membership import ClusterInfo
+from hub_controller.operator import handlers as operator
+from hub_controller.operator import indexes as idx_mod
+from hub_controller.operator.desired.works import work_name
+from hub_controller.operator.observed import JobState, WorkState
 from ocmfl import constants, pki
 
 LOG = logging.getLogger("test")
@@ -97,14 +97,14 @@ def indexes(
     claims = {"c1": "/srv/a", "c2": "/srv/b"} if claims is None else claims
     spec = parse_spec(spec_dict(advertiseAddress="127.0.0.1:9443"))
     return {
-        "fl_idx": {KEY: [operator.FLEntry(uid=REF.uid, spec=spec, inputs=inputs)]},
+        "fl_idx": {KEY: [idx_mod.FLEntry(uid=REF.uid, spec=spec, inputs=inputs)]},
         "placement_idx": {},
         "decision_idx": {KEY: [decided]},
         "cluster_idx": {
             c: [ClusterInfo(c, {"fl.data-path": claims[c]} if c in claims else {})] for c in decided
         },
         "work_idx": {KEY: works or []},
-        "server_job_idx": {KEY: [operator.Owned(REF.uid, job)]} if job else {},
+        "server_job_idx": {KEY: [idx_mod.Owned(REF.uid, job)]} if job else {},
         "server_service_idx": {},
         "server_pod_idx": {},
     }
@@ -189,13 +189,13 @@ def test_no_address_means_no_works_and_no_deletions(kube: FakeKube) -> None:
 
 
 def test_touch_patches_the_inputs_annotation_only_when_inputs_changed(kube: FakeKube) -> None:
-    idx = operator.Indexes.of(indexes())
+    idx = idx_mod.Indexes.of(indexes())
     operator.touch([KEY], idx, LOG)
     [(kind, ns, name, body)] = kube.patched
     assert (kind, ns, name) == (constants.KIND, REF.namespace, REF.name)
-    digest = body["metadata"]["annotations"][operator.INPUTS_ANNOTATION]
+    digest = body["metadata"]["annotations"][idx_mod.INPUTS_ANNOTATION]
     kube.patched.clear()
-    operator.touch([KEY], operator.Indexes.of(indexes(inputs=digest)), LOG)
+    operator.touch([KEY], idx_mod.Indexes.of(indexes(inputs=digest)), LOG)
     assert kube.patched == []
 
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from fl_fixtures import REF, spec
 
-from hub_controller.clusters import (
+from hub_controller.membership import (
     ClusterInfo,
     cluster_info,
     decided_clusters,
     decision_clusters,
     resolve_clusters,
 )
-from hub_controller.placement import desired_placement, placement_condition, placement_state
+from hub_controller.operator.desired.placement import desired_placement
+from hub_controller.operator.fold import placement_condition
+from hub_controller.operator.observed import placement_state
 from ocmfl import constants
 
 

@@ -8,11 +8,10 @@ import pytest
 from fl_fixtures import REF, spec
 
 from hub_controller.aggregator.store import ReportStore
-from hub_controller.clusters import ClusterResolution
-from hub_controller.placement import PlacementState
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator.fold import fold
+from hub_controller.operator.observed import JobState, Observations, PlacementState, WorkState
 from hub_controller.reports import ReportSource
-from hub_controller.server import JobState
-from hub_controller.status import Observations, WorkState, fold
 from ocmfl.status.v1 import report_pb2
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -70,11 +69,11 @@ def test_aggregator_reports_fill_cluster_rows_and_accuracy() -> None:
 
 
 def test_folded_status_renders_in_the_cli_dashboard() -> None:
-    dashboard = pytest.importorskip("hub_controller.dashboard")
+    dashboard = pytest.importorskip("ocmfl_cli.dashboard")
     from fl_fixtures import spec_dict
     from rich.console import Console
 
-    from hub_controller.status import status_body
+    from hub_controller.operator.fold import status_body
 
     store = ReportStore()
     store.apply("a", _report("a", 0.9, 300))

@@ -7,22 +7,24 @@ from datetime import UTC, datetime, timedelta
 from fl_fixtures import spec
 
 from hub_controller.api import ClusterPhase, FederatedLearningStatus, Phase
-from hub_controller.clusters import ClusterResolution
-from hub_controller.placement import PlacementState
-from hub_controller.reports import Report
-from hub_controller.server import JobState
-from hub_controller.status import (
-    Observations,
-    WorkState,
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator.fold import (
     fold,
     invalid_status,
-    observation_digest,
     parse_status,
     should_start_server,
     status_body,
     status_patch,
+)
+from hub_controller.operator.observed import (
+    JobState,
+    Observations,
+    PlacementState,
+    WorkState,
+    observation_digest,
     work_state,
 )
+from hub_controller.reports import Report
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SATISFIED = PlacementState(exists=True, satisfied="True", reason="AllDecisionsScheduled")

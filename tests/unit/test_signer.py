@@ -12,13 +12,13 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
 from agent_addon.csr import RenewalError, csr_object, needs_renewal, outcome
-from hub_controller.addon_template import (
+from hub_controller.bootstrap.addon_template import (
     agent_cert_dir,
     agent_cert_secret_name,
     custom_signer_registration,
     default_agent_subject,
 )
-from hub_controller.signer import (
+from hub_controller.signer.policy import (
     MAX_LIFETIME,
     Approve,
     Deny,

@@ -1,0 +1,187 @@
+"""Generate the FederatedLearning CRD from the pydantic models.
+
+`python -m hack.codegen.crdgen > crds/federatedlearnings.yaml`
+
+Pydantic writes JSON Schema 2020-12; a CRD needs a *structural* OpenAPI v3.0 schema. The
+conversion inlines `$ref`s, turns `anyOf[X, null]` into X (optional fields are simply not
+required), `anyOf[integer, string]` into `x-kubernetes-int-or-string`, other scalar unions and
+open objects into `x-kubernetes-preserve-unknown-fields`, and numeric `exclusiveMinimum`
+into the OpenAPI 3.0 boolean form.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import yaml
+
+from hub_controller.api import FederatedLearningSpec, FederatedLearningStatus
+from ocmfl import constants
+
+_DROP = {"title", "discriminator", "examples"}
+_KEEP = {
+    "type",
+    "format",
+    "description",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "items",
+    "properties",
+    "required",
+    "additionalProperties",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+}
+
+
+def _resolve(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Inline a `$ref` (and single-element allOf) keeping sibling keywords."""
+    while True:
+        if "$ref" in node:
+            target = defs[node["$ref"].rsplit("/", 1)[-1]]
+            rest = {k: v for k, v in node.items() if k != "$ref"}
+            node = {**target, **rest}
+        elif "allOf" in node and len(node["allOf"]) == 1:
+            rest = {k: v for k, v in node.items() if k != "allOf"}
+            node = {**node["allOf"][0], **rest}
+        else:
+            return node
+
+
+def structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """Convert one pydantic JSON-schema node into a structural CRD schema node."""
+    node = _resolve(node, defs)
+    if "anyOf" in node:
+        options = [_resolve(o, defs) for o in node["anyOf"]]
+        non_null = [o for o in options if o.get("type") != "null"]
+        siblings = {k: v for k, v in node.items() if k != "anyOf"}
+        if len(non_null) == 1:
+            node = {**non_null[0], **siblings}
+        else:
+            types = sorted(str(o.get("type")) for o in non_null)
+            out: dict[str, Any] = {}
+            if types == ["integer", "string"]:
+                out["x-kubernetes-int-or-string"] = True
+            else:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            if "description" in siblings:
+                out["description"] = siblings["description"]
+            if siblings.get("default") is not None:
+                out["default"] = siblings["default"]
+            return out
+    out = {}
+    for key, value in node.items():
+        if key in _DROP or key not in _KEEP:
+            continue
+        if key == "properties":
+            out[key] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out[key] = structural(value, defs)
+        elif key == "additionalProperties":
+            if isinstance(value, dict):
+                out[key] = structural(value, defs)
+            elif value is True:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            # `false` is implied by a structural schema (unknown fields are pruned)
+        elif key == "exclusiveMinimum":
+            out["minimum"] = value
+            out["exclusiveMinimum"] = True
+        elif key == "exclusiveMaximum":
+            out["maximum"] = value
+            out["exclusiveMaximum"] = True
+        elif key == "default" and value is None:
+            continue
+        else:
+            out[key] = value
+    if out.get("type") == "object" and not ({"properties", "additionalProperties"} & set(out)):
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "required" in out and not out["required"]:
+        del out["required"]
+    return out
+
+
+def _schema_of(model: type[FederatedLearningSpec] | type[FederatedLearningStatus]) -> Any:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return structural(raw, defs)
+
+
+def crd() -> dict[str, Any]:
+    """The CustomResourceDefinition object for FederatedLearning."""
+    spec_schema = _schema_of(FederatedLearningSpec)
+    spec_schema["description"] = "Desired federation: server on the hub, clients on clusters."
+    status_schema = _schema_of(FederatedLearningStatus)
+    status_schema["description"] = "Observed state, written by the hub controller."
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{constants.PLURAL}.{constants.GROUP}"},
+        "spec": {
+            "group": constants.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": constants.KIND,
+                "listKind": f"{constants.KIND}List",
+                "plural": constants.PLURAL,
+                "singular": constants.KIND.lower(),
+                "shortNames": [constants.SHORT_NAME],
+            },
+            "versions": [
+                {
+                    "name": constants.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+                        {"name": "Round", "type": "integer", "jsonPath": ".status.round"},
+                        {"name": "Clients", "type": "string", "jsonPath": ".status.clients"},
+                        {"name": "Accuracy", "type": "number", "jsonPath": ".status.accuracy"},
+                        {
+                            "name": "Age",
+                            "type": "date",
+                            "jsonPath": ".metadata.creationTimestamp",
+                        },
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": "A federated-learning run across OCM managed clusters.",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec_schema,
+                                "status": status_schema,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+def render() -> str:
+    """The CRD as YAML text (what crds/federatedlearnings.yaml holds)."""
+    header = "# Generated by `python -m hack.codegen.crdgen`; do not edit.\n"
+    return header + yaml.safe_dump(crd(), sort_keys=False, width=100)
+
+
+def main() -> None:
+    sys.stdout.write(render())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Hub CA bootstrap, run by the Helm chart's hook Jobs inside the hub.
+
+    python -m hub_controller.bootstrap.ca_init ensure-secret --namespace NS --secret NAME
+    python -m hub_controller.bootstrap.ca_init publish --namespace NS --secret NAME --adc ADC
+
+`ensure-secret` creates a kubernetes.io/tls Secret holding a new RSA CA (what OCM's
+CustomSigner signs agent certificates with) when it is absent, and never overwrites one.
+`publish` copies the CA *certificate* (public) into the AddOnDeploymentConfig variables
+HUB_CA_BUNDLE_0.._3, from which the AddOnTemplate gives agents the CA to verify the hub.
+The private key is made here, in the cluster; it never passes through Helm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ocmfl import constants, pki
+
+TLS_SECRET_TYPE = "kubernetes.io/tls"
+
+
+def ca_secret(name: str, namespace: str, pair: pki.CertAndKey) -> dict[str, Any]:
+    """The CA Secret object (kubernetes.io/tls, as OCM's CustomSigner signingCA expects)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": TLS_SECRET_TYPE,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/part-of": "ocm-federated-learning"},
+        },
+        "data": {
+            "tls.crt": base64.b64encode(pki.cert_to_pem(pair.cert)).decode(),
+            "tls.key": base64.b64encode(pki.key_to_pem(pair.key)).decode(),
+        },
+    }
+
+
+def bundle_variables(ca_pem: bytes) -> list[dict[str, str]]:
+    """ADC customizedVariables carrying base64(ca_pem) in pieces of at most 1024 characters.
+
+    Always returns every HUB_CA_BUNDLE_<i> (empty when unused) so a shorter new CA clears the
+    tail of a longer old one. Raises ValueError when the certificate does not fit.
+    """
+    encoded = base64.b64encode(ca_pem).decode()
+    size = constants.ADDON_VAR_MAX_LENGTH
+    n = constants.ADDON_VAR_HUB_CA_BUNDLE_CHUNKS
+    if len(encoded) > size * n:
+        raise ValueError(f"CA bundle of {len(encoded)} base64 chars exceeds {n} x {size}")
+    prefix = constants.ADDON_VAR_HUB_CA_BUNDLE_PREFIX
+    return [{"name": f"{prefix}{i}", "value": encoded[i * size : (i + 1) * size]} for i in range(n)]
+
+
+def merge_variables(
+    existing: Sequence[Mapping[str, str]], updates: Sequence[Mapping[str, str]]
+) -> list[dict[str, str]]:
+    """`existing` with every variable named in `updates` replaced (order kept, new ones last)."""
+    new = {u["name"]: dict(u) for u in updates}
+    out = [new.pop(v["name"], dict(v)) for v in existing]
+    out.extend(u for u in (dict(x) for x in updates) if u["name"] in new)
+    return out
+
+
+def join_bundle(variables: Sequence[Mapping[str, str]]) -> bytes:
+    """Inverse of `bundle_variables`: the CA PEM that the agent's Secret ends up holding."""
+    prefix = constants.ADDON_VAR_HUB_CA_BUNDLE_PREFIX
+    values = {v["name"]: v.get("value", "") for v in variables}
+    parts = (
+        values.get(f"{prefix}{i}", "") for i in range(constants.ADDON_VAR_HUB_CA_BUNDLE_CHUNKS)
+    )
+    return base64.b64decode("".join(parts))
+
+
+# --- I/O edge: the Kubernetes API --------------------------------------------------------------
+
+
+def _core() -> Any:
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    return client.CoreV1Api(), client.CustomObjectsApi()
+
+
+def ensure_secret(namespace: str, name: str, validity_days: int) -> bool:
+    """Create the CA Secret when absent. True when it was created."""
+    from kubernetes.client.exceptions import ApiException
+
+    core, _ = _core()
+    try:
+        core.read_namespaced_secret(name, namespace)
+        return False
+    except ApiException as e:
+        if e.status != 404:
+            raise
+    pair = pki.create_ca(
+        f"ocm-fl-ca-{namespace}", lifetime=dt.timedelta(days=validity_days), key_kind="rsa"
+    )
+    try:
+        core.create_namespaced_secret(namespace, ca_secret(name, namespace, pair))
+    except ApiException as e:
+        if e.status == 409:  # created concurrently: keep theirs
+            return False
+        raise
+    return True
+
+
+def publish(namespace: str, name: str, adc: str) -> None:
+    """Write the CA certificate from Secret `name` into ADC `adc`'s HUB_CA_BUNDLE_* variables."""
+    core, custom = _core()
+    secret = core.read_namespaced_secret(name, namespace)
+    ca_pem = base64.b64decode(secret.data["tls.crt"])
+    pki.load_cert_pem(ca_pem)  # fail loudly on a malformed Secret
+    obj = custom.get_namespaced_custom_object(
+        constants.ADDON_GROUP, "v1alpha1", namespace, "addondeploymentconfigs", adc
+    )
+    current = obj.get("spec", {}).get("customizedVariables", [])
+    merged = merge_variables(current, bundle_variables(ca_pem))
+    if merged == current:
+        return
+    custom.patch_namespaced_custom_object(
+        constants.ADDON_GROUP,
+        "v1alpha1",
+        namespace,
+        "addondeploymentconfigs",
+        adc,
+        {"spec": {"customizedVariables": merged}},
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point (the chart's hook Jobs)."""
+    parser = argparse.ArgumentParser(prog="python -m hub_controller.bootstrap.ca_init")
+    sub = parser.add_subparsers(dest="command", required=True)
+    e = sub.add_parser("ensure-secret", help="create the CA Secret if it is absent")
+    e.add_argument("--validity-days", type=int, default=365)
+    p = sub.add_parser("publish", help="copy the CA certificate into the ADC variables")
+    p.add_argument("--adc", required=True, help="AddOnDeploymentConfig name (same namespace)")
+    for s in (e, p):
+        s.add_argument("--namespace", required=True)
+        s.add_argument("--secret", required=True)
+    args = parser.parse_args(argv)
+    if args.command == "ensure-secret":
+        created = ensure_secret(args.namespace, args.secret, args.validity_days)
+        print(f"CA secret {args.namespace}/{args.secret}: {'created' if created else 'exists'}")
+    else:
+        publish(args.namespace, args.secret, args.adc)
+        print(f"CA bundle published to AddOnDeploymentConfig {args.namespace}/{args.adc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""Desired hub-side server objects: the server Job, its LoadBalancer Service, its model PVC.
+
+All live in the resource's namespace, carry the owner labels and an ownerReference. The Service
+exists from the start (clusters need its address); the Job is started only once enough
+clusters are ready (gang admission, decided in status.py / operator.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from hub_controller.api import FederatedLearningSpec, FLRef
+from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired.works import safe_name
+from ocmfl import constants
+
+COMPONENT: Final = "server"
+SERVER_COMMAND: Final = "ocm-fl-server"
+MODEL_DIR: Final = "/var/lib/ocm-fl/models"
+STATE_DIR: Final = "/var/lib/ocm-fl/state"  # SuperLink database, FLWR_HOME, nginx run dir
+TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.server_tls_bundle
+NODE_KEYS_DIR: Final = "/var/run/ocm-fl/node-keys"  # <cluster>.pub
+FLEET_PORT_NAME: Final = "fleet"
+
+
+def server_name(ref: FLRef) -> str:
+    """Name of the server Job and Service."""
+    return safe_name(ref.name, "server")
+
+
+def model_claim_name(ref: FLRef, spec: FederatedLearningSpec) -> str | None:
+    """PVC the server writes the model to (None for HostPath and S3 storage)."""
+    storage = spec.server.storage
+    if not storage.is_pvc:
+        return None
+    return storage.claim or safe_name(ref.name, "model")
+
+
+def storage_location(spec: FederatedLearningSpec) -> str:
+    """What the server launcher gets as --storage: the mounted directory or s3://bucket/prefix."""
+    s3 = spec.server.storage.s3
+    return s3.uri() if spec.server.storage.is_s3 and s3 is not None else MODEL_DIR
+
+
+def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
+    """Arguments for `ocm-fl-server` (workloads.server_launcher, the Flower adapter).
+
+    Expected flags:
+      --app-dir PATH                the Flower app directory in the server image
+      --run-config JSON             the run config (keys the app declares)
+      --rounds N                    rounds to run
+      --min-clients N               wait for this many connected clients, then start; also
+                                    the successful results a round needs
+      --storage DIR|s3://B/P        model store (checkpoints, manifest, final model)
+      --init-model REF              optional starting model (inside the store, absolute, s3://)
+      --install-dependencies        Flower installs the app's dependencies at run time
+      --clients-ready-timeout SECS  give up (exit 1) when min clients do not connect in time
+      --round-timeout SECS          per-round timeout
+      --run-id NAMESPACE/NAME       label for logs
+    The launcher exits 0 when training completed, non-zero otherwise, and writes a JSON
+    {"ok", "reason", "round", "path", "sha256", "metrics"} outcome to /dev/termination-log
+    (read by `outcome_from_termination_message`).
+    """
+    server = spec.server
+    if server.app is None:
+        raise ValueError("spec.server.app is required")
+    args = [
+        "--app-dir",
+        server.app.path,
+        "--run-config",
+        json.dumps(server.app.run_config, sort_keys=True),
+        "--rounds",
+        str(server.rounds),
+        "--min-clients",
+        str(server.min_available_clients),
+        "--storage",
+        storage_location(spec),
+        "--clients-ready-timeout",
+        str(server.timeouts.clients_ready_seconds),
+        "--round-timeout",
+        str(server.timeouts.round_seconds),
+        "--run-id",
+        f"{ref.namespace}/{ref.name}",
+        # SuperLink on the pod's loopback; clusters reach it only through the mTLS gateway.
+        "--state-dir",
+        STATE_DIR,
+        "--ssl-ca-certfile",
+        f"{TLS_DIR}/{credentials.CA}",
+        "--ssl-certfile",
+        f"{TLS_DIR}/{credentials.SUPERLINK_CERT}",
+        "--ssl-keyfile",
+        f"{TLS_DIR}/{credentials.SUPERLINK_KEY}",
+        "--supernode-keys",
+        NODE_KEYS_DIR,
+        "--gateway-listen",
+        f"$(POD_IP):{constants.FLEET_PROXY_PORT}",
+        "--gateway-certfile",
+        f"{TLS_DIR}/{credentials.GATEWAY_CERT}",
+        "--gateway-keyfile",
+        f"{TLS_DIR}/{credentials.GATEWAY_KEY}",
+    ]
+    if server.init_model:
+        args += ["--init-model", server.init_model]
+    if server.app.install_dependencies:
+        args.append("--install-dependencies")
+    return args
+
+
+def storage_env(spec: FederatedLearningSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, envFrom) giving the server its S3 endpoint, region and credentials."""
+    s3 = spec.server.storage.s3
+    if not spec.server.storage.is_s3 or s3 is None:
+        return [], []
+    env = []
+    if s3.endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": s3.endpoint})
+    if s3.region:
+        env.append({"name": "AWS_REGION", "value": s3.region})
+    env_from = [{"secretRef": {"name": s3.credentials_secret}}] if s3.credentials_secret else []
+    return env, env_from
+
+
+def _meta(ref: FLRef, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": ref.labels(COMPONENT),
+        "ownerReferences": [ref.owner_reference()],
+    }
+
+
+def _selector(ref: FLRef) -> dict[str, str]:
+    return {constants.LABEL_OWNER_UID: ref.uid, constants.LABEL_COMPONENT: COMPONENT}
+
+
+def desired_service(ref: FLRef) -> dict[str, Any]:
+    """LoadBalancer Service exposing the server's Fleet port to the clusters."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(ref, server_name(ref)),
+        "spec": {
+            "type": "LoadBalancer",
+            "selector": _selector(ref),
+            "ports": [
+                {
+                    "name": FLEET_PORT_NAME,
+                    "port": constants.FLEET_PROXY_PORT,
+                    "targetPort": FLEET_PORT_NAME,
+                    "protocol": "TCP",
+                }
+            ],
+        },
+    }
+
+
+def desired_model_claim(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any] | None:
+    """The PVC the controller creates (PVC storage without claimName), else None."""
+    storage = spec.server.storage
+    if not storage.is_pvc or storage.claim:
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(ref, safe_name(ref.name, "model")),
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "resources": {"requests": {"storage": storage.size or "1Gi"}},
+        },
+    }
+
+
+def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
+    """The server Job: runs the rounds and exits with the training outcome (no retries)."""
+    server = spec.server
+    labels = {**ref.labels(COMPONENT)}
+    claim = model_claim_name(ref, spec)
+    volume: dict[str, Any]
+    if claim:
+        volume = {"name": "models", "persistentVolumeClaim": {"claimName": claim}}
+    elif server.storage.is_s3:
+        volume = {"name": "models", "emptyDir": {}}  # models go to the bucket
+    else:
+        volume = {
+            "name": "models",
+            "hostPath": {"path": server.storage.path, "type": "DirectoryOrCreate"},
+        }
+    extra_env, env_from = storage_env(spec)
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": server.image,
+        "command": [SERVER_COMMAND],
+        "args": server_args(ref, spec),
+        "env": [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": constants.ENV_FL_NAME, "value": ref.name},
+            {"name": constants.ENV_FL_NAMESPACE, "value": ref.namespace},
+            {"name": constants.ENV_FL_UID, "value": ref.uid},
+            *extra_env,
+        ],
+        "ports": [{"name": FLEET_PORT_NAME, "containerPort": constants.FLEET_PROXY_PORT}],
+        "volumeMounts": [
+            {"name": "models", "mountPath": MODEL_DIR},
+            {"name": "state", "mountPath": STATE_DIR},
+            {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+            {"name": "node-keys", "mountPath": NODE_KEYS_DIR, "readOnly": True},
+        ],
+        "terminationMessagePolicy": "File",
+    }
+    if env_from:
+        container["envFrom"] = env_from
+    if server.resources is not None and server.resources.to_k8s():
+        container["resources"] = server.resources.to_k8s()
+    template_meta: dict[str, Any] = {"labels": labels}
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
+    server.pod.apply(pod_spec, template_meta)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": _meta(ref, server_name(ref)),
+        "spec": {
+            "backoffLimit": 0,
+            "template": {
+                "metadata": template_meta,
+                "spec": {
+                    **pod_spec,
+                    "containers": [container],
+                    "volumes": [
+                        volume,
+                        {"name": "state", "emptyDir": {}},
+                        {
+                            "name": "tls",
+                            "secret": {
+                                "secretName": credentials.credentials_secret_name(server_name(ref)),
+                                "defaultMode": 0o400,
+                                "items": [
+                                    {"key": k, "path": k}
+                                    for k in (
+                                        credentials.CA,
+                                        credentials.SUPERLINK_CERT,
+                                        credentials.SUPERLINK_KEY,
+                                        credentials.GATEWAY_CERT,
+                                        credentials.GATEWAY_KEY,
+                                    )
+                                ],
+                            },
+                        },
+                        {
+                            "name": "node-keys",
+                            "secret": {
+                                "secretName": credentials.node_keys_secret_name(server_name(ref))
+                            },
+                        },
+                    ],
+                },
+            },
+        },
+    }
+
+
+def _advertised_host(address: str) -> tuple[str, bool]:
+    """The host of a host:port address (brackets stripped) and whether it is an IP address."""
+    host = address.rsplit(":", 1)[0].strip("[]")
+    return host, host.replace(".", "").isdigit() or ":" in host
+
+
+def gateway_names(ref: FLRef, address: str | None) -> credentials.GatewayNames:
+    """SANs of the Fleet gateway certificate: the Service's DNS names and the advertised host."""
+    svc = server_name(ref)
+    dns = [f"{svc}.{ref.namespace}.svc", f"{svc}.{ref.namespace}.svc.cluster.local"]
+    ips: list[str] = []
+    if address:
+        host, is_ip = _advertised_host(address)
+        if is_ip:
+            ips.append(host)
+        elif host not in dns:
+            dns.append(host)
+    return credentials.GatewayNames(dns=tuple(dns), ips=tuple(ips))
+
+
+def gateway_server_name(ref: FLRef, address: str) -> str:
+    """The DNS name clients check on the gateway certificate (nginx matches DNS SANs only)."""
+    host, is_ip = _advertised_host(address)
+    return f"{server_name(ref)}.{ref.namespace}.svc" if is_ip else host
+
+
+def model_location(ref: FLRef, spec: FederatedLearningSpec, path: str) -> str:
+    """Where a model the server wrote at `path` (inside its container) lives for the admin:
+    the host directory for HostPath storage, ``pvc://<claim>/<file>`` for a PVC."""
+    if not path.startswith(MODEL_DIR):
+        return path
+    rel = path[len(MODEL_DIR) :].lstrip("/")
+    claim = model_claim_name(ref, spec)
+    if claim:
+        return f"pvc://{claim}/{rel}"
+    return f"{spec.server.storage.path.rstrip('/')}/{rel}"

@@ -1,0 +1,384 @@
+"""Desired ManifestWorks: one per cluster that has data, in the hub namespace `<cluster>`.
+
+Each work carries a Namespace, a ServiceAccount, a ConfigMap with the client's run config and
+the client Job, which mounts the cluster's claimed data path (hostPath) read-only. Per-cluster
+overrides (by cluster name or ManagedCluster labels; later entries win) change env, resources
+and run config. Status feedback rules bring the Job's counters back to the hub.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from hub_controller.api import (
+    ClientSpec,
+    FederatedLearningSpec,
+    FLRef,
+    LabelSelector,
+    Resources,
+    RunConfigValue,
+    SelectorOperator,
+)
+from hub_controller.membership import ClusterResolution
+from ocmfl import constants
+
+WORK_API_VERSION: Final = f"{constants.WORK_GROUP}/v1"
+COMPONENT: Final = "client"
+CLIENT_JOB_PREFIX: Final = "fl-client"
+CONFIG_MAP_NAME: Final = "fl-client-config"
+CONFIG_DIR: Final = "/etc/ocm-fl"
+RUN_CONFIG_FILE: Final = "run-config.json"
+SERVICE_ACCOUNT: Final = "fl-client"
+CLIENT_COMMAND: Final = "ocm-fl-client"
+TLS_SECRET_NAME: Final = "fl-client-tls"
+TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.client_bundle: tls.crt/key, ca.crt, node.key
+STATE_DIR: Final = "/var/lib/ocm-fl-client"
+# Where the client posts local metrics: the addon agent's Service in its namespace.
+DEFAULT_AGENT_ENDPOINT: Final = (
+    f"http://{constants.ADDON_NAME}-agent.{constants.AGENT_NAMESPACE}.svc:"
+    f"{constants.AGENT_LOCAL_PORT}"
+)
+# Feedback values read back from the client Job (names used by status.py).
+FEEDBACK_ACTIVE: Final = "active"
+FEEDBACK_SUCCEEDED: Final = "succeeded"
+FEEDBACK_FAILED: Final = "failed"
+# Hash of the work's spec, so an unchanged work is not re-applied on every reconcile.
+SPEC_HASH_ANNOTATION: Final = f"{constants.LABEL_PREFIX}/spec-hash"
+
+
+def safe_name(*parts: str, max_len: int = 63) -> str:
+    """Join parts with '-' into a DNS label; long names are cut and get a hash suffix."""
+    full = "-".join(parts).lower().replace(".", "-").strip("-")
+    if len(full) <= max_len:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
+    return f"{full[: max_len - 9].rstrip('-')}-{digest}"
+
+
+def work_name(ref: FLRef) -> str:
+    """Name of the resource's ManifestWork in every cluster namespace."""
+    return safe_name("fl", ref.namespace, ref.name)
+
+
+def client_namespace(ref: FLRef) -> str:
+    """Namespace on the managed cluster where the client runs."""
+    return safe_name("fl", ref.namespace, ref.name)
+
+
+def matches_selector(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
+    """Kubernetes label-selector semantics (matchLabels AND every matchExpression)."""
+    for key, value in selector.match_labels.items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.match_expressions:
+        present = expr.key in labels
+        if expr.operator == SelectorOperator.IN:
+            ok = present and labels[expr.key] in expr.values
+        elif expr.operator == SelectorOperator.NOT_IN:
+            ok = not present or labels[expr.key] not in expr.values
+        elif expr.operator == SelectorOperator.EXISTS:
+            ok = present
+        else:
+            ok = not present
+        if not ok:
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class EffectiveClient:
+    """Client settings for one cluster after overrides."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    resources: Resources | None = None
+    run_config: dict[str, RunConfigValue] = field(default_factory=dict)
+
+
+def effective_client(
+    client: ClientSpec, cluster: str, labels: Mapping[str, str]
+) -> EffectiveClient:
+    """Apply matching overrides in order: env and run config merge by key, resources replace."""
+    env: dict[str, str] = {}
+    resources = client.resources
+    run_config = dict(client.run_config)
+    for override in client.overrides:
+        if override.cluster_name is not None:
+            matched = override.cluster_name == cluster
+        else:
+            matched = override.cluster_selector is not None and matches_selector(
+                override.cluster_selector, labels
+            )
+        if not matched:
+            continue
+        env.update({e.name: e.value for e in override.env})
+        if override.resources is not None:
+            resources = override.resources
+        run_config.update(override.run_config)
+    return EffectiveClient(env=env, resources=resources, run_config=run_config)
+
+
+def client_args(
+    spec: FederatedLearningSpec, cluster: str, server_address: str, server_name: str
+) -> list[str]:
+    """Arguments for `ocm-fl-client` (workloads.client_launcher).
+
+    Expected flags:
+      --server HOST:PORT     the hub server's Fleet gateway (mTLS)
+      --server-name NAME     the DNS name on the gateway's certificate
+      --root-certificates, --client-certfile, --client-keyfile, --auth-key
+                             the hub CA, this cluster's identity and SuperNode key (TLS_DIR)
+      --cluster NAME         this managed cluster's name (also in OCMFL_CLUSTER_NAME)
+      --data-dir PATH        the mounted data directory (also in OCMFL_DATA_DIR)
+      --run-config FILE      JSON object of this cluster's values, given to the ClientApp as
+                             node config (spec.client.runConfig + matching overrides)
+      --port 0               any free loopback port for the SuperNode's local API
+      --install-dependencies Flower installs the app's dependencies (spec.server.app)
+    The agent endpoint, FL name/namespace/uid come as env vars (ocmfl.constants.ENV_*).
+    """
+    app = spec.server.app
+    extra = ["--install-dependencies"] if app is not None and app.install_dependencies else []
+    return [
+        *extra,
+        "--server",
+        server_address,
+        "--server-name",
+        server_name,
+        "--root-certificates",
+        f"{TLS_DIR}/ca.crt",
+        "--client-certfile",
+        f"{TLS_DIR}/tls.crt",
+        "--client-keyfile",
+        f"{TLS_DIR}/tls.key",
+        "--auth-key",
+        f"{TLS_DIR}/node.key",
+        "--state-dir",
+        STATE_DIR,
+        "--port",
+        "0",
+        "--cluster",
+        cluster,
+        "--data-dir",
+        spec.client.data_mount.mount_path,
+        "--run-config",
+        f"{CONFIG_DIR}/{RUN_CONFIG_FILE}",
+    ]
+
+
+def client_env(
+    ref: FLRef,
+    spec: FederatedLearningSpec,
+    cluster: str,
+    agent_endpoint: str,
+    extra: Mapping[str, str],
+) -> list[dict[str, str]]:
+    """Env of the client container: our variables, then override env (which wins)."""
+    env = {
+        constants.ENV_CLUSTER_NAME: cluster,
+        constants.ENV_DATA_DIR: spec.client.data_mount.mount_path,
+        constants.ENV_AGENT_ENDPOINT: agent_endpoint,
+        constants.ENV_FL_NAME: ref.name,
+        constants.ENV_FL_NAMESPACE: ref.namespace,
+        constants.ENV_FL_UID: ref.uid,
+    }
+    env.update(extra)
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _client_job(
+    ref: FLRef,
+    spec: FederatedLearningSpec,
+    resolution: ClusterResolution,
+    server_address: str,
+    server_name: str,
+    agent_endpoint: str,
+    effective: EffectiveClient,
+    labels: dict[str, str],
+) -> dict[str, Any]:
+    assert resolution.data_path is not None
+    mount = spec.client.data_mount
+    container: dict[str, Any] = {
+        "name": "client",
+        "image": spec.client.image,
+        "command": [CLIENT_COMMAND],
+        "args": client_args(spec, resolution.name, server_address, server_name),
+        "env": client_env(ref, spec, resolution.name, agent_endpoint, effective.env),
+        "volumeMounts": [
+            {"name": "data", "mountPath": mount.mount_path, "readOnly": mount.read_only},
+            {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
+            {"name": "state", "mountPath": STATE_DIR},
+        ],
+    }
+    if effective.resources is not None and effective.resources.to_k8s():
+        container["resources"] = effective.resources.to_k8s()
+    template_meta: dict[str, Any] = {"labels": labels}
+    pod_spec: dict[str, Any] = {
+        "serviceAccountName": SERVICE_ACCOUNT,
+        "restartPolicy": "Never",
+        "containers": [container],
+        "volumes": [
+            {
+                "name": "data",
+                "hostPath": {"path": resolution.data_path, "type": "Directory"},
+            },
+            {"name": "config", "configMap": {"name": CONFIG_MAP_NAME}},
+            {"name": "tls", "secret": {"secretName": TLS_SECRET_NAME, "defaultMode": 0o400}},
+            {"name": "state", "emptyDir": {}},
+        ],
+    }
+    spec.client.pod.apply(pod_spec, template_meta)
+    # Job pod templates are immutable: a changed template gets a new Job name, and the work
+    # agent deletes the old Job when it leaves the manifest list.
+    template = {"metadata": template_meta, "spec": pod_spec}
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:8]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": f"{CLIENT_JOB_PREFIX}-{digest}",
+            "namespace": client_namespace(ref),
+            "labels": labels,
+        },
+        "spec": {
+            "backoffLimit": 3,
+            "template": template,
+        },
+    }
+
+
+def desired_work(
+    ref: FLRef,
+    spec: FederatedLearningSpec,
+    resolution: ClusterResolution,
+    server_address: str,
+    agent_endpoint: str = DEFAULT_AGENT_ENDPOINT,
+    *,
+    tls: Mapping[str, bytes],
+    server_name: str,
+) -> dict[str, Any]:
+    """The ManifestWork for one cluster that has data.
+
+    `tls` is the cluster's credentials.client_bundle (its identity for the Fleet gateway, the
+    hub CA and its SuperNode key); `server_name` the DNS name on the gateway certificate.
+    """
+    if resolution.data_path is None:
+        raise ValueError(f"cluster {resolution.name} has no data path: it gets no work")
+    labels = {**ref.labels(COMPONENT), constants.LABEL_CLUSTER: resolution.name}
+    effective = effective_client(spec.client, resolution.name, resolution.labels)
+    namespace = client_namespace(ref)
+    job = _client_job(
+        ref, spec, resolution, server_address, server_name, agent_endpoint, effective, labels
+    )
+    manifests = [
+        {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": namespace, "labels": labels},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": SERVICE_ACCOUNT, "namespace": namespace, "labels": labels},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": labels},
+            "data": {RUN_CONFIG_FILE: json.dumps(effective.run_config, sort_keys=True)},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "type": "Opaque",
+            "metadata": {"name": TLS_SECRET_NAME, "namespace": namespace, "labels": labels},
+            "data": {k: base64.b64encode(v).decode() for k, v in sorted(tls.items())},
+        },
+        job,
+    ]
+    work: dict[str, Any] = {
+        "apiVersion": WORK_API_VERSION,
+        "kind": "ManifestWork",
+        "metadata": {"name": work_name(ref), "namespace": resolution.name, "labels": labels},
+        "spec": {
+            "workload": {"manifests": manifests},
+            "deleteOption": {"propagationPolicy": "Foreground"},
+            "manifestConfigs": [
+                {
+                    "resourceIdentifier": {
+                        "group": "batch",
+                        "resource": "jobs",
+                        "namespace": namespace,
+                        "name": job["metadata"]["name"],
+                    },
+                    # A Job's selector is defaulted by the API and its template is immutable:
+                    # the work agent's default Update would resend the manifest without the
+                    # selector and be refused on every resync. Server-side apply only sends
+                    # the fields we own (a changed template gets a new Job name anyway).
+                    "updateStrategy": {"type": "ServerSideApply"},
+                    "feedbackRules": [
+                        {"type": "WellKnownStatus"},
+                        {
+                            "type": "JSONPaths",
+                            "jsonPaths": [
+                                {"name": FEEDBACK_ACTIVE, "path": ".status.active"},
+                                {"name": FEEDBACK_SUCCEEDED, "path": ".status.succeeded"},
+                                {"name": FEEDBACK_FAILED, "path": ".status.failed"},
+                            ],
+                        },
+                    ],
+                }
+            ],
+        },
+    }
+    work["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(work)}
+    return work
+
+
+def spec_hash(work: Mapping[str, Any]) -> str:
+    """Digest of a work's spec and labels (what the annotation SPEC_HASH_ANNOTATION holds)."""
+    data = {"spec": work.get("spec"), "labels": (work.get("metadata") or {}).get("labels")}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def desired_works(
+    ref: FLRef,
+    spec: FederatedLearningSpec,
+    resolutions: Iterable[ClusterResolution],
+    server_address: str,
+    agent_endpoints: Mapping[str, str] | None = None,
+    *,
+    tls: Mapping[str, Mapping[str, bytes]],
+    server_name: str,
+) -> dict[str, dict[str, Any]]:
+    """Works keyed by cluster name, for the clusters that have data.
+
+    `tls` maps each such cluster to its credentials bundle; `agent_endpoints` overrides where
+    a cluster's client finds its agent (default: the agent Service, DEFAULT_AGENT_ENDPOINT).
+    """
+    endpoints = agent_endpoints or {}
+    return {
+        r.name: desired_work(
+            ref,
+            spec,
+            r,
+            server_address,
+            endpoints.get(r.name, DEFAULT_AGENT_ENDPOINT),
+            tls=tls[r.name],
+            server_name=server_name,
+        )
+        for r in resolutions
+        if r.has_data
+    }
+
+
+def works_to_delete(
+    existing: Iterable[tuple[str, str]], desired: Mapping[str, Mapping[str, Any]]
+) -> list[tuple[str, str]]:
+    """(namespace, name) of existing works that are not desired: clusters that left."""
+    wanted = {(w["metadata"]["namespace"], w["metadata"]["name"]) for w in desired.values()}
+    return sorted(set(existing) - wanted)

@@ -1,0 +1,387 @@
+"""Fold everything observed about one resource into its status (pure; no I/O).
+
+Inputs: the spec and the observations (observed.py): the Placement's state, the per-cluster
+resolutions (decisions + claims), the ManifestWorks' status (with client Job feedback), the
+server Job, the server address, the model artifact and the agents' reports. Output: phase,
+conditions, one row per selected cluster. Gates:
+- Waiting until >= minAvailableClients clusters are decided with data AND their works are
+  Applied; then the server starts (gang admission) and the phase is Running.
+- Completed / Failed follow the server Job.
+- Failed (ClientsLost) when, after the server started, fewer than minAvailableClients clusters
+  stay ready for longer than timeouts.clientsReadySeconds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from hub_controller.api import (
+    CONDITION_CLIENTS_READY,
+    CONDITION_PLACEMENT_SATISFIED,
+    CONDITION_SERVER_READY,
+    CONDITION_TRAINING_COMPLETE,
+    CONDITION_VALIDATED,
+    ClusterPhase,
+    ClusterStatus,
+    Condition,
+    ConditionStatus,
+    FederatedLearningSpec,
+    FederatedLearningStatus,
+    HistoryEntry,
+    Phase,
+    data_claim_of,
+)
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator.observed import Observations, PlacementState, ready_clusters
+
+TERMINAL = (Phase.COMPLETED, Phase.FAILED)
+GLOBAL = "global"  # history rows of the federation as a whole
+MAX_HISTORY = 500
+
+
+def gate_open(spec: FederatedLearningSpec, obs: Observations) -> bool:
+    """True when enough clusters are ready for the server to start."""
+    return len(ready_clusters(obs)) >= spec.server.min_available_clients
+
+
+def should_start_server(
+    spec: FederatedLearningSpec, obs: Observations, previous: FederatedLearningStatus | None
+) -> bool:
+    """Start the server Job once the gate opens; never restart a finished run."""
+    if obs.server_job.exists:
+        return False
+    if previous is not None and previous.phase in TERMINAL:
+        return False
+    return obs.server_address is not None and gate_open(spec, obs)
+
+
+def _condition(
+    previous: Iterable[Condition],
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None,
+) -> Condition:
+    """A condition that keeps its lastTransitionTime while its status does not change."""
+    since = now
+    for cond in previous:
+        if cond.type == type_ and cond.status.value == status:
+            since = cond.last_transition_time
+    return Condition(
+        type=type_,
+        status=ConditionStatus(status),
+        reason=reason,
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+
+
+def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -> ClusterStatus:
+    work = obs.works.get(r.name)
+    report = obs.reports.get(r.name)
+    reason = r.reason
+    if not r.has_data:
+        phase = ClusterPhase.NO_DATA
+    elif work is None:
+        phase = ClusterPhase.PENDING
+        if not address_known:
+            reason += "; work waits for the server address"
+    elif work.job.failed > 0 and work.job.active == 0 and work.job.succeeded == 0:
+        phase = ClusterPhase.FAILED
+    elif work.job.succeeded > 0 or work.job.complete:
+        phase = ClusterPhase.SUCCEEDED
+    elif work.job.active > 0:
+        phase = ClusterPhase.RUNNING
+    elif work.applied:
+        phase = ClusterPhase.APPLIED
+    else:
+        phase = ClusterPhase.PENDING
+        if work.message:
+            reason += f"; work not applied: {work.message}"
+    if report is not None and r.has_data and phase in (ClusterPhase.APPLIED, ClusterPhase.PENDING):
+        # The agent sees the client before the work's feedback (polled) does.
+        reported = {p.value: p for p in ClusterPhase}.get(report.phase)
+        if reported in (ClusterPhase.RUNNING, ClusterPhase.SUCCEEDED, ClusterPhase.FAILED):
+            phase = reported
+    row = ClusterStatus(
+        name=r.name,
+        phase=phase,
+        data_path=r.data_path,
+        reason=reason,
+        work_applied=bool(work and work.applied),
+    )
+    if report is not None and r.has_data:
+        row = row.model_copy(
+            update={
+                "samples": report.samples,
+                "round": report.round,
+                "loss": report.loss,
+                "accuracy": report.accuracy,
+                "last_report_time": report.last_report_time,
+            }
+        )
+    return row
+
+
+def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[HistoryEntry]:
+    """Per-round metrics per cluster (evaluate values over fit values), kept across restarts
+    of the report source by merging with the previous status; "global" rows are the
+    sample-weighted mean of the clusters' rows of that round. The last MAX_HISTORY rows."""
+    entries = {(e.round, e.cluster): e for e in previous if e.cluster != GLOBAL}
+    with_data = {r.name for r in obs.resolutions if r.has_data}
+    for cluster, report in obs.reports.items():
+        if cluster not in with_data:
+            continue
+        by_round: dict[int, dict[str, Any]] = {}
+        for (rnd, phase), row in sorted(getattr(report, "rounds", {}).items()):
+            cur = by_round.setdefault(rnd, {})
+            for metric in ("loss", "accuracy"):
+                value = getattr(row, metric)
+                if value is not None and (phase == "evaluate" or metric not in cur):
+                    cur[metric] = value
+            if phase == "fit" or "samples" not in cur:
+                cur["samples"] = row.samples or None
+        for rnd, values in by_round.items():
+            entries[(rnd, cluster)] = HistoryEntry(round=rnd, cluster=cluster, **values)
+    rounds: dict[int, list[HistoryEntry]] = {}
+    for entry in entries.values():
+        rounds.setdefault(entry.round, []).append(entry)
+    for rnd, rows in rounds.items():
+        mean: dict[str, Any] = {}
+        for metric in ("loss", "accuracy"):
+            pairs = [(getattr(e, metric), float(e.samples or 1)) for e in rows]
+            pairs = [(v, w) for v, w in pairs if v is not None]
+            if pairs:
+                total = sum(w for _, w in pairs)
+                mean[metric] = round(sum(v * w for v, w in pairs) / total, 6)
+        samples = sum(e.samples or 0 for e in rows) or None
+        if mean:
+            entries[(rnd, GLOBAL)] = HistoryEntry(
+                round=rnd, cluster=GLOBAL, samples=samples, **mean
+            )
+    ordered = sorted(entries.values(), key=lambda e: (e.round, e.cluster))
+    return ordered[-MAX_HISTORY:]
+
+
+def _accuracy(rows: Iterable[ClusterStatus]) -> float | None:
+    """Sample-weighted mean of the clusters' latest accuracy."""
+    total = weight = 0.0
+    for row in rows:
+        if row.accuracy is None:
+            continue
+        w = float(row.samples or 1)
+        total += row.accuracy * w
+        weight += w
+    return round(total / weight, 4) if weight else None
+
+
+def fold(
+    spec: FederatedLearningSpec,
+    generation: int | None,
+    obs: Observations,
+    previous: FederatedLearningStatus | None,
+    now: datetime,
+    namespace: str = "",
+) -> FederatedLearningStatus:
+    """The resource's status from its spec and observations."""
+    prev_conds = previous.conditions if previous else []
+    min_clients = spec.server.min_available_clients
+    ready = ready_clusters(obs)
+    with_data = [r for r in obs.resolutions if r.has_data]
+
+    def cond(type_: str, status: str, reason: str, message: str) -> Condition:
+        return _condition(prev_conds, type_, status, reason, message, now, generation)
+
+    claim, inferred = data_claim_of(spec)
+    valid = (
+        ("True", "DataClaimFromPlacement", f"spec is valid; spec.client.dataClaim is unset, so "
+         f"the data directory comes from ClusterClaim {claim}, the one key the placement "
+         "selects with Exists")
+        if inferred
+        else ("True", "Valid", "spec is valid")
+    )  # fmt: skip
+    conditions = [cond(CONDITION_VALIDATED, *valid)]
+    p_status, p_reason, p_message = placement_condition(obs.placement, spec, namespace)
+    conditions.append(cond(CONDITION_PLACEMENT_SATISFIED, p_status, p_reason, p_message))
+
+    missing = [r for r in obs.resolutions if not r.has_data]
+    detail = f"{len(ready)}/{min_clients} required clusters ready"
+    if missing:
+        detail += f"; without data: {', '.join(r.name for r in missing)}"
+    not_applied = [r.name for r in with_data if r.name not in ready]
+    if not_applied:
+        detail += f"; work not yet applied on: {', '.join(not_applied)}"
+    enough = len(ready) >= min_clients
+    clients_ready = cond(
+        CONDITION_CLIENTS_READY,
+        "True" if enough else "False",
+        "EnoughClients" if enough else "WaitingForClients",
+        detail,
+    )
+    conditions.append(clients_ready)
+
+    job = obs.server_job
+    failure = obs.server_reason or job.message or "server Job failed"
+    if obs.server_address is None:
+        server = (
+            "False",
+            "NoAddress",
+            "waiting for a LoadBalancer ingress on the server "
+            "Service; set spec.server.advertiseAddress if the hub has no load balancer",
+        )
+    elif job.complete:
+        server = ("True", "Completed", f"server finished; clients dial {obs.server_address}")
+    elif job.failed_condition:
+        server = ("False", "ServerFailed", failure)
+    elif job.exists:
+        server = ("True", "Running", f"server Job running; clients dial {obs.server_address}")
+    else:
+        server = ("False", "NotStarted", f"server starts when {min_clients} cluster(s) are ready")
+    conditions.append(cond(CONDITION_SERVER_READY, *server))
+
+    phase: Phase
+    message: str
+    if job.complete:
+        phase, message = Phase.COMPLETED, "training completed"
+        training = ("True", "Succeeded", message)
+    elif job.failed_condition:
+        phase, message = Phase.FAILED, f"server failed: {failure}"
+        training = ("False", "ServerFailed", message)
+    elif job.exists:
+        lost_for = (now - clients_ready.last_transition_time).total_seconds()
+        limit = spec.server.timeouts.clients_ready_seconds
+        if enough:
+            phase, message = Phase.RUNNING, f"training with {len(ready)} cluster(s)"
+            training = ("False", "InProgress", message)
+        elif lost_for > limit:
+            phase = Phase.FAILED
+            message = (
+                f"only {len(ready)} of {min_clients} required clusters ready for over {limit}s "
+                "(timeouts.clientsReadySeconds): bring clusters back or lower "
+                "minAvailableClients, then recreate the resource"
+            )
+            training = ("False", "ClientsLost", message)
+        else:
+            phase = Phase.RUNNING
+            message = (
+                f"only {len(ready)} of {min_clients} required clusters ready; failing in "
+                f"{int(limit - lost_for)}s unless clusters return"
+            )
+            training = ("False", "InProgress", message)
+    else:
+        started = obs.placement.satisfied is not None or bool(obs.resolutions)
+        phase = Phase.WAITING if started else Phase.PENDING
+        message = f"waiting: {detail}" if started else "waiting for the placement decision"
+        if obs.placement.missing_binding:
+            message = p_message
+        training = ("False", "NotStarted", message)
+
+    # Terminal phases stick for a generation (a Job that disappears does not undo them).
+    if (
+        previous is not None
+        and previous.phase in TERMINAL
+        and previous.observed_generation == generation
+        and phase not in TERMINAL
+    ):
+        phase, message = previous.phase, previous.message
+        for c in prev_conds:
+            if c.type == CONDITION_TRAINING_COMPLETE:
+                training = (c.status.value, c.reason, c.message)
+    conditions.append(cond(CONDITION_TRAINING_COMPLETE, *training))
+
+    rows = [_cluster_row(r, obs, obs.server_address is not None) for r in obs.resolutions]
+    rounds = [row.round for row in rows if row.round is not None]
+    model = obs.model or (previous.model if previous else None)
+    current_round = max(rounds, default=previous.round if previous else 0)
+    if model is not None and model.round is not None:
+        current_round = max(current_round, model.round)
+    return FederatedLearningStatus(
+        phase=phase,
+        conditions=conditions,
+        observed_generation=generation,
+        round=current_round,
+        total_rounds=spec.server.rounds,
+        clients=f"{len(ready)}/{len(obs.resolutions)}",
+        accuracy=_accuracy(rows),
+        clusters=rows,
+        model=model,
+        history=_history(previous.history if previous else [], obs),
+        message=message,
+    )
+
+
+def invalid_status(
+    problems: Sequence[str],
+    generation: int | None,
+    previous: FederatedLearningStatus | None,
+    now: datetime,
+) -> FederatedLearningStatus:
+    """Status of a resource whose spec the controller refuses: Failed, nothing applied."""
+    message = "invalid spec: " + "; ".join(problems)
+    prev_conds = previous.conditions if previous else []
+    return FederatedLearningStatus(
+        phase=Phase.FAILED,
+        conditions=[
+            _condition(
+                prev_conds, CONDITION_VALIDATED, "False", "InvalidSpec", message, now, generation
+            )
+        ],
+        observed_generation=generation,
+        message=message,
+    )
+
+
+def status_body(status: FederatedLearningStatus) -> dict[str, Any]:
+    """The status as JSON for the API (camelCase, unset fields left out)."""
+    body: dict[str, Any] = status.model_dump(by_alias=True, exclude_none=True, mode="json")
+    return body
+
+
+def status_patch(new: FederatedLearningStatus, current: Mapping[str, Any] | None) -> dict[str, Any]:
+    """JSON merge patch turning `current` into `new`: keys that disappear are set to None.
+
+    Empty when nothing changes, so callers can skip the write.
+    """
+    body = status_body(new)
+    current = dict(current or {})
+    patch: dict[str, Any] = {k: v for k, v in body.items() if current.get(k) != v}
+    for key in current:
+        if key not in body:
+            patch[key] = None
+    return patch
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> FederatedLearningStatus | None:
+    """The stored status, or None when absent or unreadable (e.g. written by an older version)."""
+    if not raw:
+        return None
+    try:
+        return FederatedLearningStatus.model_validate(dict(raw))
+    except ValueError:
+        return None
+
+
+def placement_condition(
+    state: PlacementState, spec: FederatedLearningSpec, namespace: str
+) -> tuple[str, str, str]:
+    """(status, reason, message) for the resource's PlacementSatisfied condition."""
+    if not state.exists:
+        return "Unknown", "PlacementPending", "Placement not created yet"
+    if state.satisfied is None:
+        return "Unknown", "PlacementPending", "waiting for the OCM placement controller"
+    if state.missing_binding:
+        sets = spec.client.placement.cluster_sets or ["<any set>"]
+        return (
+            "False",
+            "NoManagedClusterSetBindings",
+            f"no ManagedClusterSetBinding in namespace {namespace} for cluster set(s) "
+            f"{', '.join(sets)}: a hub admin must bind them (e.g. `clusteradm clusterset bind "
+            f"{sets[0]} --namespace {namespace}`); the controller never creates bindings",
+        )
+    reason = state.reason or ("Satisfied" if state.satisfied == "True" else "NotSatisfied")
+    return state.satisfied, reason, state.message

@@ -1,0 +1,218 @@
+"""kopf indexes: the objects a FederatedLearning depends on, kept in memory by owner.
+
+PlacementDecisions, Placements, ManagedClusters, ManifestWorks and the server Job, Service and
+Pod are watched and indexed under the owning resource's (namespace, name); `gather` turns
+what the indexes hold for one resource into its `Observations` without any API read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import kopf
+
+from hub_controller.api import (
+    FederatedLearningSpec,
+    FLRef,
+    ModelArtifact,
+    SpecError,
+    data_claim_of,
+    parse_spec,
+)
+from hub_controller.membership import (
+    ClusterInfo,
+    cluster_info,
+    decided_clusters,
+    decision_clusters,
+    resolve_clusters,
+)
+from hub_controller.operator.desired import placement as placement_mod
+from hub_controller.operator.desired import server as server_mod
+from hub_controller.operator.observed import (
+    JobState,
+    Observations,
+    PlacementState,
+    WorkState,
+    job_state,
+    outcome_from_termination_message,
+    placement_state,
+    server_address,
+    work_state,
+)
+from hub_controller.reports import ReportSource
+from ocmfl import constants
+
+GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
+
+
+INPUTS_ANNOTATION: Final = f"{constants.LABEL_PREFIX}/inputs"
+
+
+OWNED: Final[dict[str, Any]] = {
+    constants.LABEL_OWNER_NAME: kopf.PRESENT,
+    constants.LABEL_OWNER_NAMESPACE: kopf.PRESENT,
+}
+
+
+SERVER_OWNED: Final[dict[str, Any]] = {**OWNED, constants.LABEL_COMPONENT: server_mod.COMPONENT}
+
+
+Key = tuple[str, str]  # (namespace, name) of a FederatedLearning
+
+
+@dataclass(frozen=True)
+class FLEntry:
+    """A FederatedLearning as indexed: its uid, parsed spec (None if invalid), inputs digest."""
+
+    uid: str
+    spec: FederatedLearningSpec | None
+    inputs: str
+
+
+@dataclass(frozen=True)
+class Owned:
+    """An owned object's state tagged with the owner uid (stale owners are ignored)."""
+
+    uid: str
+    value: Any
+
+
+def owner_key(labels: Mapping[str, str]) -> Key | None:
+    ns = labels.get(constants.LABEL_OWNER_NAMESPACE)
+    name = labels.get(constants.LABEL_OWNER_NAME)
+    return (ns, name) if ns and name else None
+
+
+@kopf.index(GROUP, VERSION, PLURAL)
+def fl_idx(namespace: str | None, name: str, uid: str, meta: Any, spec: Any, **_: Any) -> Any:
+    try:
+        parsed: FederatedLearningSpec | None = parse_spec(dict(spec), name)
+    except SpecError:
+        parsed = None
+    inputs = str((meta.get("annotations") or {}).get(INPUTS_ANNOTATION, ""))
+    return {(namespace or "", name): FLEntry(uid=uid, spec=parsed, inputs=inputs)}
+
+
+@kopf.index(constants.CLUSTER_GROUP, "v1beta1", "placements", labels=OWNED)
+def placement_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = owner_key(labels)
+    if key is None:
+        return None
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    return {key: Owned(uid, placement_state(body))}
+
+
+@kopf.index(
+    constants.CLUSTER_GROUP,
+    "v1beta1",
+    "placementdecisions",
+    labels={placement_mod.PLACEMENT_LABEL: kopf.PRESENT},
+)
+def decision_idx(namespace: str | None, labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    return {(namespace or "", labels[placement_mod.PLACEMENT_LABEL]): decision_clusters(body)}
+
+
+@kopf.index(constants.CLUSTER_GROUP, "v1", "managedclusters")
+def cluster_idx(name: str, body: Any, **_: Any) -> Any:
+    return {name: cluster_info(body)}
+
+
+@kopf.index(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
+def work_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = owner_key(labels)
+    return {key: work_state(body)} if key else None
+
+
+@kopf.index("batch", "v1", "jobs", labels=SERVER_OWNED)
+def server_job_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = owner_key(labels)
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    return {key: Owned(uid, job_state(body))} if key else None
+
+
+@kopf.index("", "v1", "services", labels=SERVER_OWNED)
+def server_service_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = owner_key(labels)
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    lb = dict((body.get("status") or {}).get("loadBalancer") or {})
+    return {key: Owned(uid, {"status": {"loadBalancer": lb}})} if key else None
+
+
+@kopf.index("", "v1", "pods", labels=SERVER_OWNED)
+def server_pod_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
+    key = owner_key(labels)
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    return {key: Owned(uid, outcome_from_termination_message(body))} if key else None
+
+
+@dataclass(frozen=True)
+class Indexes:
+    """The indexes a handler receives, bundled."""
+
+    fls: kopf.Index[Key, FLEntry]
+    placements: kopf.Index[Key, Owned]
+    decisions: kopf.Index[Key, tuple[str, ...]]
+    clusters: kopf.Index[str, ClusterInfo]
+    works: kopf.Index[Key, WorkState]
+    jobs: kopf.Index[Key, Owned]
+    services: kopf.Index[Key, Owned]
+    pods: kopf.Index[Key, Owned]
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, Any]) -> Indexes:
+        return cls(
+            fls=kwargs["fl_idx"],
+            placements=kwargs["placement_idx"],
+            decisions=kwargs["decision_idx"],
+            clusters=kwargs["cluster_idx"],
+            works=kwargs["work_idx"],
+            jobs=kwargs["server_job_idx"],
+            services=kwargs["server_service_idx"],
+            pods=kwargs["server_pod_idx"],
+        )
+
+
+def _owned(store: Iterable[Owned], uid: str) -> Any:
+    for item in store:
+        if item.uid == uid:
+            return item.value
+    return None
+
+
+def gather(
+    ref: FLRef, spec: FederatedLearningSpec, idx: Indexes, reports: ReportSource
+) -> Observations:
+    """Observations for one resource, from the indexes and the report source only."""
+    key = (ref.namespace, ref.name)
+    placement: PlacementState = _owned(idx.placements.get(key, []), ref.uid) or PlacementState()
+    decided = decided_clusters(idx.decisions.get(key, []))
+    clusters: dict[str, ClusterInfo] = {}
+    for name in decided:
+        for info in idx.clusters.get(name, []):
+            clusters[name] = info
+    resolutions = resolve_clusters(decided, clusters, data_claim_of(spec)[0] or "")
+    works = {w.cluster: w for w in idx.works.get(key, [])}
+    job: JobState = _owned(idx.jobs.get(key, []), ref.uid) or JobState()
+    service = _owned(idx.services.get(key, []), ref.uid)
+    model: ModelArtifact | None = None
+    reason = ""
+    for item in idx.pods.get(key, []):
+        if item.uid != ref.uid or item.value is None:
+            continue
+        reason = item.value.reason or reason
+        if item.value.model is not None:
+            model = item.value.model.model_copy(
+                update={"path": server_mod.model_location(ref, spec, item.value.model.path)}
+            )
+    return Observations(
+        placement=placement,
+        resolutions=tuple(resolutions),
+        works=works,
+        server_job=job,
+        server_address=server_address(spec, service),
+        model=model,
+        server_reason=reason,
+        reports=reports.snapshot(ref.namespace, ref.name),
+    )

@@ -1,0 +1,261 @@
+"""What the operator observes, read from API objects (pure; no I/O).
+
+Each reader turns one kind of object, as the API returns it, into a small frozen value: the
+Placement's status, a ManifestWork's conditions and client Job feedback, the server Job, the
+server Service's address and the model in the server pod's termination message.
+`Observations` bundles everything one resource's reconcile has seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hub_controller.api import FederatedLearningSpec, ModelArtifact
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator.desired.works import (
+    FEEDBACK_ACTIVE,
+    FEEDBACK_FAILED,
+    FEEDBACK_SUCCEEDED,
+    SPEC_HASH_ANNOTATION,
+)
+from hub_controller.reports import ClusterReportView
+from ocmfl import constants
+
+
+@dataclass(frozen=True)
+class PlacementState:
+    """What the Placement's status says (all empty before the placement controller ran)."""
+
+    exists: bool = False
+    satisfied: str | None = None  # "True" | "False" | None (no condition yet)
+    reason: str = ""
+    message: str = ""
+    selected: int | None = None
+
+    @property
+    def missing_binding(self) -> bool:
+        return self.reason == "NoManagedClusterSetBindings"
+
+
+def placement_state(placement: Mapping[str, Any] | None) -> PlacementState:
+    """Read a Placement object's status into a PlacementState."""
+    if placement is None:
+        return PlacementState()
+    status = placement.get("status") or {}
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PlacementSatisfied":
+            return PlacementState(
+                exists=True,
+                satisfied=str(cond.get("status")),
+                reason=str(cond.get("reason") or ""),
+                message=str(cond.get("message") or ""),
+                selected=status.get("numberOfSelectedClusters"),
+            )
+    return PlacementState(exists=True, selected=status.get("numberOfSelectedClusters"))
+
+
+def server_address(spec: FederatedLearningSpec, service: Mapping[str, Any] | None) -> str | None:
+    """host:port clients dial: spec.server.advertiseAddress, else the LoadBalancer ingress."""
+    if spec.server.advertise_address:
+        return spec.server.advertise_address
+    if service is None:
+        return None
+    ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    for entry in ingress:
+        host = entry.get("hostname") or entry.get("ip")
+        if host:
+            host = f"[{host}]" if ":" in host else host
+            return f"{host}:{constants.FLEET_PROXY_PORT}"
+    return None
+
+
+@dataclass(frozen=True)
+class JobState:
+    """Counters and terminal conditions of a Job (server Job or, via feedback, client Job)."""
+
+    exists: bool = False
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    complete: bool = False
+    failed_condition: bool = False
+    message: str = ""
+
+    @property
+    def done(self) -> bool:
+        return self.complete or self.failed_condition
+
+
+def job_state(job: Mapping[str, Any] | None) -> JobState:
+    """Read a Job object's status."""
+    if job is None:
+        return JobState()
+    status = job.get("status") or {}
+    complete = failed = False
+    message = ""
+    for cond in status.get("conditions") or []:
+        if cond.get("status") != "True":
+            continue
+        if cond.get("type") == "Complete":
+            complete = True
+        elif cond.get("type") == "Failed":
+            failed = True
+            message = str(cond.get("message") or cond.get("reason") or "")
+    return JobState(
+        exists=True,
+        active=int(status.get("active") or 0),
+        succeeded=int(status.get("succeeded") or 0),
+        failed=int(status.get("failed") or 0),
+        complete=complete,
+        failed_condition=failed,
+        message=message,
+    )
+
+
+@dataclass(frozen=True)
+class ServerOutcome:
+    """What the server container said when it ended (its termination message)."""
+
+    ok: bool | None = None
+    reason: str = ""
+    model: ModelArtifact | None = None
+
+
+def outcome_from_termination_message(pod: Mapping[str, Any] | None) -> ServerOutcome | None:
+    """The outcome the server container left in its termination message, if any: the final
+    model on success, the launcher's one-line reason (the app's own error) either way."""
+    if pod is None:
+        return None
+    for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (cs.get("state") or {}).get("terminated") or {}
+        text = terminated.get("message")
+        if cs.get("name") != "server" or not text:
+            continue
+        try:
+            data = json.loads(text)
+        except ValueError:
+            return None
+        if not isinstance(data, dict):
+            return None
+        model: ModelArtifact | None = None
+        if data.get("path"):
+            metrics = data.get("metrics") or {}
+            try:
+                model = ModelArtifact(
+                    path=str(data["path"]),
+                    round=data.get("round"),
+                    sha256=data.get("sha256"),
+                    metrics={
+                        str(k): float(v)
+                        for k, v in (metrics.items() if isinstance(metrics, dict) else [])
+                        if isinstance(v, int | float) and not isinstance(v, bool)
+                    },
+                )
+            except ValueError:
+                model = None
+        ok = data.get("ok")
+        return ServerOutcome(
+            ok=ok if isinstance(ok, bool) else None,
+            reason=str(data.get("reason") or "")[:1000],
+            model=model,
+        )
+    return None
+
+
+def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifact | None:
+    """The final model described by the server container's termination message, if any."""
+    outcome = outcome_from_termination_message(pod)
+    return outcome.model if outcome is not None else None
+
+
+@dataclass(frozen=True)
+class WorkState:
+    """A ManifestWork as the hub sees it: conditions plus the client Job's feedback."""
+
+    cluster: str
+    name: str
+    applied: bool = False
+    available: bool = False
+    deleting: bool = False
+    message: str = ""
+    job: JobState = field(default_factory=JobState)
+    spec_hash: str = ""
+
+
+def work_state(work: Mapping[str, Any]) -> WorkState:
+    """Read a ManifestWork object (namespace = cluster)."""
+    meta = work.get("metadata") or {}
+    status = work.get("status") or {}
+    conds = {c.get("type"): c for c in status.get("conditions") or []}
+
+    def is_true(kind: str) -> bool:
+        return bool(conds.get(kind, {}).get("status") == "True")
+
+    message = ""
+    applied_cond = conds.get("Applied")
+    if applied_cond is not None and applied_cond.get("status") != "True":
+        message = str(applied_cond.get("message") or applied_cond.get("reason") or "")
+    values: dict[str, Any] = {}
+    for manifest in (status.get("resourceStatus") or {}).get("manifests") or []:
+        if (manifest.get("resourceMeta") or {}).get("kind") != "Job":
+            continue
+        for value in (manifest.get("statusFeedback") or {}).get("values") or []:
+            field_value = value.get("fieldValue") or {}
+            values[str(value.get("name"))] = (
+                field_value.get("integer")
+                if "integer" in field_value
+                else field_value.get("string", field_value.get("boolean"))
+            )
+    job = JobState(
+        exists=bool(values),
+        active=int(values.get(FEEDBACK_ACTIVE) or 0),
+        succeeded=int(values.get(FEEDBACK_SUCCEEDED) or values.get("JobSucceeded") or 0),
+        failed=int(values.get(FEEDBACK_FAILED) or 0),
+        complete=str(values.get("JobComplete")) == "True",
+    )
+    return WorkState(
+        cluster=str(meta.get("namespace")),
+        name=str(meta.get("name")),
+        applied=is_true("Applied"),
+        available=is_true("Available"),
+        deleting=bool(meta.get("deletionTimestamp")) or is_true("Deleting"),
+        message=message,
+        job=job,
+        spec_hash=str((meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION, "")),
+    )
+
+
+@dataclass(frozen=True)
+class Observations:
+    """Everything the fold needs besides the spec and the previous status."""
+
+    placement: PlacementState = field(default_factory=PlacementState)
+    resolutions: Sequence[ClusterResolution] = ()
+    works: Mapping[str, WorkState] = field(default_factory=dict)
+    server_job: JobState = field(default_factory=JobState)
+    server_address: str | None = None
+    model: ModelArtifact | None = None
+    server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
+    reports: Mapping[str, ClusterReportView] = field(default_factory=dict)
+
+
+def observation_digest(obs: Observations) -> str:
+    """Short stable digest of the observed inputs, reports excluded (they are folded by time)."""
+    data = asdict(obs)
+    data.pop("reports", None)
+    text = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def ready_clusters(obs: Observations) -> list[str]:
+    """Decided clusters with data whose work is Applied (and not being deleted)."""
+    out = []
+    for r in obs.resolutions:
+        work = obs.works.get(r.name)
+        if r.has_data and work is not None and work.applied and not work.deleting:
+            out.append(r.name)
+    return out
