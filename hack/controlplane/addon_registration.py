@@ -24,8 +24,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 
-from ocmfl.kube import Kube, KubeError, Obj
 from ocmfl import constants, pki
+from ocmfl.kube import Kube, KubeError, Obj
 
 log = logging.getLogger(__name__)
 

@@ -43,8 +43,8 @@ from pathlib import Path
 import yaml
 
 from hack.controlplane import build, certs, podplan, processes
-from ocmfl.kube import Informer, Kube, KubeError, Obj
 from hack.controlplane.processes import Proc, State
+from ocmfl.kube import Informer, Kube, KubeError, Obj
 
 log = logging.getLogger(__name__)
 

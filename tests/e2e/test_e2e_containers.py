@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hack.controlplane.kube import Kube
 
 from hack import controlplane as cp
 from hack.controlplane import kubelet
-from hack.controlplane.kube import Kube
 from hack.images import deploy, podman
 from ocmfl import constants
 
