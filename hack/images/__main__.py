@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import sys
 import time
@@ -18,7 +19,17 @@ def log_dir() -> Path:
 
 
 def build_all(names: list[str] | None = None, *, force: bool = False) -> dict[str, float]:
-    """Build the base images, then the named deploy images (all by default); seconds each."""
+    """Build the base images, then the named deploy images (all by default); seconds each.
+
+    One builder at a time per machine (an flock): a second one waits, then finds the images
+    the first one built cached instead of building them again beside it.
+    """
+    with (log_dir() / "images.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_all(names, force=force)
+
+
+def _build_all(names: list[str] | None, *, force: bool) -> dict[str, float]:
     logs = log_dir()
     times: dict[str, float] = {}
     wanted = [deploy.by_name(n) for n in names] if names else list(deploy.IMAGES)
