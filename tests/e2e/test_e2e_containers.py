@@ -22,12 +22,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from hack.controlplane.kube import Kube
 
 from hack import controlplane as cp
 from hack.controlplane import kubelet
 from hack.images import deploy, podman
 from ocmfl import constants
+from ocmfl.kube import Kube
 
 pytestmark = [
     pytest.mark.e2e,
