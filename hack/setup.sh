@@ -16,6 +16,9 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 .venv/bin/python -m hack.controlplane build
+# Base images from Debian's archive and every image in deploy/images (hack/images; cached by
+# content: the first run takes about 10 minutes, a run with nothing changed a few seconds).
+.venv/bin/python -m hack.images build
 if [ -f hack/tools/build-helm.sh ]; then
   bash hack/tools/build-helm.sh
 fi

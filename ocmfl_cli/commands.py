@@ -30,6 +30,7 @@ from typing import Annotated, Any, Protocol
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from ocmfl import constants
@@ -228,7 +229,8 @@ def _echo_lines(lines: list[str]) -> None:
 
 
 def _fail(message: str, code: int) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: "[cli]" or an API error's brackets must print as is.
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
@@ -379,6 +381,11 @@ def plot(
             raise dashboard.NoHistoryError(f"no per-round metrics yet: {dashboard.summary(fl)}")
     except dashboard.NoHistoryError as e:
         raise _fail(str(e), EXIT_NOT_YET) from e
+    except ModuleNotFoundError as e:  # an install without the `cli` extra's matplotlib
+        raise _fail(
+            f"ocm-fl plot needs matplotlib ({e}): pip install 'ocm-federated-learning[cli]'",
+            EXIT_UNREACHABLE,
+        ) from e
     if target.json:
         series = dashboard.history_series(fl)
         _echo_json({"file": str(written) if written else None, "series": series})

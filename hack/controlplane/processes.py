@@ -76,6 +76,7 @@ class State:
     addon_manager: bool = False  # OCM addon manager running on the hub
     slot: int = 0  # address slot: planes running at once get disjoint loopback ranges
     auto_stop: bool = False  # started by a test session: the last session to leave stops it
+    kubelet: bool = False  # real kubelet + containerd nodes (hack/controlplane/kubelet.py)
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE

@@ -439,6 +439,22 @@ def test_plot_without_history_exits_one(source: FakeSource, tmp_path: Path) -> N
     assert "no per-round metrics yet" in res.stderr and not out.exists()
 
 
+def test_plot_without_matplotlib_says_which_extra_to_install(
+    source: FakeSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An install without matplotlib (e.g. `pip install ocm-federated-learning` alone)."""
+    import sys
+
+    source.items.append(resource("Completed", model=True))
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    out = tmp_path / "metrics.png"
+    res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
+    assert res.exit_code == cli.EXIT_UNREACHABLE
+    assert "pip install 'ocm-federated-learning[cli]'" in res.stderr and not out.exists()
+
+
 # --- the real client, without a cluster ------------------------------------------------------
 
 
