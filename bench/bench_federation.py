@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +23,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from hack.testing import free_port
 from ocmfl import pki
 from ocmfl.nodekeys import write_keypair
 from workloads.data import partition
@@ -33,12 +33,6 @@ BIN = Path(sys.executable).parent
 APP = Path(__file__).resolve().parents[1] / "examples" / "apps" / "digits"
 KINDS = ("ocm-fl-server", "ocm-fl-client", "flower-superlink", "flower-supernode",
          "flower-superexec", "flwr-serverapp", "flwr-clientapp")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RssSampler(threading.Thread):

@@ -27,7 +27,14 @@ from rich.table import Table
 from hack import controlplane as cp
 from hack.localfed import LocalFederation, create_fl, prepare_data, wait_fl
 from ocmfl.kube import Kube
-from ocmfl_cli.dashboard import LiveView, NoHistoryError, plot_history, render_dashboard
+from ocmfl_cli.dashboard import (
+    LiveView,
+    NoHistoryError,
+    plain_lines,
+    plot_history,
+    render_dashboard,
+    summary_line,
+)
 from workloads.sdk import ModelStore
 
 EXAMPLE = Path(__file__).resolve().parent / "federatedlearning.yaml"
@@ -107,14 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         console.rule("[bold]4/5 FederatedLearning applied; training")
         name = body["metadata"]["name"]
         create_fl(hub, NAMESPACE, body)
-        view = LiveView({"metadata": {"name": name, "namespace": NAMESPACE}})
-        with Live(view, console=console, refresh_per_second=2):
-
-            def update(obj: dict[str, Any]) -> None:
-                view.fl = obj
-
-            final = wait_fl(hub, NAMESPACE, name, a.timeout, update, fed)
-        console.print(render_dashboard(final))
+        final = follow(console, hub, name, a.timeout, fed)
 
         console.rule("[bold]5/5 result")
         status = final.get("status") or {}
@@ -133,6 +133,34 @@ def main(argv: list[str] | None = None) -> int:
             fed.stop()
             cp.down(state_dir)
     return 0 if ok else 1
+
+
+def follow(
+    console: Console, hub: Kube, name: str, timeout: float, fed: LocalFederation
+) -> dict[str, Any]:
+    """Show the run until it ends: live on a terminal; in a log or pipe, a line per change."""
+    if console.is_terminal:
+        view = LiveView({"metadata": {"name": name, "namespace": NAMESPACE}})
+        with Live(view, console=console, refresh_per_second=2):
+
+            def update(obj: dict[str, Any]) -> None:
+                view.fl = obj
+
+            final = wait_fl(hub, NAMESPACE, name, timeout, update, fed)
+        console.print(render_dashboard(final))
+        return final
+    logged: list[str] = []
+
+    def log_change(obj: dict[str, Any]) -> None:
+        line = summary_line(obj)
+        if not logged or logged[-1] != line:
+            logged.append(line)
+            print(line, flush=True)
+
+    final = wait_fl(hub, NAMESPACE, name, timeout, log_change, fed)
+    for line in plain_lines(final)[1:]:
+        print(line, flush=True)
+    return final
 
 
 def _raise_interrupt(signum: int, _frame: object) -> None:

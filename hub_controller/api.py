@@ -81,6 +81,19 @@ class Phase(StrEnum):
     FAILED = "Failed"
 
 
+TERMINAL_PHASES: Final = frozenset({Phase.COMPLETED, Phase.FAILED})
+
+
+def run_finished(
+    phase: str | None, observed_generation: int | None, generation: int | None
+) -> bool:
+    """The one rule for "the run ended": the phase is Completed or Failed, decided for the
+    resource's current generation (not compared when either generation is unknown)."""
+    if phase not in TERMINAL_PHASES:
+        return False
+    return generation is None or observed_generation is None or observed_generation == generation
+
+
 class ClusterPhase(StrEnum):
     """Where one selected cluster stands."""
 

@@ -27,9 +27,12 @@ LABEL_PREFIX: Final = "federated-learning.open-cluster-management.io"
 LABEL_OWNER_NAME: Final = f"{LABEL_PREFIX}/name"
 LABEL_OWNER_NAMESPACE: Final = f"{LABEL_PREFIX}/namespace"
 LABEL_OWNER_UID: Final = f"{LABEL_PREFIX}/uid"
-LABEL_COMPONENT: Final = f"{LABEL_PREFIX}/component"  # "server" | "client" | "proxy"
+LABEL_COMPONENT: Final = f"{LABEL_PREFIX}/component"  # "server" | "client" | "placement"
 LABEL_CLUSTER: Final = f"{LABEL_PREFIX}/cluster"
 FINALIZER: Final = f"{LABEL_PREFIX}/cleanup"
+# OCM's labels on an addon agent's CertificateSigningRequest.
+LABEL_OCM_CLUSTER_NAME: Final = "open-cluster-management.io/cluster-name"
+LABEL_OCM_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
 
 # --- identities ----------------------------------------------------------------------------
 # Signer name for agent client certificates (OCM CustomSigner registration and our own CSR
@@ -43,7 +46,6 @@ CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
 IMAGE_REGISTRY: Final = "quay.io/ocm-fl"
 WORKLOAD_IMAGE: Final = f"{IMAGE_REGISTRY}/workload:0.1.0"  # Flower + torch: server and client
 ADDON_IMAGE: Final = f"{IMAGE_REGISTRY}/addon:0.1.0"  # hub controller, aggregator and agent
-PROXY_IMAGE: Final = f"{IMAGE_REGISTRY}/proxy:0.1.0"  # nginx mTLS terminator for the Fleet API
 
 # --- ports ---------------------------------------------------------------------------------
 AGGREGATOR_PORT: Final = 9443  # hub: agent -> aggregator gRPC over mTLS

@@ -572,7 +572,7 @@ def start_node(
     serving = certs.issue(
         ca, spec.name, server=True, ip_addresses=(spec.ip,), dns_names=(spec.name,)
     )
-    serving.write(spec.dir / "pki", "kubelet")
+    certs.write(serving, spec.dir / "pki", "kubelet")
     _kubeconfig(spec, ca.cert_pem, node_kp, "kubelet", spec.dir / "kubelet.kubeconfig")
     _kubeconfig(spec, ca.cert_pem, proxy_kp, "kube-proxy", spec.dir / "kube-proxy.kubeconfig")
     dns_kp = certs.issue(ca, "system:ocmfl:coredns", client=True)

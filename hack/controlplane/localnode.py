@@ -33,10 +33,6 @@ CREATED_MOUNTPOINTS = Path("/dev/shm/ocm-fl-cp-mountpoints")
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
 
 
-def _which(program: str, path: str) -> str | None:
-    return shutil.which(program, path=path)
-
-
 def node_name(cluster: str) -> str:
     return f"ocmfl-local-{cluster}"
 
@@ -322,7 +318,7 @@ class LocalNode:
             c = by_name[ctr.name]
             try:
                 local_images = podplan.read_local_images(self.state_dir)
-                rt = podplan.resolve_image(c.get("image", ""), _which, local_images)
+                rt = podplan.resolve_image(c.get("image", ""), local_images)
                 env = podplan.container_env(pod, c, {**base, "PATH": rt.path}, self._lookup, run.ip)
                 argv = podplan.argv_for(c, rt, env)
                 # The image's own files first, volumes on top (as a container runtime does).

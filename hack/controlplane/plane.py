@@ -326,13 +326,13 @@ def _start(
 
     # --- certificates -------------------------------------------------------------------------
     ca = certs.make_ca()
-    ca_crt, _ = ca.write(pki, "ca")
+    ca_crt, _ = certs.write(ca, pki, "ca")
     admin = certs.issue(ca, "ocmfl-admin", orgs=("system:masters",), client=True)
-    admin.write(pki, "admin")
+    certs.write(admin, pki, "admin")
     # Front-proxy identity: with a requestheader CA configured, the library-go servers of the
     # OCM controllers find a complete extension-apiserver-authentication ConfigMap.
-    proxy_crt, proxy_key = certs.issue(ca, "front-proxy-client", client=True).write(
-        pki, "front-proxy-client"
+    proxy_crt, proxy_key = certs.write(
+        certs.issue(ca, "front-proxy-client", client=True), pki, "front-proxy-client"
     )
     sa_key, sa_pub = certs.make_signing_key()
     (pki / "sa.key").write_bytes(sa_key)
@@ -365,7 +365,7 @@ def _start(
             "kubernetes.default.svc.cluster.local",
         ),
     )
-    srv_crt, srv_key = serving.write(pki, "apiserver")
+    srv_crt, srv_key = certs.write(serving, pki, "apiserver")
 
     def track(p: Proc) -> Proc:
         state.procs.append(p)
@@ -482,92 +482,67 @@ def _start(
 
     # --- controller managers and OCM controllers ------------------------------------------------
     waits: list[tuple[Proc, str]] = []
-    for n in names:
+
+    def serve(name: str, argv: Callable[[int], list[str]]) -> None:
+        """Spawn a component whose argv (given its port) serves /healthz there over TLS."""
         port = processes.free_port()
+        p = track(processes.spawn(name, argv(port), logs / f"{name}.log"))
+        p.port = port
+        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+
+    def ocm_controller(
+        binary: str, command: str, namespace: str, *flags: str
+    ) -> Callable[[int], list[str]]:
+        return lambda port: [
+            str(build.binary(binary)),
+            command,
+            *flags,
+            f"--listen=127.0.0.1:{port}",
+            "--disable-leader-election",
+            f"--namespace={namespace}",
+        ]
+
+    def kube_controller_manager(n: str, port: int) -> list[str]:
         kc = state.kubeconfigs[n]
-        p = track(
-            processes.spawn(
-                f"kube-controller-manager-{n}",
-                [
-                    str(build.binary("kube-controller-manager")),
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    f"--controllers={KCM_CONTROLLERS}"
-                    + (",endpointslice-controller,node-lifecycle-controller" if kubelet else ""),
-                    "--leader-elect=false",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={port}",
-                    f"--cert-dir={d / 'certs' / ('kcm-' + n)}",
-                    f"--root-ca-file={ca_crt}",
-                    "--use-service-account-credentials=false",
-                    "--profiling=false",
-                ],
-                logs / f"kube-controller-manager-{n}.log",
-            )
-        )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+        return [
+            str(build.binary("kube-controller-manager")),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            f"--controllers={KCM_CONTROLLERS}"
+            + (",endpointslice-controller,node-lifecycle-controller" if kubelet else ""),
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={d / 'certs' / ('kcm-' + n)}",
+            f"--root-ca-file={ca_crt}",
+            "--use-service-account-credentials=false",
+            "--profiling=false",
+        ]
+
+    for n in names:
+        serve(f"kube-controller-manager-{n}", functools.partial(kube_controller_manager, n))
     for c in clusters if ocm else []:
-        port = processes.free_port()
-        p = track(
-            processes.spawn(
-                f"work-agent-{c}",
-                [
-                    str(build.binary("work")),
-                    "agent",
-                    f"--spoke-cluster-name={c}",
-                    f"--agent-id={c}",
-                    "--workload-source-driver=kube",
-                    f"--workload-source-config={state.hub_access[c]}",
-                    f"--spoke-kubeconfig={state.kubeconfigs[c]}",
-                    f"--kubeconfig={state.kubeconfigs[c]}",
-                    "--status-sync-interval=2s",
-                    f"--listen=127.0.0.1:{port}",
-                    "--disable-leader-election",
-                    f"--namespace={AGENT_NAMESPACE}",
-                ],
-                logs / f"work-agent-{c}.log",
-            )
+        serve(
+            f"work-agent-{c}",
+            ocm_controller(
+                "work",
+                "agent",
+                AGENT_NAMESPACE,
+                f"--spoke-cluster-name={c}",
+                f"--agent-id={c}",
+                "--workload-source-driver=kube",
+                f"--workload-source-config={state.hub_access[c]}",
+                f"--spoke-kubeconfig={state.kubeconfigs[c]}",
+                f"--kubeconfig={state.kubeconfigs[c]}",
+                "--status-sync-interval=2s",
+            ),
         )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+    hub_kc = f"--kubeconfig={state.kubeconfigs['hub']}"
     if ocm:
-        port = processes.free_port()
-        p = track(
-            processes.spawn(
-                "placement",
-                [
-                    str(build.binary("placement")),
-                    "controller",
-                    f"--kubeconfig={state.kubeconfigs['hub']}",
-                    f"--listen=127.0.0.1:{port}",
-                    "--disable-leader-election",
-                    f"--namespace={HUB_NAMESPACE}",
-                ],
-                logs / "placement.log",
-            )
-        )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+        serve("placement", ocm_controller("placement", "controller", HUB_NAMESPACE, hub_kc))
     if state.addon_manager:
-        port = processes.free_port()
-        p = track(
-            processes.spawn(
-                "addon-manager",
-                [
-                    str(build.binary("addon")),
-                    "manager",
-                    f"--kubeconfig={state.kubeconfigs['hub']}",
-                    f"--listen=127.0.0.1:{port}",
-                    "--disable-leader-election",
-                    f"--namespace={HUB_NAMESPACE}",
-                ],
-                logs / "addon-manager.log",
-            )
-        )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+        serve("addon-manager", ocm_controller("addon", "manager", HUB_NAMESPACE, hub_kc))
     state.save()
 
     # --- supervisor: local nodes + claim mirrors ------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ocmfl.constants import ADDON_IMAGE, APPS_DIR, PROXY_IMAGE, WORKLOAD_IMAGE
+from ocmfl.constants import ADDON_IMAGE, APPS_DIR, WORKLOAD_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
@@ -79,17 +79,13 @@ def _repository(image: str) -> str:
 
 
 PROJECT_REPOS = {_repository(WORKLOAD_IMAGE), _repository(ADDON_IMAGE)}
-PROXY_REPO = _repository(PROXY_IMAGE)
 
 
 def resolve_image(
-    image: str,
-    which: Callable[[str, str], str | None],
-    local_images: Mapping[str, Mapping[str, str]] | None = None,
+    image: str, local_images: Mapping[str, Mapping[str, str]] | None = None
 ) -> Runtime:
     """Map an image to a local runtime; raise NotRunnable for anything else.
 
-    `which(program, path)` finds a program on a PATH (shutil.which in production);
     `local_images` are the test-only images (LOCAL_IMAGES_FILE).
     """
     repo = _repository(image)
@@ -101,19 +97,12 @@ def resolve_image(
             )
         apps = Path(local["apps"]) if local is not None else PROJECT_APPS
         return Runtime(f"{VENV_BIN}:{SYSTEM_PATH}", mounts=(Mount(str(apps), APPS_DIR, True),))
-    if repo == PROXY_REPO:
-        if which("nginx", SYSTEM_PATH) is None:
-            raise NotRunnable(
-                "ImageNotRunnableLocally",
-                f"{image} runs nginx from the system PATH; nginx is not installed",
-            )
-        return Runtime(SYSTEM_PATH, ("nginx", "-g", "daemon off;"))
     if repo.rsplit("/", 1)[-1] == "busybox":
         return Runtime(SYSTEM_PATH, ("sh",))
     raise NotRunnable(
         "ImageNotRunnableLocally",
         f"image {image!r} has no local mapping (local node runs only {sorted(PROJECT_REPOS)}, "
-        f"{PROXY_REPO}, busybox and the test images in {LOCAL_IMAGES_FILE})",
+        f"busybox and the test images in {LOCAL_IMAGES_FILE})",
     )
 
 

@@ -47,7 +47,6 @@ class DeployImage:
 # its metadata pins (e.g. sympy), from the index pip uses for everything else.
 PYPI_INDEX = "https://pypi.org/simple"
 
-# proxy.Dockerfile is not built: nothing runs that image (the workload image carries nginx).
 IMAGES: tuple[DeployImage, ...] = (
     DeployImage("addon", constants.ADDON_IMAGE, {"PYTHON_IMAGE": base.PYTHON_BASE}),
     DeployImage(

@@ -23,6 +23,7 @@ from hub_controller.api import (
     CONDITION_SERVER_READY,
     CONDITION_TRAINING_COMPLETE,
     CONDITION_VALIDATED,
+    TERMINAL_PHASES,
     ClusterPhase,
     ClusterStatus,
     Condition,
@@ -32,11 +33,11 @@ from hub_controller.api import (
     HistoryEntry,
     Phase,
     data_claim_of,
+    run_finished,
 )
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.observed import Observations, PlacementState, ready_clusters
 
-TERMINAL = (Phase.COMPLETED, Phase.FAILED)
 GLOBAL = "global"  # history rows of the federation as a whole
 MAX_HISTORY = 500
 
@@ -46,13 +47,21 @@ def gate_open(spec: FederatedLearningSpec, obs: Observations) -> bool:
     return len(ready_clusters(obs)) >= spec.server.min_available_clients
 
 
+def finished(previous: FederatedLearningStatus | None, generation: int | None) -> bool:
+    """The run of this generation ended (api.run_finished on the stored status)."""
+    return previous is not None and run_finished(
+        previous.phase, previous.observed_generation, generation
+    )
+
+
 def should_start_server(
-    spec: FederatedLearningSpec, obs: Observations, previous: FederatedLearningStatus | None
+    spec: FederatedLearningSpec,
+    obs: Observations,
+    previous: FederatedLearningStatus | None,
+    generation: int | None,
 ) -> bool:
     """Start the server Job once the gate opens; never restart a finished run."""
-    if obs.server_job.exists:
-        return False
-    if previous is not None and previous.phase in TERMINAL:
+    if obs.server_job.exists or finished(previous, generation):
         return False
     return obs.server_address is not None and gate_open(spec, obs)
 
@@ -138,7 +147,7 @@ def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[Histor
         if cluster not in with_data:
             continue
         by_round: dict[int, dict[str, Any]] = {}
-        for (rnd, phase), row in sorted(getattr(report, "rounds", {}).items()):
+        for (rnd, phase), row in sorted(report.rounds.items()):
             cur = by_round.setdefault(rnd, {})
             for metric in ("loss", "accuracy"):
                 value = getattr(row, metric)
@@ -282,12 +291,7 @@ def fold(
         training = ("False", "NotStarted", message)
 
     # Terminal phases stick for a generation (a Job that disappears does not undo them).
-    if (
-        previous is not None
-        and previous.phase in TERMINAL
-        and previous.observed_generation == generation
-        and phase not in TERMINAL
-    ):
+    if previous is not None and finished(previous, generation) and phase not in TERMINAL_PHASES:
         phase, message = previous.phase, previous.message
         for c in prev_conds:
             if c.type == CONDITION_TRAINING_COMPLETE:
@@ -295,6 +299,15 @@ def fold(
     conditions.append(cond(CONDITION_TRAINING_COMPLETE, *training))
 
     rows = [_cluster_row(r, obs, obs.server_address is not None) for r in obs.resolutions]
+    if phase == Phase.COMPLETED:
+        # The run ended well: a client still seen running (its Job feedback and the agent's
+        # last report lag behind) took part to the end.
+        rows = [
+            r.model_copy(update={"phase": ClusterPhase.SUCCEEDED})
+            if r.phase in (ClusterPhase.RUNNING, ClusterPhase.APPLIED)
+            else r
+            for r in rows
+        ]
     rounds = [row.round for row in rows if row.round is not None]
     model = obs.model or (previous.model if previous else None)
     current_round = max(rounds, default=previous.round if previous else 0)

@@ -22,7 +22,7 @@ from hub_controller.operator.desired.works import (
     FEEDBACK_SUCCEEDED,
     SPEC_HASH_ANNOTATION,
 )
-from hub_controller.reports import ClusterReportView
+from hub_controller.reports import ClusterReport
 from ocmfl import constants
 
 
@@ -240,7 +240,7 @@ class Observations:
     server_address: str | None = None
     model: ModelArtifact | None = None
     server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
-    reports: Mapping[str, ClusterReportView] = field(default_factory=dict)
+    reports: Mapping[str, ClusterReport] = field(default_factory=dict)
 
 
 def observation_digest(obs: Observations) -> str:

@@ -31,8 +31,8 @@ from hack.localfed import (
     prepare_data,
     set_cluster_claim,
     wait_fl,
-    wait_for,
 )
+from hack.testing import wait_for
 from ocmfl import constants
 from ocmfl.kube import Kube
 from tests.apps.byo.myapp.model import accuracy, load, make_model

@@ -27,8 +27,8 @@ from hack.localfed import (
     prepare_data,
     set_cluster_claim,
     wait_fl,
-    wait_for,
 )
+from hack.testing import wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants, pki

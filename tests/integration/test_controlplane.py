@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import functools
 import socket
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from hack import testing
 from hack.controlplane.plane import ControlPlane
 from ocmfl.constants import CLUSTER_GROUP, WORK_GROUP, WORKLOAD_IMAGE
 from ocmfl.kube import Kube, KubeError
@@ -26,19 +26,17 @@ BUSYBOX = "registry.k8s.io/e2e-test-images/busybox:1.29-4"
 
 
 def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
+    """hack.testing.wait_for, riding out the 404/409 of objects not there yet or in flux."""
+
+    def tolerant() -> T | None:
         try:
-            last = fn()
+            return fn()
         except KubeError as e:
-            last = e
             if e.status not in (404, 409):
                 raise
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+            return None
+
+    return testing.wait_for(tolerant, timeout, what)
 
 
 @pytest.fixture
@@ -334,8 +332,13 @@ def test_deleting_a_pod_stops_its_processes(spokes: dict[str, Kube], namespace: 
         return None
 
     leader = wait_for(pid, 30, "running")
-    group = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(p) == leader]
-    assert len(group) >= 2  # sh and its background sleep
+
+    def group_of_two() -> list[Path] | None:
+        # "running" can be reported before sh has forked its background sleep (busy machine).
+        got = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(p) == leader]
+        return got if len(got) >= 2 else None  # sh and its background sleep
+
+    group = wait_for(group_of_two, 10, "sh and its background sleep")
     k.delete(f"{pods}/sleeper")
     wait_for(lambda: k.get(f"{pods}/sleeper") is None, 30, "pod gone")
     wait_for(lambda: all(not _alive(p) for p in group), 10, "process group gone")

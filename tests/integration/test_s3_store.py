@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+from hack.testing import free_port
 from workloads.sdk import ModelStore, ModelStoreError, ServerPlatform, load_model, to_numpy
 from workloads.sdk.storage import s3_client
 
@@ -28,12 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 KEY, SECRET = "ocmfl-test-key", "ocmfl-test-secret-0123456789"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = subprocess.run(
@@ -41,7 +36,7 @@ def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         check=True, capture_output=True, text=True, timeout=900,
     ).stdout.strip().splitlines()[-1]  # fmt: skip
     data = tmp_path_factory.mktemp("s3")
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "ROOT_ACCESS_KEY": KEY, "ROOT_SECRET_KEY": SECRET}
     log = (data.parent / "versitygw.log").open("wb")
     proc = subprocess.Popen(
