@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from hack.controlplane import podplan
+from hack.controlplane import podnet
 from hack.controlplane.claims_mirror import ClaimsMirror
 from hack.controlplane.localnode import LocalNode
 from hack.controlplane.processes import State
@@ -39,11 +39,11 @@ def run(state_dir: Path) -> int:
     signal.signal(signal.SIGINT, on_signal)
     names = ["hub", *state.clusters]
     kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
+    podnet.ensure_plane(state.slot)
     nodes = []
     for i, n in enumerate(names):
         port = int(state.apiservers[n].rsplit(":", 1)[1])
-        index = podplan.node_index(state.slot, i)
-        nodes.append(LocalNode(n, index, kubes[n], port, state_dir, stop))
+        nodes.append(LocalNode(n, state.slot, i, kubes[n], port, state_dir, stop))
     mirrors = [
         ClaimsMirror(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
         for c in state.clusters

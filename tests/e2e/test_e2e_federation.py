@@ -9,10 +9,8 @@ the mTLS Fleet gateway. Three clusters, two with data.
 from __future__ import annotations
 
 import json
-import os
 import ssl
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,34 +37,8 @@ from workloads.evaluate import held_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
-# A plane of its own (3 clusters), next to the $OCMFL_CP_DIR of the other tests.
-STATE_DIR = Path(os.environ.get("OCMFL_CP_DIR", "/dev/shm/ocm-fl-cp") + "-e2e")
 NAMESPACE = "fl-e2e"
 OWNER = f"{constants.LABEL_OWNER_NAMESPACE}={NAMESPACE}"
-
-
-@pytest.fixture(scope="module")
-def plane() -> Iterator[cp.ControlPlane]:
-    with cp.session(clusters=3, state_dir=STATE_DIR) as state:
-        yield cp.ControlPlane.from_state(state)
-
-
-@pytest.fixture(scope="module")
-def fed(plane: cp.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    workdir = tmp_path_factory.mktemp("e2e")
-    f = LocalFederation(plane, workdir / "federation")
-    f.start()
-    try:
-        yield f
-    finally:
-        f.stop()
-
-
-@pytest.fixture(scope="module")
-def hub(plane: cp.ControlPlane) -> Iterator[Kube]:
-    k = Kube(plane.hub_kubeconfig)
-    yield k
-    k.close()
 
 
 def _works(hub: Kube, cluster: str) -> list[dict[str, Any]]:
