@@ -21,9 +21,10 @@ host addresses              ``10.P.240.0/20``                  for host processe
 
 ``10.P.128.0/17`` is one ``local`` route on the host: any address in it is the host's own, so
 the forwarder (kube-proxy stand-in) listens on ClusterIPs and host processes bind host
-addresses, and pods reach both through their gateway. The host does not forward between
-bridges (pods of different clusters cannot reach each other's pod IPs, only Services and
-LoadBalancer addresses, as across real clusters). No iptables rule and no sysctl is changed.
+addresses. A pod has two routes: its node's pod range (on the bridge) and ``10.P.128.0/17``
+through its gateway; nothing else, so pods of different clusters never reach each other's pod
+addresses, only Services, LoadBalancer addresses and host addresses, as across real clusters,
+whether or not the host forwards packets. No iptables rule and no sysctl is changed.
 
 Every name starts with ``ofl<s>``: network namespaces and host-side veths are
 ``ofl<s>-<x>-<y>`` for pod address ``10.P.x.y``, bridges ``ofl<s>b<i>``. `sweep` removes all of
@@ -126,6 +127,12 @@ def pod_link_name(slot: int, ip: str) -> str:
     return f"{prefix(slot)}-{x}-{y}"
 
 
+def pod_address(slot: int, name: str) -> str | None:
+    """The pod address a `pod_link_name` stands for (None for other names)."""
+    m = re.fullmatch(rf"{prefix(slot)}-(\d+)-(\d+)", name)
+    return f"10.{200 + slot}.{m.group(1)}.{m.group(2)}" if m else None
+
+
 def owned(slot: int, names: Iterable[str]) -> list[str]:
     """The names (links, namespaces) that belong to the plane in `slot`."""
     pattern = re.compile(rf"^{prefix(slot)}(b\d+|-\d+-\d+)$")
@@ -211,7 +218,7 @@ def create_pod_net(slot: int, node: int, ip: str) -> str:
                 f"addr add {ip}/{net.prefixlen} dev eth0\n"
                 "link set lo up\n"
                 "link set eth0 up\n"
-                f"route add default via {gateway(slot, node)}\n"
+                f"route add {host_terminated(slot)} via {gateway(slot, node)}\n"
             ),
         )  # fmt: skip
     except NetError:

@@ -95,3 +95,10 @@ def test_containers_join_the_pod_network_namespace_and_drop_inherited_handles() 
     assert argv[-3:] == ["sh", "-c", "true"]
     plain = podplan.launcher_argv(plan)
     assert "nsenter" not in plain and "umount" not in plain[plain.index("/bin/sh") + 2]
+
+
+def test_a_pod_namespace_name_gives_back_its_address() -> None:
+    ip = str(podnet.pod_cidr(5, 3).network_address + 300)
+    assert podnet.pod_address(5, podnet.pod_link_name(5, ip)) == ip
+    assert podnet.pod_address(5, podnet.bridge_name(5, 3)) is None
+    assert podnet.pod_address(5, podnet.pod_link_name(4, "10.204.8.2")) is None
