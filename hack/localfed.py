@@ -322,7 +322,9 @@ class LocalFederation:
         }
         with log.open("ab") as fh:
             popen = subprocess.Popen(
-                argv,
+                # Dies with this process even when it is killed before `stop` (a test run's
+                # timeout): an orphan would keep this plane's host addresses and ports.
+                ["setpriv", "--pdeathsig", "TERM", "--", *argv],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=full_env,
