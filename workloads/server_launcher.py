@@ -35,6 +35,9 @@ from workloads.fedapp.settings import STRATEGIES, RunSettings
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
 from workloads.model_store import ModelStore
 
+# A busy hub (several servers starting at once on few cores) can take minutes to start a
+# SuperLink; wait_health fails at once if the process dies, so a long bound costs nothing.
+SUPERLINK_START_TIMEOUT = 300.0
 PREFIX = "ocm-fl-server"
 DEFAULT_APP_DIR = Path(__file__).resolve().parent / "fedapp"
 
@@ -282,9 +285,13 @@ class Launcher:
             "--disable-runtime-dependency-installation",
         ]
         log = (self.state / "superlink.log").open("ab")
+        started = time.monotonic()
         self.superlink = fe.start(cmd, self.env, log)
-        self.wait_health(60.0)
-        self.log(f"SuperLink up on {self.host}:{self.port} (log {self.state / 'superlink.log'})")
+        self.wait_health(SUPERLINK_START_TIMEOUT)
+        self.log(
+            f"SuperLink up on {self.host}:{self.port} after {time.monotonic() - started:.0f}s "
+            f"(log {self.state / 'superlink.log'})"
+        )
 
     def start_gateway(self) -> None:
         """The mTLS gateway clusters connect to (nginx; Control/Runtime APIs stay local)."""
