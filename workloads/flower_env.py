@@ -95,12 +95,22 @@ class FlwrCliError(RuntimeError):
     """A `flwr` CLI call failed."""
 
 
-def flwr_json(args: Sequence[str], env: Mapping[str, str], timeout: float = 60.0) -> Any:
+# Each call is a fresh Python process that imports Flower: seconds of CPU, minutes on a busy
+# hub running several servers at once. A hang is still bounded.
+FLWR_CLI_TIMEOUT = 300.0
+
+
+def flwr_json(
+    args: Sequence[str], env: Mapping[str, str], timeout: float = FLWR_CLI_TIMEOUT
+) -> Any:
     """Run ``flwr <args> --format json`` and return its parsed JSON output."""
     cmd = [executable("flwr"), *args, "--format", "json"]
-    done = subprocess.run(
-        cmd, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
-    )
+    try:
+        done = subprocess.run(
+            cmd, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise FlwrCliError(f"flwr {' '.join(args[:2])}: no answer within {timeout:.0f}s") from None
     try:
         data = json.loads(done.stdout)
     except ValueError:

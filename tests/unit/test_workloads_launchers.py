@@ -142,3 +142,17 @@ def test_waiting_for_the_superlink_ends_at_once_when_it_dies(tmp_path: Path) -> 
         launcher.wait_health(server_launcher.SUPERLINK_START_TIMEOUT)
     assert time.monotonic() - started < 10
     assert server_launcher.SUPERLINK_START_TIMEOUT >= 300
+
+
+def test_a_flwr_call_that_hangs_fails_with_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workloads import flower_env
+
+    slow = tmp_path / "flwr"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(flower_env, "executable", lambda name: str(slow))
+    with pytest.raises(flower_env.FlwrCliError, match=r"^flwr supernode register: no answer"):
+        flower_env.flwr_json(["supernode", "register", "k.pub"], {}, timeout=0.5)
+    assert flower_env.FLWR_CLI_TIMEOUT >= 300
