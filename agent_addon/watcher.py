@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from agent_addon.phase import RunKey, phases_by_run
+from agent_addon.phase import RunKey, phases_by_run, runs_by_pod_ip
 from ocmfl import constants
 from ocmfl.reports import ClientPhase
 
@@ -38,6 +38,7 @@ class ClientWatcher:
         self._on_change = on_change
         self._namespace = namespace
         self._objects: dict[str, dict[str, dict[str, Any]]] = {"pod": {}, "job": {}}
+        self._by_ip: dict[str, tuple[RunKey, str]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -66,9 +67,15 @@ class ClientWatcher:
         batch = client.BatchV1Api(self._api_client)
         return (batch.list_namespaced_job, (ns,)) if ns else (batch.list_job_for_all_namespaces, ())
 
+    def run_at(self, ip: str) -> tuple[RunKey, str] | None:
+        """The run (and uid) of the live client pod with address `ip`, if there is one."""
+        with self._lock:
+            return self._by_ip.get(ip)
+
     def _publish(self) -> None:
         with self._lock:
             view = phases_by_run(self._objects["pod"].values(), self._objects["job"].values())
+            self._by_ip = runs_by_pod_ip(self._objects["pod"].values())
         self._loop.call_soon_threadsafe(self._on_change, view)
 
     def _watch(self, kind: str) -> None:
