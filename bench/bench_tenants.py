@@ -43,7 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from examples.demo import demo_resource
 from hack import controlplane as cp
 from hack.controlplane import podnet, processes
-from hack.controlplane.kube import Kube
 from hack.localfed import (
     FL_PATH,
     LocalFederation,
@@ -53,6 +52,7 @@ from hack.localfed import (
     set_cluster_claim,
     wait_for,
 )
+from ocmfl.kube import Kube
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
