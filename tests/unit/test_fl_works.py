@@ -11,6 +11,7 @@ from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.works import (
     client_args,
+    client_namespace,
     desired_work,
     desired_works,
     safe_name,
@@ -184,6 +185,21 @@ def test_long_names_are_cut_to_a_dns_label_with_a_hash() -> None:
     assert len(name) <= 63
     assert name != work_name(FLRef(namespace="n" * 63, name="m" * 62, uid="u"))
     assert safe_name("fl", "a", "b") == "fl-a-b"
+
+
+def test_two_tenants_never_share_a_work_or_a_client_namespace() -> None:
+    pairs = [
+        (
+            FLRef(namespace="team-a", name="x", uid="1"),
+            FLRef(namespace="team", name="a-x", uid="2"),
+        ),
+        (FLRef(namespace="ns", name="x.y", uid="1"), FLRef(namespace="ns", name="x-y", uid="2")),
+    ]
+    for one, other in pairs:
+        assert work_name(one) != work_name(other)
+        assert client_namespace(one) != client_namespace(other)
+    ref = FLRef(namespace="team-a", name="digits", uid="u")
+    assert work_name(ref).startswith("fl-team-a-digits-") and len(work_name(ref)) <= 63
 
 
 def test_clusters_that_left_have_their_works_deleted() -> None:
