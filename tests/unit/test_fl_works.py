@@ -221,6 +221,7 @@ def test_client_gets_its_cluster_identity_and_reaches_the_server_only_through_mt
     assert flag["--server-name"] == SNI
     assert flag["--client-certfile"].endswith("/tls.crt")
     assert flag["--auth-key"].endswith("/node.key")
+    assert "--port" not in flag  # the SuperNode's default port, on the pod's own loopback
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["tls"]["readOnly"] is True
     pod = _manifest(work, "Job")["spec"]["template"]["spec"]

@@ -162,8 +162,7 @@ def client_args(
         f"{TLS_DIR}/node.key",
         "--state-dir",
         STATE_DIR,
-        "--port",
-        "0",
+        # The SuperNode keeps its default ClientAppIo port: it is the pod's own loopback.
         "--cluster",
         cluster,
         "--data-dir",
