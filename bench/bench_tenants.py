@@ -9,9 +9,9 @@ namespaces, the same app and data, 2 clients each) at once, waits until all are 
 deletes them. Per phase it reports:
 
 * CPU seconds and peak RSS of the hub process (kopf controller and aggregator share it), of the
-  agents, of the local nodes' supervisor (the kube-proxy stand-in forwards every connection),
-  and of all FL server pods and all FL client pods (processes found by their pod network
-  namespace, sampled every 0.5 s);
+  agents and of the local nodes' supervisor (the kube-proxy stand-in forwards every
+  connection); CPU seconds and peak PSS of all FL server pods and all FL client pods
+  (processes found by their pod network namespace); sampled every second;
 * wall time from apply to all Completed;
 * per-round time: the median gap between consecutive round checkpoints in each resource's
   model store (``created`` in manifest.json), averaged over the K resources, and its ratio to
@@ -67,6 +67,17 @@ def _stat(pid: int) -> tuple[int, float, int] | None:
     return int(fields[19]), (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
 
 
+def _pss(pid: int) -> int:
+    """Proportional set size of `pid` in bytes (shared pages split among their users)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _netns_inode(pid: int) -> int | None:
     try:
         return os.stat(f"/proc/{pid}/ns/net").st_ino
@@ -76,10 +87,11 @@ def _netns_inode(pid: int) -> int | None:
 
 @dataclass
 class Sampler(threading.Thread):
-    """CPU seconds and peak RSS per group of processes, every 0.5 s.
+    """CPU seconds and peak memory per group of processes, every second.
 
-    Fixed groups are process trees (root pid -> group); pods are grouped by their network
-    namespace: ``FL servers`` on the hub node, ``FL clients`` on the cluster nodes.
+    Fixed groups are process trees (root pid -> group), memory as RSS; pods are grouped by their
+    network namespace (``FL servers`` on the hub node, ``FL clients`` on the cluster nodes),
+    memory as PSS.
     """
 
     slot: int
@@ -130,6 +142,9 @@ class Sampler(threading.Thread):
             ino = _netns_inode(pid)
             if ino in pods:
                 group = pods[ino]
+                # Pods run many Python processes mapping the same libraries (torch): their
+                # RSS would count those pages once per process.
+                mem = _pss(pid)
             else:
                 p = pid
                 for _ in range(64):  # walk up to a known root
@@ -151,7 +166,7 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             self.sample()
-            self.stop.wait(0.5)
+            self.stop.wait(1.0)
         self.sample()
 
 
@@ -222,27 +237,49 @@ def phase(
         "wall_s": round(wall, 1),
         "per_round_s": round(statistics.mean(known), 2) if known else None,
         "cpu_s": {g: round(v, 1) for g, v in sorted(sampler.cpu.items())},
-        "peak_rss_mb": {g: round(v / 2**20) for g, v in sorted(sampler.peak.items())},
+        "peak_mem_mb": {g: round(v / 2**20) for g, v in sorted(sampler.peak.items())},
     }
 
 
-def table(results: list[dict[str, Any]]) -> str:
-    base = results[0]
-    groups = sorted({g for r in results for g in r["cpu_s"]})
-    head = ["K", "completed", "wall s", "s/round", "vs K=1"]
-    for g in groups:
-        head += [f"{g} CPU s", f"{g} peak MB"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in results:
-        ratio = (
-            f"{r['per_round_s'] / base['per_round_s']:.2f}x"
-            if r["per_round_s"] and base["per_round_s"]
-            else "-"
+def mem_available() -> int:
+    """MemAvailable of this machine, bytes."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def too_big(k: int, base: dict[str, Any]) -> str | None:
+    """Why K federations would not fit in memory now (K times the K = 1 pods' peak), if so."""
+    per_fed = sum(base["peak_mem_mb"].get(g, 0) for g in ("FL servers", "FL clients")) * 2**20
+    need, have = k * per_fed, mem_available()
+    if need > 0.8 * have:
+        return (
+            f"needs about {need / 2**30:.1f} GiB ({k} x {per_fed / 2**30:.2f} GiB measured at "
+            f"K=1), {have / 2**30:.1f} GiB available"
         )
-        row = [str(r["k"]), f"{r['completed']}/{r['k']}", str(r["wall_s"]),
-               str(r["per_round_s"]), ratio]  # fmt: skip
-        for g in groups:
-            row += [str(r["cpu_s"].get(g, 0)), str(r["peak_rss_mb"].get(g, 0))]
+    return None
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """Markdown: rounds per K, then CPU seconds and peak memory per process group and K."""
+    base = results[0]["per_round_s"]
+    lines = ["| K | completed | wall s | s/round | s/round vs K=1 |", "|---|---|---|---|---|"]
+    for r in results:
+        ratio = f"{r['per_round_s'] / base:.2f}x" if r["per_round_s"] and base else "-"
+        lines.append(
+            f"| {r['k']} | {r['completed']}/{r['k']} | {r['wall_s']} | {r['per_round_s']} "
+            f"| {ratio} |"
+        )
+    groups = sorted({g for r in results for g in r["cpu_s"]})
+    head = ["process group"]
+    for r in results:
+        head += [f"K={r['k']} CPU s", f"K={r['k']} peak MB"]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for g in groups:
+        row = [g + (" (PSS)" if g.startswith("FL") else " (RSS)")]
+        for r in results:
+            row += [str(r["cpu_s"].get(g, 0)), str(r["peak_mem_mb"].get(g, 0))]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -257,7 +294,8 @@ def main() -> None:
     ks = [int(x) for x in a.ks.split(",")]
     root = Path(tempfile.mkdtemp(prefix="ocmfl-bench-tenants-"))
     state_dir = Path(f"{processes.state_dir()}-bench")
-    results = []
+    results: list[dict[str, Any]] = []
+    skipped: list[tuple[int, str]] = []
     with cp.session(clusters=2, state_dir=state_dir) as state:
         plane = cp.ControlPlane.from_state(state)
         fed = LocalFederation(plane, root / "federation")
@@ -267,6 +305,10 @@ def main() -> None:
         fed.start()
         try:
             for k in ks:
+                if results and (why := too_big(k, results[0])):
+                    print(f"K={k} skipped: {why}", flush=True)
+                    skipped.append((k, why))
+                    continue
                 r = phase(k, fed, hub, plane.slot, a.rounds, root, a.timeout)
                 results.append(r)
                 print(json.dumps(r), flush=True)
@@ -276,6 +318,8 @@ def main() -> None:
                 set_cluster_claim(plane, c, claim, None)
             hub.close()
     print(table(results))
+    for k, why in skipped:
+        print(f"K={k} not run: {why}")
     if a.json:
         a.json.write_text(json.dumps(results, indent=2) + "\n")
 
