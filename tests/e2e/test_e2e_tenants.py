@@ -70,6 +70,9 @@ class Run:
 def _body(run: Run, models: Path) -> dict[str, Any]:
     body = demo_resource(rounds=run.rounds, models=models, min_clients=2)
     body["metadata"]["name"] = run.name
+    # Fit only: each client message is a fresh ClientApp process importing torch; three
+    # federations on two cores need no evaluate round trips to show they keep apart.
+    body["spec"]["server"]["strategy"]["params"]["fractionEvaluate"] = 0.0
     client = body["spec"]["client"]
     client["dataClaim"] = run.claim
     [predicate] = client["placement"]["predicates"]
