@@ -16,6 +16,7 @@ leave the others' works, client Jobs and training untouched.
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,15 @@ def _spoof_pod(run: Run, agent: str) -> dict[str, Any]:
             ],
         },
     }
+
+
+def _keep_server_logs(plane: cp.ControlPlane) -> None:
+    """Copy each server pod's SuperLink and gateway logs next to its container log."""
+    for pod in Path(plane.state_dir, "pods", "hub").glob("tenant-*"):
+        for log in ("superlink.log", "gateway/nginx.log"):
+            src = pod / "volumes" / "state" / log
+            if src.is_file():
+                shutil.copyfile(src, pod / "logs" / log.replace("/", "-"))
 
 
 def test_two_tenants_three_federations_at_once_each_on_its_own_data(
@@ -282,6 +292,7 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
             assert model.is_file() and str(model).startswith(str(root / "models" / run.namespace))
         print(f"three federations, two tenants: {time.monotonic() - started:.0f}s")
     finally:
+        _keep_server_logs(plane)  # the pods' volumes go with them; their logs/ dirs stay
         for run in runs:  # also after a failure: nothing keeps training into later tests
             hub.delete(f"{FL_PATH.format(ns=run.namespace)}/{run.name}")
         for run in runs:
