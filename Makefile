@@ -1,9 +1,15 @@
 # The two commands a newcomer needs: `make demo` and `make test`. Both set up a fresh machine.
 PY := .venv/bin/python
 
-.PHONY: setup demo test lint unit
+.PHONY: setup demo test lint unit images
 setup:
 	bash hack/setup.sh
+
+# Every image in deploy/images, on base images made from Debian's archive (setup builds them
+# too; cached by content, so this is seconds unless something changed).
+images: setup
+	$(PY) -m hack.images build
+	$(PY) -m hack.images sizes
 
 demo: setup
 	$(PY) -m examples.demo

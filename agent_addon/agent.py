@@ -216,10 +216,10 @@ class Agent:
                 self._runner, self.config.listen_host, self.config.health_port
             ).start()
         if self.config.watch:
-            from ocmfl.kube import api_client
+            from ocmfl.kube import Kube
 
             self._watcher = ClientWatcher(
-                api_client(self.config.kubeconfig),
+                Kube(self.config.kubeconfig, field_manager="ocm-fl-agent"),
                 asyncio.get_running_loop(),
                 self.on_phases,
                 namespace=self.config.watch_namespace,
@@ -237,15 +237,13 @@ class Agent:
 
     async def _renew_loop(self) -> None:
         """CSR mode: keep the client certificate fresh (the streamer picks up new files)."""
-        from kubernetes import client
-
         from agent_addon.csr import RenewalError, renew_if_due
-        from ocmfl.kube import api_client
+        from ocmfl.kube import Kube
 
-        certs = client.CertificatesV1Api(api_client(self.config.csr_hub_kubeconfig))
+        hub = Kube(self.config.csr_hub_kubeconfig, field_manager="ocm-fl-agent")
         while True:
             try:
-                await renew_if_due(certs, self.config.cluster, self.config.cert_dir)
+                await renew_if_due(hub, self.config.cluster, self.config.cert_dir)
             except (RenewalError, OSError, ValueError) as e:
                 log.warning("certificate renewal failed: %s", e)
             except Exception:

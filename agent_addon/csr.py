@@ -16,12 +16,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from ocmfl import constants, pki
+from ocmfl.kube import Kube, path_of
 
 log = logging.getLogger(__name__)
 
 RENEW_AT_REMAINING: Final = 0.2  # like OCM: renew with 20 % of the lifetime left
-LABEL_CLUSTER_NAME: Final = "open-cluster-management.io/cluster-name"
-LABEL_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
+CSR_API_VERSION: Final = "certificates.k8s.io/v1"
+CSRS: Final = path_of(CSR_API_VERSION, "CertificateSigningRequest")
 
 
 class RenewalError(RuntimeError):
@@ -48,11 +49,14 @@ def csr_object(
     if expiration_seconds is not None:
         spec["expirationSeconds"] = expiration_seconds
     return {
-        "apiVersion": "certificates.k8s.io/v1",
+        "apiVersion": CSR_API_VERSION,
         "kind": "CertificateSigningRequest",
         "metadata": {
             "generateName": f"{constants.ADDON_NAME}-{cluster}-",
-            "labels": {LABEL_CLUSTER_NAME: cluster, LABEL_ADDON_NAME: constants.ADDON_NAME},
+            "labels": {
+                constants.LABEL_OCM_CLUSTER_NAME: cluster,
+                constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME,
+            },
         },
         "spec": spec,
     }
@@ -71,24 +75,26 @@ def outcome(csr: dict[str, Any]) -> bytes | None:
 
 
 async def request_certificate(
-    certs_api: Any,
+    hub: Kube,
     cluster: str,
     *,
     expiration_seconds: int | None = 24 * 3600,
     timeout_s: float = 60.0,
     poll_s: float = 0.5,
 ) -> pki.CertAndKey:
-    """Create a CSR on the hub and wait for its certificate (certs_api: CertificatesV1Api)."""
+    """Create a CSR on the hub and wait for its certificate (`hub`: the agent's hub client)."""
     key = pki.generate_key()
     body = csr_object(cluster, key, expiration_seconds)
-    created = await asyncio.to_thread(certs_api.create_certificate_signing_request, body)
-    name = created.metadata.name
-    serialize = certs_api.api_client.sanitize_for_serialization
+    created = await asyncio.to_thread(hub.create, CSRS, body, False)
+    assert created is not None
+    name = created["metadata"]["name"]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     while loop.time() < deadline:
-        current = await asyncio.to_thread(certs_api.read_certificate_signing_request, name)
-        pem = outcome(serialize(current))
+        current = await asyncio.to_thread(hub.get, f"{CSRS}/{name}")
+        if current is None:
+            raise RenewalError(f"CSR {name} was deleted before it was signed")
+        pem = outcome(current)
         if pem is not None:
             cert = pki.load_cert_pem(pem)
             if pki.cluster_from_certificate(cert) != cluster:
@@ -99,7 +105,7 @@ async def request_certificate(
 
 
 async def renew_if_due(
-    certs_api: Any,
+    hub: Kube,
     cluster: str,
     cert_dir: Path,
     *,
@@ -113,7 +119,7 @@ async def renew_if_due(
             return False
     except (OSError, ValueError):
         log.info("no usable certificate in %s: requesting one", cert_dir)
-    pair = await request_certificate(certs_api, cluster, **kw)
+    pair = await request_certificate(hub, cluster, **kw)
     pki.save_tls_dir(cert_dir, pair, None)
     log.info("renewed agent certificate, valid until %s", pair.cert.not_valid_after_utc)
     return True

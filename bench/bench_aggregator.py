@@ -32,13 +32,13 @@ from google.protobuf.timestamp_pb2 import Timestamp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hack.testing import TestPKI
-from hub_controller.aggregator import (
+from hub_controller.aggregator.servicer import (
     AggregatorServer,
-    InMemoryClusterRegistry,
     ReloadingServerCredentials,
-    ReportStore,
     StatusServicer,
 )
+from hub_controller.aggregator.store import ReportStore
+from hub_controller.membership import StaticMembers
 from ocmfl import pki
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
@@ -67,7 +67,7 @@ def _serve(
     secure: bool, cert_dir: str, clusters: list[str], port_q: mp.Queue[int], stop_ev: Any
 ) -> None:
     async def run() -> None:
-        store, registry = ReportStore(), InMemoryClusterRegistry(clusters)
+        store, registry = ReportStore(), StaticMembers(clusters)
         servicer = None
         if not secure:
             from hub_controller.aggregator.metrics import AggregatorMetrics

@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -24,21 +23,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from hack.testing import free_port
 from ocmfl import pki
 from ocmfl.nodekeys import write_keypair
 from workloads.data import partition
 from workloads.flower_env import flower_env, write_connection
 
 BIN = Path(sys.executable).parent
-APP = Path(__file__).resolve().parents[1] / "workloads" / "fedapp"
+APP = Path(__file__).resolve().parents[1] / "examples" / "apps" / "digits"
 KINDS = ("ocm-fl-server", "ocm-fl-client", "flower-superlink", "flower-supernode",
          "flower-superexec", "flwr-serverapp", "flwr-clientapp")  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RssSampler(threading.Thread):
@@ -116,8 +110,10 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, frac_eval: float) -> d
              "--ssl-certfile", str(p["tls"] / "tls.crt"),
              "--ssl-keyfile", str(p["tls"] / "tls.key"),
              "--supernode-keys", str(p["pubs"]), "--rounds", str(rounds),
-             "--storage-dir", str(root / "ours-model"), "--test-dir", str(p["data"] / "test"),
-             "--status-interval", "5", "--fraction-evaluate", str(frac_eval),
+             "--app-dir", str(APP), "--storage", str(root / "ours-model"),
+             "--run-config", json.dumps({"test-dir": str(p["data"] / "test"),
+                                         "fraction-evaluate": frac_eval}),
+             "--status-interval", "5",
              "--result-file", str(root / "ours.json")],
             capture_output=True, text=True, check=False,
         )  # fmt: skip
@@ -127,10 +123,10 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, frac_eval: float) -> d
             c.wait(timeout=30)
     total = time.monotonic() - started
     result = json.loads((root / "ours.json").read_text())
-    elapsed = float(result["run"]["elapsed"])
+    elapsed = float(result["details"]["elapsed"])
     return {"ok": done.returncode == 0, "launcher_total_s": round(total, 1),
             "run_elapsed_s": round(elapsed, 1), "per_round_s": round(elapsed / rounds, 1),
-            "test_accuracy": result["final"]["metrics"]["server"].get("test-accuracy")}  # fmt: skip
+            "test_accuracy": result.get("metrics", {}).get("test-accuracy")}  # fmt: skip
 
 
 def run_bare(root: Path, p: dict[str, Path], rounds: int, _frac_eval: float) -> dict[str, Any]:
@@ -169,7 +165,7 @@ def run_bare(root: Path, p: dict[str, Path], rounds: int, _frac_eval: float) -> 
     try:
         time.sleep(8)
         rc = root / "bare-rc.toml"
-        rc.write_text(f'num-server-rounds = {rounds}\nstorage-dir = "{root / "bare-model"}"\n')
+        rc.write_text(f"num-server-rounds = {rounds}\n")  # no platform env: nothing stored
         started = time.monotonic()
         out = subprocess.run(
             [

@@ -50,8 +50,8 @@ from hack.localfed import (
     get_fl,
     prepare_data,
     set_cluster_claim,
-    wait_for,
 )
+from hack.testing import wait_for
 from ocmfl.kube import Kube
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -4,8 +4,9 @@ A real local OCM control plane (hub + 3 managed clusters: real kube-apiservers, 
 controller and work agents; hack/controlplane), the hub controller with its aggregator and CSR
 signer, one addon agent per cluster, digits partitions on two clusters with ClusterClaims
 pointing at them (the third has no data and is not chosen), and examples/federatedlearning.yaml
-applied. Progress is shown live; at the end the model path, accuracy before/after on held-out
-data and a PNG of loss/accuracy per round per cluster. Exit code 0 only if training completed.
+(the digits example app, examples/apps/digits) applied. Progress is shown live; at the end
+the model path, accuracy before/after on held-out data (scored by the app's ServerApp) and a
+PNG of loss/accuracy per round per cluster. Exit code 0 only if training completed.
 """
 
 from __future__ import annotations
@@ -26,21 +27,45 @@ from rich.table import Table
 from hack import controlplane as cp
 from hack.localfed import LocalFederation, create_fl, prepare_data, wait_fl
 from ocmfl.kube import Kube
-from ocmfl_cli.dashboard import LiveView, NoHistoryError, plot_history, render_dashboard
-from workloads.evaluate import held_out
+from ocmfl_cli.dashboard import (
+    LiveView,
+    NoHistoryError,
+    plain_lines,
+    plot_history,
+    render_dashboard,
+    summary_line,
+)
+from workloads.sdk import ModelStore
 
 EXAMPLE = Path(__file__).resolve().parent / "federatedlearning.yaml"
 NAMESPACE = "fl"
 
 
-def demo_resource(rounds: int, models: Path, min_clients: int) -> dict[str, Any]:
-    """examples/federatedlearning.yaml with the demo's rounds and model directory."""
+def demo_resource(
+    rounds: int, models: Path, min_clients: int, test_dir: Path | None = None
+) -> dict[str, Any]:
+    """examples/federatedlearning.yaml with the demo's rounds and model directory; with
+    `test_dir`, the digits app also scores each round's model on that held-out data."""
     body: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     server = body["spec"]["server"]
     server["rounds"] = rounds
     server["minAvailableClients"] = min_clients
     server["storage"] = {"type": "HostPath", "path": str(models)}
+    if test_dir is not None:
+        server["app"]["runConfig"]["test-dir"] = str(test_dir)
     return body
+
+
+def held_out_scores(fl: dict[str, Any], models: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(initial, final) server-side metrics on the held-out data, from the model store's
+    manifest (the app evaluates before round 1 and after every round)."""
+    store = ModelStore(models, str(fl["metadata"]["uid"]))
+    manifest = store.manifest()
+    starts = (manifest.get("info") or {}).get("starts") or [{}]
+    final = manifest.get("final") or {}
+    return dict(starts[0].get("server") or {}), dict(
+        (final.get("metrics") or {}).get("server") or {}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"  agent {cluster}: certificate issued by the hub CSR signer")
 
         console.rule("[bold]3/5 data stays on its cluster: partitions + ClusterClaims")
-        body = demo_resource(a.rounds, workdir / "models", a.data_clusters)
+        body = demo_resource(
+            a.rounds, workdir / "models", a.data_clusters, workdir / "data" / "test"
+        )
         claim = body["spec"]["client"]["dataClaim"]
         with_data = plane.clusters[: a.data_clusters]
         paths = prepare_data(plane, workdir / "data", with_data, claim)
@@ -87,14 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         console.rule("[bold]4/5 FederatedLearning applied; training")
         name = body["metadata"]["name"]
         create_fl(hub, NAMESPACE, body)
-        view = LiveView({"metadata": {"name": name, "namespace": NAMESPACE}})
-        with Live(view, console=console, refresh_per_second=2):
-
-            def update(obj: dict[str, Any]) -> None:
-                view.fl = obj
-
-            final = wait_fl(hub, NAMESPACE, name, a.timeout, update, fed)
-        console.print(render_dashboard(final))
+        final = follow(console, hub, name, a.timeout, fed)
 
         console.rule("[bold]5/5 result")
         status = final.get("status") or {}
@@ -115,6 +135,34 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def follow(
+    console: Console, hub: Kube, name: str, timeout: float, fed: LocalFederation
+) -> dict[str, Any]:
+    """Show the run until it ends: live on a terminal; in a log or pipe, a line per change."""
+    if console.is_terminal:
+        view = LiveView({"metadata": {"name": name, "namespace": NAMESPACE}})
+        with Live(view, console=console, refresh_per_second=2):
+
+            def update(obj: dict[str, Any]) -> None:
+                view.fl = obj
+
+            final = wait_fl(hub, NAMESPACE, name, timeout, update, fed)
+        console.print(render_dashboard(final))
+        return final
+    logged: list[str] = []
+
+    def log_change(obj: dict[str, Any]) -> None:
+        line = summary_line(obj)
+        if not logged or logged[-1] != line:
+            logged.append(line)
+            print(line, flush=True)
+
+    final = wait_fl(hub, NAMESPACE, name, timeout, log_change, fed)
+    for line in plain_lines(final)[1:]:
+        print(line, flush=True)
+    return final
+
+
 def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -131,14 +179,10 @@ def report(console: Console, fl: dict[str, Any], workdir: Path, ok: bool) -> Non
     table.add_column("model")
     table.add_column("accuracy", justify="right")
     table.add_column("loss", justify="right")
-    test_dir = workdir / "data" / "test"
-    before = held_out("digits", test_dir)
-    table.add_row("initial", f"{before.accuracy:.3f}", f"{before.loss:.3f}")
-    if path.is_file():
-        after = held_out("digits", test_dir, path)
-        table.add_row(
-            f"final (round {model.get('round')})", f"{after.accuracy:.3f}", f"{after.loss:.3f}"
-        )
+    before, after = held_out_scores(fl, workdir / "models")
+    for label, scores in (("initial", before), (f"final (round {model.get('round')})", after)):
+        if scores:
+            table.add_row(label, f"{scores['test-accuracy']:.3f}", f"{scores['test-loss']:.3f}")
     console.print(table)
     console.print(f"model: {path} sha256 {model.get('sha256')}")
     try:

@@ -38,6 +38,8 @@ from cryptography import x509
 from cryptography.x509.oid import NameOID
 
 from hack.controlplane.plane import ControlPlane
+from hack.testing import WaitTimeout, wait_for
+from hub_controller.api import run_finished
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
@@ -61,18 +63,6 @@ class FederationError(RuntimeError):
     """A component of the local federation failed to start."""
 
 
-def wait_for(fn: Callable[[], T | None], timeout: float, what: str) -> T:
-    """Poll `fn` until it returns something truthy; FederationError naming `what` otherwise."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = fn()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise FederationError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(0.3)
-
-
 def _port_open(host: str, port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -84,19 +74,13 @@ def install_crd(hub: Kube) -> None:
     """Apply the FederatedLearning CRD (server-side apply) and wait until it is served."""
     crd = yaml.safe_load(CRD_FILE.read_text())
     name = crd["metadata"]["name"]
-    hub.request(
-        "PATCH",
-        f"{CRDS}/{name}",
-        crd,
-        query={"fieldManager": "ocm-fl-local", "force": "true"},
-        content_type="application/apply-patch+yaml",
-    )
+    hub.apply(crd, f"{CRDS}/{name}")
 
     def established() -> bool:
         conds = ((hub.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
-    wait_for(established, 30, "the FederatedLearning CRD to be established")
+    wait_for(established, 30, "the FederatedLearning CRD to be established", error=FederationError)
 
 
 def enable_addon(hub: Kube, cluster: str) -> None:
@@ -203,13 +187,7 @@ def set_cluster_claim(plane: ControlPlane, cluster: str, name: str, value: str |
             "metadata": {"name": name},
             "spec": {"value": value},
         }
-        spoke.request(
-            "PATCH",
-            f"{CLAIMS_PATH}/{name}",
-            body,
-            query={"fieldManager": "ocm-fl-admin", "force": "true"},
-            content_type="application/apply-patch+yaml",
-        )
+        spoke.apply(body, f"{CLAIMS_PATH}/{name}")
     finally:
         spoke.close()
 
@@ -345,7 +323,8 @@ class LocalFederation:
                 )
             return _port_open(host, port)
 
-        wait_for(up, timeout, f"{proc.name} to listen on {host}:{port} (log {proc.log})")
+        what = f"{proc.name} to listen on {host}:{port} (log {proc.log})"
+        wait_for(up, timeout, what, error=FederationError)
 
     def _start_hub(self) -> None:
         env = {
@@ -388,6 +367,7 @@ class LocalFederation:
             lambda: (cdir / "tls" / pki.CERT_FILE).exists(),
             60,
             f"agent {cluster}'s certificate from the hub CSR signer (log {proc.log})",
+            error=FederationError,
         )
 
     def stop(self) -> None:
@@ -465,22 +445,28 @@ def wait_fl(
     on_update: Callable[[dict[str, Any]], None] | None = None,
     fed: LocalFederation | None = None,
 ) -> dict[str, Any]:
-    """Follow the resource until Completed/Failed (returned) or FederationError on timeout."""
-    deadline = time.monotonic() + timeout
-    last: dict[str, Any] | None = None
-    while time.monotonic() < deadline:
+    """Follow the resource until its run finished (returned) or FederationError on timeout."""
+    last: dict[str, Any] = {}
+
+    def finished() -> dict[str, Any] | None:
         if fed is not None:
             fed.check_alive()
         obj = get_fl(hub, namespace, name)
-        if obj is not None:
-            last = obj
-            if on_update is not None:
-                on_update(obj)
-            if (obj.get("status") or {}).get("phase") in ("Completed", "Failed"):
-                return obj
-        time.sleep(2)
-    phase = ((last or {}).get("status") or {}).get("phase")
-    message = ((last or {}).get("status") or {}).get("message")
-    raise FederationError(
-        f"{namespace}/{name} not finished after {timeout:.0f}s (phase {phase}: {message})"
-    )
+        if obj is None:
+            return None
+        last.update(obj)
+        if on_update is not None:
+            on_update(obj)
+        status = obj.get("status") or {}
+        generation = (obj.get("metadata") or {}).get("generation")
+        done = run_finished(status.get("phase"), status.get("observedGeneration"), generation)
+        return obj if done else None
+
+    try:
+        return wait_for(finished, timeout, f"{namespace}/{name} to finish", interval=2.0)
+    except WaitTimeout:
+        status = last.get("status") or {}
+        raise FederationError(
+            f"{namespace}/{name} not finished after {timeout:.0f}s "
+            f"(phase {status.get('phase')}: {status.get('message')})"
+        ) from None

@@ -16,6 +16,11 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 .venv/bin/python -m hack.controlplane build
+# Base images from Debian's archive and every image in deploy/images (hack/images; cached by
+# content: the first run takes about 10 minutes, a run with nothing changed a few seconds).
+.venv/bin/python -m hack.images build
 if [ -f hack/tools/build-helm.sh ]; then
   bash hack/tools/build-helm.sh
 fi
+# An S3-compatible server for the model store's S3 tests (tests/integration/test_s3_store.py).
+bash hack/tools/build-versitygw.sh

@@ -1,14 +1,85 @@
-"""Test helpers: a throwaway CA writing mounted-Secret-style cert directories.
-
-Used by unit tests, integration tests and benchmarks; never by production code.
+"""Helpers shared by the tests, the benchmarks and the local demo (never by product code):
+`wait_for` / `await_for` (poll until something is there), `free_port`, a throwaway CA writing
+mounted-Secret-style cert directories (`TestPKI`), and `kopf_registry` (hub handlers
+registered afresh for one in-process kopf run).
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import importlib
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
+from hack.controlplane.processes import free_port
 from ocmfl import pki
+
+T = TypeVar("T")
+__all__ = ["TestPKI", "WaitTimeout", "await_for", "free_port", "kopf_registry", "wait_for"]
+
+
+class WaitTimeout(AssertionError):
+    """What was waited for did not come in time (an AssertionError: tests fail, not error)."""
+
+
+def wait_for(
+    fn: Callable[[], T | None],
+    timeout: float = 60.0,
+    what: str = "it",
+    *,
+    interval: float = 0.3,
+    error: Callable[[str], Exception] = WaitTimeout,
+) -> T:
+    """Poll `fn` until it returns something truthy, and return that; raise `error` naming
+    `what` and the last value otherwise. `fn` may raise to give up early."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = fn()
+        if last:
+            return last  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise error(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+        time.sleep(interval)
+
+
+async def await_for(
+    fn: Callable[[], T | None], timeout: float = 60.0, what: str = "it", *, interval: float = 0.3
+) -> T:
+    """`wait_for` for coroutines: `fn` (blocking) runs in a thread between sleeps."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        last = await asyncio.to_thread(fn)
+        if last:
+            return last  # type: ignore[no-any-return]
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+        await asyncio.sleep(interval)
+
+
+def kopf_registry(*modules: str) -> Any:
+    """A kopf registry holding the handlers of `modules` (and the operator's indexes), for
+    kopf.testing.KopfRunner(..., registry=...): each in-process run gets exactly the hub parts
+    it asks for, whatever an earlier test in the same process registered."""
+    import kopf
+
+    registry = kopf.OperatorRegistry()
+    previous = kopf.get_default_registry()
+    kopf.set_default_registry(registry)
+    try:
+        for name in ("hub_controller.operator.indexes", *modules):
+            if name in sys.modules:
+                importlib.reload(sys.modules[name])
+            else:
+                importlib.import_module(name)
+    finally:
+        kopf.set_default_registry(previous)
+    return registry
 
 
 class TestPKI:

@@ -1,5 +1,6 @@
-"""`ocm-fl-hub`: run the FederatedLearning controller (kopf) on the hub, with the agents'
-report aggregator in the same process (hub_controller.aggregator.handlers).
+"""`ocm-fl-hub`: the hub process. kopf runs the FederatedLearning controller
+(hub_controller.operator), the agents' report aggregator (hub_controller.aggregator) and, with
+OCMFL_RUN_CSR_SIGNER=true, the CSR signer for agent identities (hub_controller.signer).
 
 Cluster-wide by default. `--namespace` (repeatable, globs allowed) limits the namespaced
 watches, which include the ManifestWorks in the cluster namespaces: list those too (or a glob
@@ -40,11 +41,13 @@ def main(argv: list[str] | None = None) -> None:
 
     import kopf
 
+    # Importing a part's handlers module registers its kopf handlers.
     import hub_controller.operator.handlers
 
     if not args.no_aggregator:
-        # Registers startup/cleanup handlers: the aggregator's ReportStore feeds the status fold.
-        import hub_controller.aggregator.handlers  # noqa: F401
+        import hub_controller.aggregator.handlers
+    if os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").lower() == "true":
+        import hub_controller.signer.handlers  # noqa: F401
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -55,32 +55,43 @@ class _OpenModel(BaseModel):
 
 # --- enums ---------------------------------------------------------------------------------
 class Framework(StrEnum):
+    """FL framework of the app, run by the platform's Flower adapter (launchers + SDK)."""
+
     FLOWER = "flower"
 
 
-class StrategyName(StrEnum):
-    FEDAVG = "fedavg"
-    FEDPROX = "fedprox"
-
-
-class Task(StrEnum):
-    """Training task built into the workload image (model + data loader)."""
-
-    DIGITS = "digits"
-    BREAST_CANCER = "breast-cancer"
-
-
 class StorageType(StrEnum):
+    """Where models go. `PersistentVolumeClaim` and `S3Bucket` are the incumbent controller's
+    spellings of `PVC` and `S3`."""
+
     HOST_PATH = "HostPath"
     PVC = "PVC"
+    PERSISTENT_VOLUME_CLAIM = "PersistentVolumeClaim"
+    S3 = "S3"
+    S3_BUCKET = "S3Bucket"
 
 
 class Phase(StrEnum):
+    """Where the whole training stands."""
+
     PENDING = "Pending"
     WAITING = "Waiting"
     RUNNING = "Running"
     COMPLETED = "Completed"
     FAILED = "Failed"
+
+
+TERMINAL_PHASES: Final = frozenset({Phase.COMPLETED, Phase.FAILED})
+
+
+def run_finished(
+    phase: str | None, observed_generation: int | None, generation: int | None
+) -> bool:
+    """The one rule for "the run ended": the phase is Completed or Failed, decided for the
+    resource's current generation (not compared when either generation is unknown)."""
+    if phase not in TERMINAL_PHASES:
+        return False
+    return generation is None or observed_generation is None or observed_generation == generation
 
 
 class ClusterPhase(StrEnum):
@@ -95,6 +106,8 @@ class ClusterPhase(StrEnum):
 
 
 class SelectorOperator(StrEnum):
+    """Label/claim selector operator."""
+
     IN = "In"
     NOT_IN = "NotIn"
     EXISTS = "Exists"
@@ -102,6 +115,8 @@ class SelectorOperator(StrEnum):
 
 
 class ConditionStatus(StrEnum):
+    """Condition status."""
+
     TRUE = "True"
     FALSE = "False"
     UNKNOWN = "Unknown"
@@ -114,8 +129,12 @@ Quantity = int | str
 class Resources(_Model):
     """Container resource requests and limits (Kubernetes quantities)."""
 
-    requests: dict[str, Quantity] = Field(default_factory=dict)
-    limits: dict[str, Quantity] = Field(default_factory=dict)
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict, description="Minimum resources, e.g. {cpu: 500m, memory: 1Gi}."
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Maximum resources, e.g. {memory: 4Gi}."
+    )
 
     @field_validator("requests", "limits")
     @classmethod
@@ -136,37 +155,67 @@ class Resources(_Model):
 
 
 class SelectorRequirement(_Model):
-    key: str = Field(min_length=1)
-    operator: SelectorOperator
-    values: list[str] = Field(default_factory=list)
+    """One selector expression."""
+
+    key: str = Field(min_length=1, description="Label or claim name.")
+    operator: SelectorOperator = Field(description="How the key's value is matched.")
+    values: list[str] = Field(
+        default_factory=list, description="Values for In/NotIn; empty for Exists/DoesNotExist."
+    )
 
 
 class LabelSelector(_Model):
-    match_labels: dict[str, str] = Field(default_factory=dict)
-    match_expressions: list[SelectorRequirement] = Field(default_factory=list)
+    """Kubernetes label selector (matchLabels AND matchExpressions)."""
+
+    match_labels: dict[str, str] = Field(
+        default_factory=dict, description="Labels that must have exactly these values."
+    )
+    match_expressions: list[SelectorRequirement] = Field(
+        default_factory=list, description="Expressions that must all hold."
+    )
 
 
 class ClaimSelector(_Model):
-    match_expressions: list[SelectorRequirement] = Field(default_factory=list)
+    """OCM ClusterClaim selector."""
+
+    match_expressions: list[SelectorRequirement] = Field(
+        default_factory=list, description="Expressions over ClusterClaim names and values."
+    )
 
 
 class ClusterSelector(_OpenModel):
     """OCM requiredClusterSelector: label, claim (and CEL, kept as-is) selectors, ANDed."""
 
-    label_selector: LabelSelector | None = None
-    claim_selector: ClaimSelector | None = None
+    label_selector: LabelSelector | None = Field(
+        default=None, description="Select clusters by ManagedCluster labels."
+    )
+    claim_selector: ClaimSelector | None = Field(
+        default=None, description="Select clusters by their ClusterClaims."
+    )
 
 
 class Predicate(_OpenModel):
-    required_cluster_selector: ClusterSelector | None = None
+    """One OCM placement predicate."""
+
+    required_cluster_selector: ClusterSelector | None = Field(
+        default=None, description="Clusters must match this selector."
+    )
 
 
 class Toleration(_OpenModel):
-    key: str | None = None
-    operator: str | None = Field(default=None, pattern="^(Exists|Equal)$")
-    value: str | None = None
-    effect: str | None = None
-    toleration_seconds: int | None = None
+    """A toleration (of OCM cluster taints in a placement, of node taints on a pod)."""
+
+    key: str | None = Field(default=None, description="Taint key; empty with Exists: all.")
+    operator: str | None = Field(
+        default=None, pattern="^(Exists|Equal)$", description="Exists or Equal (default)."
+    )
+    value: str | None = Field(default=None, description="Taint value for Equal.")
+    effect: str | None = Field(
+        default=None, description="Taint effect to tolerate; empty: all effects."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute (or NoSelect) taint is tolerated."
+    )
 
 
 class PlacementSpec(_OpenModel):
@@ -176,167 +225,387 @@ class PlacementSpec(_OpenModel):
     decisionStrategy, spreadPolicy, ...) are passed through to the Placement unchanged.
     """
 
-    cluster_sets: list[str] = Field(default_factory=list)
-    number_of_clusters: int | None = Field(default=None, ge=1)
-    predicates: list[Predicate] = Field(default_factory=list)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    cluster_sets: list[str] = Field(
+        default_factory=list,
+        description="ManagedClusterSets to choose from (each bound to this namespace).",
+    )
+    number_of_clusters: int | None = Field(
+        default=None, ge=1, description="How many clusters to choose; unset: all that match."
+    )
+    predicates: list[Predicate] = Field(
+        default_factory=list, description="Cluster selectors; a cluster matching any is chosen."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Cluster taints the placement tolerates."
+    )
 
 
 class EnvVar(_Model):
-    name: str = Field(pattern=_ENV_NAME)
-    value: str = ""
+    """An environment variable."""
+
+    name: str = Field(pattern=_ENV_NAME, description="Variable name.")
+    value: str = Field(default="", description="Variable value.")
+
+
+class PodSettings(_Model):
+    """What a platform team sets on the pods: queue labels (e.g. Kueue), gang schedulers
+    (e.g. Volcano), priorities, where the pods may run. The controller's own labels win."""
+
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra pod labels, e.g. kueue.x-k8s.io/queue-name: team-a.",
+    )
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra pod annotations.")
+    scheduler_name: str | None = Field(
+        default=None, min_length=1, description="Pod scheduler, e.g. volcano; unset: default."
+    )
+    priority_class_name: str | None = Field(
+        default=None, pattern=_DNS_SUBDOMAIN, description="PriorityClass of the pods."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods must run on."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Node taints the pods tolerate."
+    )
+
+    def apply(self, pod_spec: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Add the settings to a pod template's spec and metadata (our labels win)."""
+        if self.labels:
+            meta["labels"] = {**self.labels, **meta.get("labels", {})}
+        if self.annotations:
+            meta["annotations"] = {**self.annotations, **meta.get("annotations", {})}
+        if self.scheduler_name:
+            pod_spec["schedulerName"] = self.scheduler_name
+        if self.priority_class_name:
+            pod_spec["priorityClassName"] = self.priority_class_name
+        if self.node_selector:
+            pod_spec["nodeSelector"] = dict(self.node_selector)
+        if self.tolerations:
+            pod_spec["tolerations"] = [
+                t.model_dump(by_alias=True, exclude_none=True) for t in self.tolerations
+            ]
 
 
 RunConfigValue = int | float | bool | str
 
 
 # --- spec ----------------------------------------------------------------------------------
-class StrategyParams(_Model):
-    """Strategy parameters (the server launcher refuses keys it does not know)."""
+class AppSpec(_Model):
+    """The app to train: an ordinary Flower app (pyproject.toml with [tool.flwr.app]) in the
+    server image. The server submits it with Flower's own run mechanism, which ships it to
+    the clusters; client images must carry its dependencies."""
 
-    proximal_mu: float | None = Field(default=None, ge=0, description="FedProx proximal term.")
-    fraction_train: float = Field(default=1.0, gt=0, le=1)
-    fraction_evaluate: float = Field(default=1.0, ge=0, le=1)
-
-
-class Strategy(_Model):
-    name: StrategyName = StrategyName.FEDAVG
-    params: StrategyParams = Field(
-        default_factory=StrategyParams, json_schema_extra={"default": {}}
+    path: str = Field(
+        pattern="^/",
+        description="The app directory inside spec.server.image; the project's example apps "
+        f"are under {constants.APPS_DIR} (digits, digits-cnn, tabular).",
     )
+    run_config: dict[str, RunConfigValue] = Field(
+        default_factory=dict,
+        description="Run config for the whole run (Flower's --run-config); keys must be "
+        "declared in the app's [tool.flwr.app.config]. num-server-rounds is set from rounds.",
+    )
+    install_dependencies: bool = Field(
+        default=False,
+        description="Let Flower install the app's dependencies at run time (needs a package "
+        "index); off: the images must carry them.",
+    )
+
+
+class S3Storage(_Model):
+    """An S3-compatible bucket for checkpoints and the final model."""
+
+    bucket_name: str = Field(min_length=1, description="Bucket name.")
+    prefix: str = Field(default="", description="Key prefix (folder) inside the bucket.")
+    region: str | None = Field(default=None, description="Region (AWS_REGION).")
+    endpoint: str | None = Field(
+        default=None,
+        pattern="^https?://",
+        description="URL of an S3-compatible server (MinIO, Ceph, ...); unset: AWS.",
+    )
+    credentials_secret: str | None = Field(
+        default=None,
+        pattern=_DNS_SUBDOMAIN,
+        description="Secret in the resource's namespace with AWS_ACCESS_KEY_ID and "
+        "AWS_SECRET_ACCESS_KEY (optional AWS_SESSION_TOKEN), given to the server as env; "
+        "unset: the pod's own identity.",
+    )
+
+    def uri(self) -> str:
+        """s3://bucket/prefix."""
+        return f"s3://{self.bucket_name}/{self.prefix.strip('/')}".rstrip("/")
 
 
 class Storage(_Model):
-    """Where the server keeps checkpoints and the final model."""
+    """Where the server keeps checkpoints, the manifest and the final model."""
 
-    type: StorageType = StorageType.HOST_PATH
-    path: str = Field(default="/var/lib/ocm-fl/models", pattern="^/")
+    type: StorageType = Field(default=StorageType.HOST_PATH, description="The kind of storage.")
+    path: str = Field(
+        default="/var/lib/ocm-fl/models",
+        pattern="^/",
+        description="HostPath: the directory on the hub node.",
+    )
     claim_name: str | None = Field(
         default=None,
         pattern=_DNS_SUBDOMAIN,
-        description="Existing PVC (type PVC). Omit it to let the controller create one of `size`.",
+        description="PVC: an existing claim. Omit it to let the controller create one of `size`.",
+    )
+    name: str | None = Field(
+        default=None,
+        pattern=_DNS_SUBDOMAIN,
+        description="The incumbent controller's spelling of claimName.",
     )
     size: str | None = Field(default=None, description="Size of the PVC the controller creates.")
+    s3: S3Storage | None = Field(default=None, description="S3: the bucket.")
+
+    @property
+    def is_pvc(self) -> bool:
+        """PVC storage (either spelling)."""
+        return self.type in (StorageType.PVC, StorageType.PERSISTENT_VOLUME_CLAIM)
+
+    @property
+    def is_s3(self) -> bool:
+        """S3 storage (either spelling)."""
+        return self.type in (StorageType.S3, StorageType.S3_BUCKET)
+
+    @property
+    def claim(self) -> str | None:
+        """The existing claim named (claimName, or the incumbent's name)."""
+        return self.claim_name or self.name
 
 
 class Timeouts(_Model):
-    clients_ready_seconds: int = Field(default=600, ge=1)
-    round_seconds: int = Field(default=600, ge=1)
+    """How long the server waits."""
+
+    clients_ready_seconds: int = Field(
+        default=600,
+        ge=1,
+        description="For minAvailableClients clusters to connect, and for lost clusters to "
+        "come back, before the run fails.",
+    )
+    round_seconds: int = Field(
+        default=600, ge=1, description="For client replies in each round (apps on workloads.sdk)."
+    )
+
+
+_REFUSED = "Not part of this API: the controller refuses it with the field to use instead."
 
 
 class ServerSpec(_Model):
-    image: str = Field(default=constants.WORKLOAD_IMAGE, min_length=1)
-    rounds: int = Field(default=3, ge=1)
-    min_available_clients: int = Field(default=1, ge=1)
-    strategy: Strategy = Field(default_factory=Strategy, json_schema_extra={"default": {}})
-    task: Task = Task.DIGITS
-    init_model: str | None = Field(
-        default=None, min_length=1, description="Path or URI of a pretrained starting model."
+    """The server on the hub: runs the app's ServerApp (Flower SuperLink) as a Job."""
+
+    image: str = Field(
+        default=constants.WORKLOAD_IMAGE,
+        min_length=1,
+        description="Server image: the workload image, or one built FROM it with the app.",
     )
-    storage: Storage = Field(default_factory=Storage, json_schema_extra={"default": {}})
-    resources: Resources | None = None
-    timeouts: Timeouts = Field(default_factory=Timeouts, json_schema_extra={"default": {}})
+    app: AppSpec | None = Field(default=None, description="The Flower app to run (required).")
+    rounds: int = Field(default=3, ge=1, description="Federated rounds to run.")
+    min_available_clients: int = Field(
+        default=1,
+        ge=1,
+        description="Clusters that must be ready before training starts, and successful "
+        "results every round needs.",
+    )
+    init_model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Starting model: a path inside the storage (e.g. base.pth), an absolute "
+        "path in the server image, or s3://bucket/key; .npz, .arrayrecord, .pt/.pth "
+        "(state_dict) or .safetensors. A restarted server resumes from its checkpoints.",
+    )
+    storage: Storage = Field(
+        default_factory=Storage,
+        json_schema_extra={"default": {}},
+        description="Where checkpoints and the final model go.",
+    )
+    resources: Resources | None = Field(default=None, description="Server container resources.")
+    timeouts: Timeouts = Field(
+        default_factory=Timeouts, json_schema_extra={"default": {}}, description="Waits."
+    )
     advertise_address: str | None = Field(
         default=None,
         pattern=_HOST_PORT,
         description="host:port clusters use to reach the server; default: the server "
         "Service's LoadBalancer ingress.",
     )
+    pod: PodSettings = Field(
+        default_factory=PodSettings,
+        json_schema_extra={"default": {}},
+        description="Labels, annotations and scheduling of the server pod.",
+    )
+    task: str | None = Field(default=None, description=_REFUSED + " Use app.path.")
+    strategy: dict[str, Any] | None = Field(
+        default=None, description=_REFUSED + " The app picks its strategy (app.runConfig)."
+    )
+    listeners: list[dict[str, Any]] | None = Field(
+        default=None, description=_REFUSED + " Use advertiseAddress."
+    )
+    superlink: str | None = Field(
+        default=None, description=_REFUSED + " The server runs its own SuperLink."
+    )
 
 
 class DataMount(_Model):
-    mount_path: str = Field(default="/data", pattern="^/")
-    read_only: bool = True
+    """Where the cluster's data directory appears in the client pod."""
+
+    mount_path: str = Field(default="/data", pattern="^/", description="Path in the pod.")
+    read_only: bool = Field(default=True, description="Mount it read-only.")
 
 
 class ClusterOverride(_Model):
     """Per-cluster settings, matched by cluster name or ManagedCluster labels; later wins."""
 
-    cluster_name: str | None = Field(default=None, min_length=1)
-    cluster_selector: LabelSelector | None = None
-    env: list[EnvVar] = Field(default_factory=list)
-    resources: Resources | None = None
-    run_config: dict[str, RunConfigValue] = Field(default_factory=dict)
+    cluster_name: str | None = Field(
+        default=None, min_length=1, description="The cluster this override is for."
+    )
+    cluster_selector: LabelSelector | None = Field(
+        default=None, description="Or: the clusters whose labels match."
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra client env.")
+    resources: Resources | None = Field(
+        default=None, description="Client container resources for these clusters."
+    )
+    run_config: dict[str, RunConfigValue] = Field(
+        default_factory=dict,
+        description="Values for these clusters' ClientApps (node config; merged by key).",
+    )
 
 
 class ClientSpec(_Model):
-    image: str = Field(default=constants.WORKLOAD_IMAGE, min_length=1)
-    placement: PlacementSpec = Field(
-        default_factory=PlacementSpec, json_schema_extra={"default": {}}
+    """The clients: one Flower SuperNode per chosen cluster, next to its data."""
+
+    image: str = Field(
+        default=constants.WORKLOAD_IMAGE,
+        min_length=1,
+        description="Client image: must carry the app's dependencies.",
     )
-    data_claim: str = Field(
+    placement: PlacementSpec = Field(
+        default_factory=PlacementSpec,
+        json_schema_extra={"default": {}},
+        description="Which clusters train (an OCM Placement).",
+    )
+    data_claim: str | None = Field(
+        default=None,
         max_length=253,
         pattern=_DNS_SUBDOMAIN,
-        description="ClusterClaim whose value is the data path on each cluster.",
+        description="ClusterClaim whose value is the data path on each cluster. Unset: the "
+        "one ClusterClaim key the placement selects with Exists (said in a condition).",
     )
-    data_mount: DataMount = Field(default_factory=DataMount, json_schema_extra={"default": {}})
-    resources: Resources | None = None
+    data_mount: DataMount = Field(
+        default_factory=DataMount,
+        json_schema_extra={"default": {}},
+        description="Where the data appears in the client pod.",
+    )
+    resources: Resources | None = Field(default=None, description="Client container resources.")
     run_config: dict[str, RunConfigValue] = Field(
-        default_factory=dict, description="Parameters passed to every client."
+        default_factory=dict,
+        description="Values every cluster's ClientApp gets as node config (context.node_config).",
     )
-    overrides: list[ClusterOverride] = Field(default_factory=list)
+    overrides: list[ClusterOverride] = Field(
+        default_factory=list, description="Per-cluster env, resources and node config."
+    )
+    pod: PodSettings = Field(
+        default_factory=PodSettings,
+        json_schema_extra={"default": {}},
+        description="Labels, annotations and scheduling of the client pods.",
+    )
+    supernode: str | None = Field(
+        default=None, description=_REFUSED + " Each client runs its own SuperNode."
+    )
 
 
 class FederatedLearningSpec(_Model):
-    framework: Framework = Framework.FLOWER
-    server: ServerSpec = Field(default_factory=ServerSpec, json_schema_extra={"default": {}})
-    client: ClientSpec
+    """What to train, where, and how."""
+
+    framework: Framework = Field(default=Framework.FLOWER, description="FL framework.")
+    server: ServerSpec = Field(
+        default_factory=ServerSpec,
+        json_schema_extra={"default": {}},
+        description="The server on the hub.",
+    )
+    client: ClientSpec = Field(description="The clients on the chosen clusters.")
 
 
 # --- status --------------------------------------------------------------------------------
 class Condition(_Model):
-    type: str
-    status: ConditionStatus
-    reason: str = Field(pattern="^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
-    message: str = ""
-    last_transition_time: datetime
-    observed_generation: int | None = None
+    """A standard Kubernetes condition."""
+
+    type: str = Field(description="One of the condition types listed above.")
+    status: ConditionStatus = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        pattern="^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", description="Machine-readable cause."
+    )
+    message: str = Field(default="", description="What happened, and the fix when one is needed.")
+    last_transition_time: datetime = Field(description="When the status last changed.")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this condition describes."
+    )
 
 
 class ClusterStatus(_Model):
-    name: str
-    phase: ClusterPhase
-    data_path: str | None = None
-    reason: str = ""
-    samples: int | None = None
-    round: int | None = None
-    loss: float | None = None
-    accuracy: float | None = None
-    last_report_time: datetime | None = None
-    work_applied: bool = False
+    """One chosen cluster."""
+
+    name: str = Field(description="ManagedCluster name.")
+    phase: ClusterPhase = Field(description="Where this cluster stands.")
+    data_path: str | None = Field(default=None, description="Its data directory (claim value).")
+    reason: str = Field(default="", description="Why it is in this phase.")
+    samples: int | None = Field(default=None, description="Samples its client reported.")
+    round: int | None = Field(default=None, description="Last round it reported.")
+    loss: float | None = Field(default=None, description="Its last reported loss.")
+    accuracy: float | None = Field(default=None, description="Its last reported accuracy.")
+    last_report_time: datetime | None = Field(
+        default=None, description="When its agent last reported."
+    )
+    work_applied: bool = Field(
+        default=False, description="Its ManifestWork is applied on the cluster."
+    )
 
 
 class ModelArtifact(_Model):
-    path: str
-    round: int | None = None
-    sha256: str | None = None
-    metrics: dict[str, float] = Field(default_factory=dict)
+    """The final model."""
+
+    path: str = Field(
+        description="Where it is: a hub directory, pvc://claim/file or s3://bucket/key."
+    )
+    round: int | None = Field(default=None, description="Rounds it was trained for.")
+    sha256: str | None = Field(default=None, description="Digest of the model file.")
+    metrics: dict[str, float] = Field(
+        default_factory=dict, description="Its final metrics (the app's names)."
+    )
 
 
 class HistoryEntry(_Model):
     """Metrics of one round on one cluster; cluster "global" is the sample-weighted mean."""
 
-    round: int = Field(ge=0)
-    cluster: str
-    loss: float | None = None
-    accuracy: float | None = None
-    samples: int | None = None
+    round: int = Field(ge=0, description="Round.")
+    cluster: str = Field(description="Cluster name, or global.")
+    loss: float | None = Field(default=None, description="Loss.")
+    accuracy: float | None = Field(default=None, description="Accuracy.")
+    samples: int | None = Field(default=None, description="Samples.")
 
 
 class FederatedLearningStatus(_Model):
-    phase: Phase = Phase.PENDING
-    conditions: list[Condition] = Field(default_factory=list)
-    observed_generation: int | None = None
-    round: int = 0
-    total_rounds: int | None = None
+    """What the controller observed."""
+
+    phase: Phase = Field(default=Phase.PENDING, description="Where the training stands.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions.")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this status describes."
+    )
+    round: int = Field(default=0, description="Rounds done.")
+    total_rounds: int | None = Field(default=None, description="Rounds asked for.")
     clients: str | None = Field(default=None, description="Ready/selected clusters, e.g. 2/3.")
-    accuracy: float | None = None
-    clusters: list[ClusterStatus] = Field(default_factory=list)
-    model: ModelArtifact | None = None
+    accuracy: float | None = Field(
+        default=None, description="Sample-weighted accuracy of the last round."
+    )
+    clusters: list[ClusterStatus] = Field(default_factory=list, description="One row per cluster.")
+    model: ModelArtifact | None = Field(default=None, description="The final model.")
     history: list[HistoryEntry] = Field(
         default_factory=list, description="Per-round metrics per cluster (latest entries)."
     )
-    message: str = ""
+    message: str = Field(default="", description="The phase in words (the failure reason).")
 
 
 class FederatedLearning(_Model):
@@ -415,14 +684,102 @@ def parse_spec(spec: dict[str, Any] | Any, name: str = "") -> FederatedLearningS
     return model
 
 
+def data_claim_of(spec: FederatedLearningSpec) -> tuple[str | None, bool]:
+    """(the data claim, whether it was inferred): spec.client.dataClaim, else the one
+    ClusterClaim key the placement selects with Exists (the incumbent controller's rule)."""
+    if spec.client.data_claim:
+        return spec.client.data_claim, False
+    keys = exists_claim_keys(spec.client.placement)
+    return (keys[0], True) if len(keys) == 1 else (None, False)
+
+
+def exists_claim_keys(placement: PlacementSpec) -> list[str]:
+    """ClusterClaim keys the placement selects with operator Exists, in order, once each."""
+    keys: list[str] = []
+    for predicate in placement.predicates:
+        selector = predicate.required_cluster_selector
+        claims = selector.claim_selector if selector is not None else None
+        for expr in claims.match_expressions if claims is not None else []:
+            if expr.operator == SelectorOperator.EXISTS and expr.key not in keys:
+                keys.append(expr.key)
+    return keys
+
+
+def _refused(spec: FederatedLearningSpec) -> list[str]:
+    """Fields other controllers (or older versions) use, each with its form here."""
+    server, problems = spec.server, []
+    if server.task is not None:
+        problems.append(
+            f"spec.server.task ({server.task}) was removed: name the app instead, "
+            f"spec.server.app.path: {constants.APPS_DIR}/digits (or {constants.APPS_DIR}/tabular "
+            "for breast-cancer)"
+        )
+    if server.strategy is not None:
+        problems.append(
+            "spec.server.strategy was removed: the app chooses its strategy; pass its settings "
+            "in spec.server.app.runConfig (the example digits app reads strategy, proximal-mu, "
+            "fraction-train, fraction-evaluate)"
+        )
+    if server.listeners is not None:
+        problems.append(
+            "spec.server.listeners is not supported: clusters reach the server through its "
+            "LoadBalancer Service; set spec.server.advertiseAddress (host:port) when the hub "
+            "has no load balancer"
+        )
+    if server.superlink is not None:
+        problems.append(
+            "spec.server.superlink is not used: the server runs its own SuperLink behind an "
+            "mTLS gateway; remove it"
+        )
+    if spec.client.supernode is not None:
+        problems.append(
+            "spec.client.supernode is not used: each client runs its own SuperNode; remove it"
+        )
+    return problems
+
+
+def _storage_problems(storage: Storage) -> list[str]:
+    problems = []
+    if storage.claim_name and storage.name and storage.claim_name != storage.name:
+        problems.append(
+            f"spec.server.storage: claimName ({storage.claim_name}) and name ({storage.name}) "
+            "differ: set one of them"
+        )
+    if storage.is_pvc and not storage.claim and not storage.size:
+        problems.append(
+            "spec.server.storage: type PVC needs claimName (an existing claim) or size (the "
+            "controller creates one): set one of them"
+        )
+    if storage.is_s3 and storage.s3 is None:
+        problems.append(
+            f"spec.server.storage: type {storage.type.value} needs s3.bucketName (and "
+            "credentialsSecret unless the server pod has its own identity)"
+        )
+    if storage.s3 is not None and not storage.is_s3:
+        problems.append(
+            f"spec.server.storage.s3 is set but type is {storage.type.value}: set type S3"
+        )
+    if storage.size is not None and not _QUANTITY.match(storage.size):
+        problems.append(
+            f"spec.server.storage.size ({storage.size!r}) is not a Kubernetes quantity: "
+            "write it like 1Gi"
+        )
+    return problems
+
+
 def semantic_problems(spec: FederatedLearningSpec, name: str = "") -> list[str]:
     """Cross-field rules the CRD schema cannot express, each with the fix."""
-    problems: list[str] = []
+    problems: list[str] = _refused(spec)
     server, client = spec.server, spec.client
     if len(name) > 63:
         problems.append(
             f"metadata.name is {len(name)} characters; labels on everything the resource "
             "creates carry it, so it must be at most 63: use a shorter name"
+        )
+    if server.app is None and server.task is None:
+        problems.append(
+            "spec.server.app.path is required: the Flower app directory inside "
+            f"spec.server.image, e.g. {constants.APPS_DIR}/digits"
         )
     n = client.placement.number_of_clusters
     if n is not None and server.min_available_clients > n:
@@ -431,26 +788,27 @@ def semantic_problems(spec: FederatedLearningSpec, name: str = "") -> list[str]:
             f"spec.client.placement.numberOfClusters ({n}): lower minAvailableClients or raise "
             "numberOfClusters"
         )
-    if server.strategy.name == StrategyName.FEDPROX and not server.strategy.params.proximal_mu:
+    problems += _storage_problems(server.storage)
+    if client.data_claim is None and data_claim_of(spec)[0] is None:
+        keys = exists_claim_keys(client.placement)
         problems.append(
-            "spec.server.strategy.params.proximalMu must be set above 0 when strategy.name is "
-            "fedprox: set it (e.g. 0.01) or use strategy fedavg"
-        )
-    storage = server.storage
-    if storage.type == StorageType.PVC and not storage.claim_name and not storage.size:
-        problems.append(
-            "spec.server.storage: type PVC needs claimName (an existing claim) or size (the "
-            "controller creates one): set one of them"
-        )
-    if storage.size is not None and not _QUANTITY.match(storage.size):
-        problems.append(
-            f"spec.server.storage.size ({storage.size!r}) is not a Kubernetes quantity: "
-            "write it like 1Gi"
+            "spec.client.dataClaim is required: the ClusterClaim whose value is each "
+            "cluster's data directory (it can be left out only when the placement selects "
+            f"exactly one ClusterClaim key with Exists; it selects {len(keys)}"
+            + (f": {', '.join(keys)}" if keys else "")
+            + ")"
         )
     for i, override in enumerate(client.overrides):
         if (override.cluster_name is None) == (override.cluster_selector is None):
             problems.append(
                 f"spec.client.overrides[{i}]: set exactly one of clusterName or clusterSelector"
+            )
+    for side, pod in (("server", server.pod), ("client", client.pod)):
+        ours = sorted(k for k in pod.labels if k.startswith(constants.LABEL_PREFIX))
+        if ours:
+            problems.append(
+                f"spec.{side}.pod.labels {ours}: the {constants.LABEL_PREFIX}/ prefix belongs "
+                "to the controller; use another prefix"
             )
     if client.data_mount.mount_path in {"/", "/etc", "/etc/ocm-fl"}:
         problems.append(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class ClusterInfo:
     name: str
     claims: Mapping[str, str] = field(default_factory=dict)
     labels: Mapping[str, str] = field(default_factory=dict)
+    accepted: bool = False  # the hub accepts it and it is not being deleted
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,12 @@ def cluster_info(managed_cluster: Mapping[str, Any]) -> ClusterInfo:
         for c in status.get("clusterClaims") or []
         if c.get("name")
     }
-    return ClusterInfo(name=str(meta["name"]), claims=claims, labels=dict(meta.get("labels") or {}))
+    return ClusterInfo(
+        name=str(meta["name"]),
+        claims=claims,
+        labels=dict(meta.get("labels") or {}),
+        accepted=is_accepted(managed_cluster),
+    )
 
 
 def decision_clusters(decision: Mapping[str, Any]) -> tuple[str, ...]:
@@ -97,8 +103,55 @@ def resolve_clusters(
     return out
 
 
-def is_accepted(managed_cluster: dict[str, Any]) -> bool:
-    """Pure: the hub accepts this ManagedCluster and it is not being deleted."""
+def is_accepted(managed_cluster: Mapping[str, Any]) -> bool:
+    """The hub accepts this ManagedCluster and it is not being deleted."""
     meta = managed_cluster.get("metadata") or {}
     spec = managed_cluster.get("spec") or {}
     return bool(spec.get("hubAcceptsClient")) and not meta.get("deletionTimestamp")
+
+
+# --- addon membership ----------------------------------------------------------------------
+class Registry(Protocol):
+    """Answers whether a cluster is a member of the addon (may report, may get a certificate)."""
+
+    def is_registered(self, cluster: str) -> bool: ...
+
+    def registered(self) -> set[str]: ...
+
+
+class AddonMembers:
+    """Addon membership read from the hub process's kopf indexes (no API call): the
+    ManagedClusters (`ClusterInfo` by name) and the addon's ManagedClusterAddOns (by cluster
+    namespace). The indexes are live, so one instance serves for the process's life."""
+
+    def __init__(
+        self, clusters: Mapping[str, Iterable[ClusterInfo]], addons: Mapping[str, Iterable[Any]]
+    ) -> None:
+        self._clusters = clusters
+        self._addons = addons
+
+    def is_registered(self, cluster: str) -> bool:
+        accepted = any(info.accepted for info in self._clusters.get(cluster, ()))
+        return accepted and bool(list(self._addons.get(cluster, ())))
+
+    def registered(self) -> set[str]:
+        return {c for c in list(self._clusters.keys()) if self.is_registered(c)}
+
+
+class StaticMembers:
+    """A fixed, editable set of member clusters (tests, benchmarks)."""
+
+    def __init__(self, clusters: Iterable[str] = ()) -> None:
+        self.clusters: set[str] = set(clusters)
+
+    def is_registered(self, cluster: str) -> bool:
+        return cluster in self.clusters
+
+    def registered(self) -> set[str]:
+        return set(self.clusters)
+
+    def add(self, cluster: str) -> None:
+        self.clusters.add(cluster)
+
+    def remove(self, cluster: str) -> None:
+        self.clusters.discard(cluster)

@@ -1,111 +1,111 @@
-"""Per-cluster agent reports, as the controller's status fold reads them.
+"""What the hub knows from one cluster's agent about one FederatedLearning run.
 
-The aggregator (hub_controller.aggregator) keeps the latest state per (resource, cluster) in
-its `ReportStore`; anything with the same `snapshot(namespace, name)` read side works here
-(`ReportSource`), so the controller does not depend on protobufs or gRPC.
-`hub_controller.operator.handlers.apply_status_reports` installs the source the fold uses.
+The aggregator folds validated report messages into a `ClusterReport` per (run, cluster) in
+its store; the operator's status fold reads them through `ReportSource`. A run is one
+resource's life: reports are keyed by the resource's uid, so a resource re-created under the
+same name starts with no reports.
 """
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping
+import datetime as dt
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol
 
-
-class RoundRowView(Protocol):
-    """One step (fit or evaluate) of one round on one cluster."""
-
-    @property
-    def round(self) -> int: ...
-    @property
-    def phase(self) -> str: ...  # fit | evaluate
-    @property
-    def loss(self) -> float | None: ...
-    @property
-    def accuracy(self) -> float | None: ...
-    @property
-    def samples(self) -> int: ...
-
-
-class ClusterReportView(Protocol):
-    """What the fold reads from one cluster's latest report."""
-
-    @property
-    def cluster(self) -> str: ...
-    @property
-    def phase(self) -> str: ...  # Pending | Running | Succeeded | Failed (agent's view)
-    @property
-    def round(self) -> int: ...
-    @property
-    def last_report_time(self) -> datetime: ...
-    @property
-    def samples(self) -> int | None: ...
-    @property
-    def loss(self) -> float | None: ...
-    @property
-    def accuracy(self) -> float | None: ...
-    @property
-    def rounds(self) -> Mapping[tuple[int, str], RoundRowView]: ...
-
-
-class ReportSource(Protocol):
-    """Read side of the aggregator's report state (its ReportStore satisfies it)."""
-
-    def snapshot(self, namespace: str, name: str) -> Mapping[str, ClusterReportView]:
-        """Latest report per cluster for one FederatedLearning resource."""
-        ...
-
-
-@dataclass(frozen=True)
-class Report:
-    """A plain ClusterReportView (tests, and feeding reports in-process)."""
-
-    cluster: str
-    last_report_time: datetime
-    phase: str = "Running"
-    round: int = 0
-    samples: int | None = None
-    loss: float | None = None
-    accuracy: float | None = None
-    rounds: Mapping[tuple[int, str], RoundRow] = field(default_factory=dict)
+_PHASE_ORDER = {"fit": 0, "evaluate": 1}
 
 
 @dataclass(frozen=True)
 class RoundRow:
-    """A plain RoundRowView."""
+    """Local metrics of one step (fit or evaluate) of one round on one cluster."""
 
     round: int
-    phase: str = "evaluate"
+    phase: str = "evaluate"  # fit | evaluate
     loss: float | None = None
     accuracy: float | None = None
     samples: int = 0
+    duration_s: float = 0.0
 
 
-class InMemoryReports:
-    """Thread-safe ReportSource holding `Report`s: put from anywhere, snapshot to read."""
+@dataclass
+class ClusterReport:
+    """The latest state of one cluster's client of one run, plus its per-round rows."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._data: dict[tuple[str, str], dict[str, Report]] = {}
+    cluster: str
+    fl_uid: str
+    last_report_time: dt.datetime
+    phase: str = "Pending"  # Pending | Running | Succeeded | Failed (the agent's view)
+    round: int = 0
+    agent_version: str = ""
+    final: bool = False
+    sample_count: int | None = None
+    label_histogram: dict[str, int] = field(default_factory=dict)
+    rounds: dict[tuple[int, str], RoundRow] = field(default_factory=dict)
+    reports: int = 0
+    # (round, phase order) and value of the latest row carrying loss / accuracy
+    _latest: dict[str, tuple[tuple[int, int], float]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
-    def put(self, namespace: str, name: str, report: Report) -> None:
-        """Keep `report` unless a newer one for the same cluster is already stored."""
-        with self._lock:
-            per_cluster = self._data.setdefault((namespace, name), {})
-            current = per_cluster.get(report.cluster)
-            if current is None or current.last_report_time <= report.last_report_time:
-                per_cluster[report.cluster] = report
+    def add_row(self, row: RoundRow) -> None:
+        """Keep `row` (a repeated round and phase replaces the earlier one)."""
+        self.rounds[(row.round, row.phase)] = row
+        self.round = max(self.round, row.round)
+        order = (row.round, _PHASE_ORDER.get(row.phase, 9))
+        for what in ("loss", "accuracy"):
+            value: float | None = getattr(row, what)
+            best = self._latest.get(what)
+            if value is not None and (best is None or order >= best[0]):
+                self._latest[what] = (order, value)
 
-    def snapshot(self, namespace: str, name: str) -> Mapping[str, Report]:
-        with self._lock:
-            return dict(self._data.get((namespace, name), {}))
+    def _latest_value(self, what: str) -> float | None:
+        """The last round's evaluate value, else its fit value, of loss or accuracy."""
+        best = self._latest.get(what)
+        return best[1] if best else None
+
+    @property
+    def loss(self) -> float | None:
+        return self._latest_value("loss")
+
+    @property
+    def accuracy(self) -> float | None:
+        return self._latest_value("accuracy")
+
+    @property
+    def samples(self) -> int | None:
+        """Local training samples: the data summary when sent, else the last fit row's."""
+        if self.sample_count is not None:
+            return self.sample_count
+        fits = [r for r in self.rounds.values() if r.phase == "fit"]
+        return max(fits, key=lambda r: r.round).samples if fits else None
+
+
+class ReportSource(Protocol):
+    """Read side of the reports (the aggregator's ReportStore is one)."""
+
+    def snapshot(self, uid: str) -> Mapping[str, ClusterReport]:
+        """Latest report per cluster for the run of the resource with this uid."""
+        ...
+
+    def subscribe(self, uid: str, callback: Callable[[], object]) -> Callable[[], None]:
+        """Call `callback()` (from any thread) after each new report of that run; returns
+        the unsubscriber."""
+        ...
+
+    def forget(self, uid: str) -> None:
+        """Drop a run's reports (its resource is gone)."""
+        ...
 
 
 class NoReports:
-    """The ReportSource used until an aggregator is attached."""
+    """The ReportSource of a hub that runs no aggregator (`ocm-fl-hub --no-aggregator`)."""
 
-    def snapshot(self, namespace: str, name: str) -> Mapping[str, ClusterReportView]:
+    def snapshot(self, uid: str) -> Mapping[str, ClusterReport]:
         return {}
+
+    def subscribe(self, uid: str, callback: Callable[[], object]) -> Callable[[], None]:
+        return lambda: None
+
+    def forget(self, uid: str) -> None:
+        return None

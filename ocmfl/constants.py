@@ -27,9 +27,12 @@ LABEL_PREFIX: Final = "federated-learning.open-cluster-management.io"
 LABEL_OWNER_NAME: Final = f"{LABEL_PREFIX}/name"
 LABEL_OWNER_NAMESPACE: Final = f"{LABEL_PREFIX}/namespace"
 LABEL_OWNER_UID: Final = f"{LABEL_PREFIX}/uid"
-LABEL_COMPONENT: Final = f"{LABEL_PREFIX}/component"  # "server" | "client" | "proxy"
+LABEL_COMPONENT: Final = f"{LABEL_PREFIX}/component"  # "server" | "client" | "placement"
 LABEL_CLUSTER: Final = f"{LABEL_PREFIX}/cluster"
 FINALIZER: Final = f"{LABEL_PREFIX}/cleanup"
+# OCM's labels on an addon agent's CertificateSigningRequest.
+LABEL_OCM_CLUSTER_NAME: Final = "open-cluster-management.io/cluster-name"
+LABEL_OCM_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
 
 # --- identities ----------------------------------------------------------------------------
 # Signer name for agent client certificates (OCM CustomSigner registration and our own CSR
@@ -43,7 +46,6 @@ CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
 IMAGE_REGISTRY: Final = "quay.io/ocm-fl"
 WORKLOAD_IMAGE: Final = f"{IMAGE_REGISTRY}/workload:0.1.0"  # Flower + torch: server and client
 ADDON_IMAGE: Final = f"{IMAGE_REGISTRY}/addon:0.1.0"  # hub controller, aggregator and agent
-PROXY_IMAGE: Final = f"{IMAGE_REGISTRY}/proxy:0.1.0"  # nginx mTLS terminator for the Fleet API
 
 # --- ports ---------------------------------------------------------------------------------
 AGGREGATOR_PORT: Final = 9443  # hub: agent -> aggregator gRPC over mTLS
@@ -62,6 +64,16 @@ ENV_DATA_DIR: Final = "OCMFL_DATA_DIR"
 ENV_FL_NAME: Final = "OCMFL_FL_NAME"
 ENV_FL_NAMESPACE: Final = "OCMFL_FL_NAMESPACE"
 ENV_FL_UID: Final = "OCMFL_FL_UID"
+# Server side: what `ocm-fl-server` tells the app's ServerApp (workloads.sdk reads them; Flower's
+# run config only takes keys the app declares, so the platform's own settings travel as env).
+ENV_STORAGE: Final = "OCMFL_STORAGE"  # model store: absolute directory or s3://bucket/prefix
+ENV_INIT_MODEL: Final = "OCMFL_INIT_MODEL"  # starting model: path inside the store, or absolute
+ENV_ROUNDS: Final = "OCMFL_ROUNDS"  # rounds the resource asks for (spec.server.rounds)
+ENV_MIN_CLIENTS: Final = "OCMFL_MIN_CLIENTS"  # successful results a round needs
+ENV_ROUND_TIMEOUT: Final = "OCMFL_ROUND_TIMEOUT"  # seconds a round waits for replies
+ENV_NODE_NAMES: Final = "OCMFL_NODE_NAMES"  # JSON file {cluster: node id} the launcher keeps
+# Where apps live in the project's images (examples/apps is copied here; the local node maps it).
+APPS_DIR: Final = "/opt/ocm-fl/apps"
 
 # --- deployment: Helm chart (hub) and AddOnTemplate (agent) --------------------------------
 # OCM's template addon mounts the CustomSigner client cert (tls.crt, tls.key; no CA) here.

@@ -187,6 +187,21 @@ def _key_id(key: PrivateKey) -> x509.SubjectKeyIdentifier:
     return x509.SubjectKeyIdentifier.from_public_key(key.public_key())
 
 
+def _key_usage(*, ca: bool) -> x509.KeyUsage:
+    """A CA signs certificates and CRLs; a leaf signs and (RSA) enciphers keys."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=not ca,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=ca,
+        crl_sign=ca,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def create_ca(
     common_name: str = "ocm-fl-ca",
     *,
@@ -207,20 +222,7 @@ def create_ca(
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(now + lifetime)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=True), critical=True)
         .add_extension(_key_id(key), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -268,20 +270,7 @@ def _leaf_builder(
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=True,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(ca=False), critical=True)
         .add_extension(
             x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key()),
             critical=False,
@@ -315,6 +304,30 @@ def sign_csr(
     return builder.sign(ca.key, hashes.SHA256())
 
 
+def issue_cert(
+    ca: CertAndKey,
+    subject: x509.Name,
+    *,
+    client: bool = False,
+    server: bool = False,
+    dns_names: Sequence[str] = (),
+    ip_addresses: Sequence[str] = (),
+    lifetime: dt.timedelta = DEFAULT_CLIENT_LIFETIME,
+    now: dt.datetime | None = None,
+    key_kind: KeyKind = "ec",
+) -> CertAndKey:
+    """A fresh key and a certificate for it, signed by `ca`, with SANs when given."""
+    key = generate_key(key_kind)
+    builder = _leaf_builder(
+        subject, key.public_key(), ca, lifetime=lifetime, now=now, client=client, server=server
+    )
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
+    if sans:
+        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+    return CertAndKey(builder.sign(ca.key, hashes.SHA256()), key)
+
+
 def issue_client_cert(
     cluster: str,
     ca: CertAndKey,
@@ -324,17 +337,9 @@ def issue_client_cert(
     key_kind: KeyKind = "ec",
 ) -> CertAndKey:
     """A fresh key and client certificate for `cluster` (test and bootstrap helper)."""
-    key = generate_key(key_kind)
-    cert = _leaf_builder(
-        cluster_subject(cluster),
-        key.public_key(),
-        ca,
-        lifetime=lifetime,
-        now=now,
-        client=True,
-        server=False,
-    ).sign(ca.key, hashes.SHA256())
-    return CertAndKey(cert, key)
+    return issue_cert_for_subject(
+        cluster_subject(cluster), ca, lifetime=lifetime, now=now, key_kind=key_kind
+    )
 
 
 def issue_cert_for_subject(
@@ -346,17 +351,7 @@ def issue_cert_for_subject(
     key_kind: KeyKind = "ec",
 ) -> CertAndKey:
     """A client certificate with an arbitrary subject (e.g. an OCM addon identity)."""
-    key = generate_key(key_kind)
-    cert = _leaf_builder(
-        subject,
-        key.public_key(),
-        ca,
-        lifetime=lifetime,
-        now=now,
-        client=True,
-        server=False,
-    ).sign(ca.key, hashes.SHA256())
-    return CertAndKey(cert, key)
+    return issue_cert(ca, subject, client=True, lifetime=lifetime, now=now, key_kind=key_kind)
 
 
 def issue_server_cert(
@@ -373,24 +368,18 @@ def issue_server_cert(
     """A server certificate with DNS and IP SANs (for the aggregator, proxies, Flower)."""
     if not dns_names and not ip_addresses:
         raise ValueError("a server certificate needs at least one SAN")
-    key = generate_key(key_kind)
     cn = common_name or (dns_names[0] if dns_names else ip_addresses[0])
-    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
-    sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
-    cert = (
-        _leaf_builder(
-            x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]),
-            key.public_key(),
-            ca,
-            lifetime=lifetime,
-            now=now,
-            client=client_auth,
-            server=True,
-        )
-        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
-        .sign(ca.key, hashes.SHA256())
+    return issue_cert(
+        ca,
+        x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]),
+        client=client_auth,
+        server=True,
+        dns_names=dns_names,
+        ip_addresses=ip_addresses,
+        lifetime=lifetime,
+        now=now,
+        key_kind=key_kind,
     )
-    return CertAndKey(cert, key)
 
 
 def verify_issued_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:

@@ -1,7 +1,8 @@
 """Status reports: validation and enum names, shared by the agent and the hub aggregator.
 
 Protobuf stays at this edge: the agent builds `Report` messages, the hub validates them
-with `validate_report` and turns them into domain rows (hub_controller.aggregator.store).
+with `validate_report` and folds them into its report store (hub_controller.aggregator.store),
+keyed by `fl_uid`: a report must name the run (the resource's uid) it belongs to.
 """
 
 from __future__ import annotations
@@ -91,8 +92,8 @@ def validate_report(report: report_pb2.Report, now: dt.datetime | None = None) -
         raise ReportInvalid("fl_namespace", "must be a namespace name (RFC 1123 label)")
     if not is_valid_object_name(report.fl_name):
         raise ReportInvalid("fl_name", "must be an object name (RFC 1123 subdomain)")
-    if report.fl_uid and not _UID.match(report.fl_uid):
-        raise ReportInvalid("fl_uid", "must be a UID")
+    if not _UID.match(report.fl_uid):
+        raise ReportInvalid("fl_uid", "must be the FederatedLearning's metadata.uid")
     if report.client_phase not in CLIENT_PHASE_NAMES or not report.client_phase:
         raise ReportInvalid("client_phase", "must be a known phase other than UNSPECIFIED")
     if report.round > MAX_ROUND:

@@ -2,8 +2,11 @@
 
     ocm-fl status NAME [-n NS] [--context CTX] [--kubeconfig F]   header and one row per cluster
     ocm-fl watch NAME [--timeout S]      the same live, until Completed (exit 0) / Failed (exit 1)
-    ocm-fl plot NAME -o metrics.png      loss and accuracy per round per cluster (status.history)
+    ocm-fl plot NAME -f metrics.png      loss and accuracy per round per cluster (status.history)
     ocm-fl model NAME                    where the trained model is (exit 1 when none yet)
+
+Every command takes `-o json` (for scripts); the default text output is a table on a
+terminal and plain key=value lines otherwise (logs and pipes: nothing wraps).
 
 Everything is read from the resource through the Kubernetes API (any kubeconfig and
 context; the namespace defaults to the context's). Rendering lives in
@@ -16,15 +19,18 @@ Exit codes: 0 ok; 1 the answer is "not (yet)": Failed, timed out, no model, no h
 
 from __future__ import annotations
 
-import contextlib
+import inspect
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, Protocol
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from ocmfl import constants
@@ -32,9 +38,9 @@ from ocmfl_cli import dashboard
 
 EXIT_NOT_YET = 1
 EXIT_UNREACHABLE = 2
+EXIT_USAGE = 2  # as click's own usage errors
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_CHUNK_SECONDS = 300  # one watch request at most this long, then resumed
-CONNECT_TIMEOUT_SECONDS = 10
 PIPE_WIDTH = 200  # output width when stdout is not a terminal (rich would use 80)
 
 app = typer.Typer(
@@ -77,122 +83,78 @@ class Source(Protocol):
 
 
 class KubeSource:
-    """Source over the kubernetes client (CustomObjectsApi)."""
+    """Source over the project's Kubernetes layer (ocmfl.kube)."""
 
     def __init__(self, kubeconfig: str | None, context: str | None) -> None:
-        from kubernetes import client, config
+        from kubernetes import config
 
-        self._server = "?"
+        from ocmfl.kube import Kube
+
         try:
-            api_client = config.new_client_from_config(  # type: ignore[no-untyped-call]
-                config_file=kubeconfig, context=context
-            )
+            self._kube = Kube(kubeconfig, context=context, field_manager="ocm-fl-cli")
+        except (config.ConfigException, OSError) as e:
+            raise CliError(f"cannot load {kubeconfig or 'the default kubeconfig'}: {e}") from e
+        try:
             self._namespace = _context_namespace(kubeconfig, context)
-        except config.ConfigException as e:
-            if kubeconfig is not None or context is not None or not SA_NAMESPACE_FILE.exists():
-                where = kubeconfig or "the default kubeconfig"
-                raise CliError(f"cannot load {where}: {e}") from e
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            api_client = client.ApiClient()
-            self._namespace = SA_NAMESPACE_FILE.read_text().strip() or "default"
-        self._server = str(api_client.configuration.host)
-        self._api = client.CustomObjectsApi(api_client)
+        except config.ConfigException:  # in a pod, with the service account
+            ns = SA_NAMESPACE_FILE.read_text().strip() if SA_NAMESPACE_FILE.exists() else ""
+            self._namespace = ns or "default"
+        self._server = self._kube.host
 
     @property
     def namespace(self) -> str:
         return self._namespace
 
-    def _call(self, name: str, namespace: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
+    @staticmethod
+    def _collection(namespace: str) -> str:
+        from ocmfl.kube import path_of
 
-        try:
-            return fn(*args, **kwargs)
-        except ApiException as e:
-            if e.status == 404:
-                raise NotFoundError(name, namespace) from e
-            raise CliError(_api_error(e, self._server)) from e
-        except (HTTPError, OSError) as e:
-            raise CliError(f"cannot reach the Kubernetes API at {self._server}: {e}") from e
+        return path_of(constants.API_VERSION, constants.KIND, namespace)
+
+    def _error(self, e: Any) -> CliError:
+        if not e.status:
+            return CliError(f"cannot reach the Kubernetes API at {self._server}: {e}")
+        return CliError(
+            f"Kubernetes API at {self._server} answered {e.status} {e.reason}"
+            + (f": {e.message}" if e.message else "")
+        )
 
     def get(self, name: str, namespace: str) -> dict[str, Any]:
-        obj: dict[str, Any] = self._call(
-            name,
-            namespace,
-            self._api.get_namespaced_custom_object,
-            constants.GROUP,
-            constants.VERSION,
-            namespace,
-            constants.PLURAL,
-            name,
-            _request_timeout=(CONNECT_TIMEOUT_SECONDS, 60),
-        )
+        from ocmfl.kube import KubeError
+
+        try:
+            obj = self._kube.get(f"{self._collection(namespace)}/{name}")
+        except KubeError as e:
+            raise self._error(e) from e
+        if obj is None:
+            raise NotFoundError(name, namespace)
         return obj
 
     def watch(self, name: str, namespace: str, timeout: float | None) -> Iterator[dict[str, Any]]:
-        from kubernetes import watch
+        from ocmfl.kube import LIST, KubeError, list_watch
 
         deadline = None if timeout is None else time.monotonic() + timeout
-        obj = self.get(name, namespace)
-        yield obj
-        rv = str(obj["metadata"]["resourceVersion"])
-        while True:
-            left = WATCH_CHUNK_SECONDS if deadline is None else deadline - time.monotonic()
-            if left <= 0:
-                return
-            chunk = max(1, min(WATCH_CHUNK_SECONDS, int(left + 0.999)))
-            stream = watch.Watch()  # type: ignore[no-untyped-call]
-            events = stream.stream(  # type: ignore[no-untyped-call]
-                self._api.list_namespaced_custom_object,
-                constants.GROUP,
-                constants.VERSION,
-                namespace,
-                constants.PLURAL,
-                field_selector=f"metadata.name={name}",
-                resource_version=rv,
-                timeout_seconds=chunk,
-                _request_timeout=(CONNECT_TIMEOUT_SECONDS, chunk + 30),
-            )
-            try:
-                for event in self._events(name, namespace, events):
-                    if event["type"] == "DELETED":
+        events = list_watch(
+            self._kube,
+            self._collection(namespace),
+            query={"fieldSelector": f"metadata.name={name}"},
+            deadline=deadline,
+            chunk_seconds=WATCH_CHUNK_SECONDS,
+            relist_on_error=False,
+        )
+        try:
+            for etype, obj in events:
+                if etype == LIST:
+                    items = obj.get("items") or []
+                    if not items:
                         raise NotFoundError(name, namespace)
-                    if event["type"] in ("ADDED", "MODIFIED"):
-                        rv = str(event["object"]["metadata"]["resourceVersion"])
-                        yield event["object"]
-            except _Expired:  # resourceVersion too old: read the object again
-                obj = self.get(name, namespace)
-                rv = str(obj["metadata"]["resourceVersion"])
-                yield obj
-
-    def _events(self, name: str, namespace: str, events: Any) -> Iterator[dict[str, Any]]:
-        from kubernetes.client.exceptions import ApiException
-
-        it = iter(events)
-        while True:
-            try:
-                event: dict[str, Any] = self._call(name, namespace, next, it)
-            except StopIteration:
-                return
-            except CliError as e:
-                cause = e.__cause__
-                if isinstance(cause, ApiException) and cause.status == 410:
-                    raise _Expired from e
-                raise
-            yield event
-
-
-class _Expired(Exception):
-    pass
-
-
-def _api_error(e: Any, server: str) -> str:
-    message = ""
-    with contextlib.suppress(TypeError, ValueError, AttributeError):
-        message = str(json.loads(e.body).get("message") or "")
-    return f"Kubernetes API at {server} answered {e.status} {e.reason}" + (
-        f": {message}" if message else ""
-    )
+                    yield items[0]
+                elif etype == "DELETED":
+                    raise NotFoundError(name, namespace)
+                else:
+                    yield obj
+        except KubeError as e:
+            raise self._error(e) from e
 
 
 def _context_namespace(kubeconfig: str | None, context: str | None) -> str:
@@ -224,7 +186,21 @@ KubeconfigOpt = Annotated[
     str | None,
     typer.Option("--kubeconfig", help="kubeconfig file [default: $KUBECONFIG, ~/.kube/config]"),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+
+
+class Output(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+OutputOpt = Annotated[
+    Output,
+    typer.Option(
+        "--output",
+        "-o",
+        help="text: a table on a terminal, plain key=value lines otherwise; json: for scripts",
+    ),
+]
 
 
 def _print(renderable: Any) -> None:
@@ -235,81 +211,141 @@ def _print(renderable: Any) -> None:
     out.print(renderable, soft_wrap=isinstance(renderable, Text))
 
 
+def _status_json(fl: dashboard.FL) -> dict[str, Any]:
+    return {
+        **dashboard.summary(fl),
+        "conditions": dashboard.problem_conditions(fl),
+        "clusters": dashboard.cluster_rows(fl),
+    }
+
+
+def _echo_json(data: Any, indent: int | None = 2) -> None:
+    typer.echo(json.dumps(data, indent=indent))
+
+
+def _echo_lines(lines: list[str]) -> None:
+    for line in lines:
+        typer.echo(line)
+
+
 def _fail(message: str, code: int) -> typer.Exit:
-    err_console.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+    # The message is text, not markup: "[cli]" or an API error's brackets must print as is.
+    err_console.print(f"[red]error:[/red] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
-def _open(kubeconfig: str | None, context: str | None, namespace: str | None) -> tuple[Source, str]:
-    try:
-        source = connect(kubeconfig, context)
-        return source, namespace or source.namespace
-    except CliError as e:
-        raise _fail(str(e), EXIT_UNREACHABLE) from e
+@dataclass(frozen=True)
+class Target:
+    """What every command gets: the resource (NAME, -n, --context, --kubeconfig) and how to
+    answer (-o)."""
+
+    name: str
+    namespace: str | None = None
+    context: str | None = None
+    kubeconfig: str | None = None
+    output: Output = Output.TEXT
+
+    @property
+    def json(self) -> bool:
+        return self.output == Output.JSON
+
+    def open(self) -> tuple[Source, str]:
+        """The door to the cluster and the resource's namespace."""
+        try:
+            source = connect(self.kubeconfig, self.context)
+            return source, self.namespace or source.namespace
+        except CliError as e:
+            raise _fail(str(e), EXIT_UNREACHABLE) from e
+
+    def get(self) -> dict[str, Any]:
+        """The resource now."""
+        source, ns = self.open()
+        try:
+            return source.get(self.name, ns)
+        except CliError as e:
+            raise _fail(str(e), EXIT_UNREACHABLE) from e
 
 
-def _get(
-    name: str, namespace: str | None, kubeconfig: str | None, context: str | None
-) -> dict[str, Any]:
-    source, ns = _open(kubeconfig, context, namespace)
-    try:
-        return source.get(name, ns)
-    except CliError as e:
-        raise _fail(str(e), EXIT_UNREACHABLE) from e
+_KW = inspect.Parameter.KEYWORD_ONLY
+_TARGET = [
+    inspect.Parameter("name", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=NameArg),
+    inspect.Parameter("namespace", _KW, default=None, annotation=NamespaceOpt),
+    inspect.Parameter("context", _KW, default=None, annotation=ContextOpt),
+    inspect.Parameter("kubeconfig", _KW, default=None, annotation=KubeconfigOpt),
+    inspect.Parameter("output", _KW, default=Output.TEXT, annotation=OutputOpt),
+]
 
 
-@app.command()
-def status(
-    name: NameArg,
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+def command(fn: Callable[..., None]) -> Callable[..., None]:
+    """Register `fn(target, **own_options)` as the command of its name: typer sees NAME, its
+    own options and the options every command takes, and `fn` gets the latter as a Target."""
+    own = list(inspect.signature(fn, eval_str=True).parameters.values())[1:]
+
+    def run(**kwargs: Any) -> None:
+        target = Target(**{p.name: kwargs.pop(p.name) for p in _TARGET})
+        fn(target, **kwargs)
+
+    run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+    run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [_TARGET[0], *(p.replace(kind=_KW) for p in own), *_TARGET[1:]]
+    )
+    app.command(fn.__name__.removesuffix("_cmd"))(run)
+    return fn
+
+
+@command
+def status(target: Target) -> None:
     """Phase, round/totalRounds, clients, accuracy, failing conditions, one row per cluster."""
-    fl = _get(name, namespace, kubeconfig, context)
-    if as_json:
-        out = {
-            **dashboard.summary(fl),
-            "conditions": dashboard.problem_conditions(fl),
-            "clusters": dashboard.cluster_rows(fl),
-        }
-        typer.echo(json.dumps(out, indent=2))
-        return
-    _print(dashboard.render_dashboard(fl))
+    fl = target.get()
+    if target.json:
+        _echo_json(_status_json(fl))
+    elif console.is_terminal:
+        console.print(dashboard.render_dashboard(fl))
+    else:
+        _echo_lines(dashboard.plain_lines(fl))
 
 
-@app.command()
+@command
 def watch(
-    name: NameArg,
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
+    target: Target,
     timeout: Annotated[
         float | None,
         typer.Option("--timeout", min=0, help="give up after this many seconds (exit 1)"),
     ] = None,
 ) -> None:
-    """Follow the resource live until Completed (exit 0) or Failed (exit 1)."""
+    """Follow the resource until its run ends: Completed (exit 0) or Failed (exit 1).
+
+    On a terminal, a live dashboard; otherwise one summary line per change and the final
+    status as plain lines; with `-o json`, one JSON object per change."""
     from rich.live import Live
 
-    source, ns = _open(kubeconfig, context, namespace)
-    view = dashboard.LiveView({"metadata": {"name": name, "namespace": ns}})
+    source, ns = target.open()
+    view = dashboard.LiveView({"metadata": {"name": target.name, "namespace": ns}})
 
-    def follow(refresh: Callable[[], None]) -> None:
-        for fl in source.watch(name, ns, timeout):
+    def follow(show: Callable[[], None]) -> None:
+        for fl in source.watch(target.name, ns, timeout):
             view.fl = fl
-            refresh()
-            if dashboard.phase(fl) in dashboard.TERMINAL_PHASES:
+            show()
+            if dashboard.finished(fl):
                 return
 
     try:
-        if console.is_terminal:
+        if target.json:
+            follow(lambda: _echo_json(_status_json(view.fl), indent=None))
+        elif console.is_terminal:
             with Live(view, console=console, refresh_per_second=1) as live:
                 follow(live.refresh)
-        else:  # piped: no cursor tricks, print the final state once
-            follow(lambda: None)
-            _print(view)
+        else:
+            lines: list[str] = []
+
+            def log_change() -> None:
+                line = dashboard.summary_line(view.fl)
+                if not lines or lines[-1] != line:
+                    lines.append(line)
+                    typer.echo(line)
+
+            follow(log_change)
+            _echo_lines(dashboard.plain_lines(view.fl)[1:])
     except CliError as e:
         raise _fail(str(e), EXIT_UNREACHABLE) from e
     last = dashboard.summary(view.fl)
@@ -324,33 +360,43 @@ def watch(
     )
 
 
-@app.command("plot")
-def plot_cmd(
-    name: NameArg,
-    out: Annotated[Path, typer.Option("--output", "-o", help="image file (.png, .svg, .pdf)")],
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
+@command
+def plot(
+    target: Target,
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", help="image file to write (.png, .svg, .pdf)"),
+    ] = None,
 ) -> None:
-    """Loss and accuracy per round per cluster (from status.history), written to a file."""
-    fl = _get(name, namespace, kubeconfig, context)
+    """Loss and accuracy per round per cluster (from status.history): an image (--file),
+    and with `-o json` the same series as JSON."""
+    if file is None and not target.json:
+        raise _fail("give --file PATH for the image, or -o json for the numbers", EXIT_USAGE)
+    fl = target.get()
+    written = None
     try:
-        written = dashboard.plot_history(fl, out)
+        if file is not None:
+            written = dashboard.plot_history(fl, file)
+        elif not any(dashboard.history_series(fl).values()):
+            raise dashboard.NoHistoryError(f"no per-round metrics yet: {dashboard.summary(fl)}")
     except dashboard.NoHistoryError as e:
         raise _fail(str(e), EXIT_NOT_YET) from e
-    console.print(f"wrote {written}", highlight=False)
+    except ModuleNotFoundError as e:  # an install without the `cli` extra's matplotlib
+        raise _fail(
+            f"ocm-fl plot needs matplotlib ({e}): pip install 'ocm-federated-learning[cli]'",
+            EXIT_UNREACHABLE,
+        ) from e
+    if target.json:
+        series = dashboard.history_series(fl)
+        _echo_json({"file": str(written) if written else None, "series": series})
+    else:
+        typer.echo(f"wrote {written}")
 
 
-@app.command()
-def model(
-    name: NameArg,
-    namespace: NamespaceOpt = None,
-    context: ContextOpt = None,
-    kubeconfig: KubeconfigOpt = None,
-    as_json: JsonOpt = False,
-) -> None:
+@command
+def model(target: Target) -> None:
     """Where the trained model is: path, round, sha256, metrics (exit 1 if none yet)."""
-    fl = _get(name, namespace, kubeconfig, context)
+    fl = target.get()
     info = dashboard.model_info(fl)
     table = dashboard.render_model(fl)
     if info is None or table is None:
@@ -360,8 +406,8 @@ def model(
             f"round {s['round']})",
             EXIT_NOT_YET,
         )
-    if as_json:
-        typer.echo(json.dumps(info, indent=2))
+    if target.json:
+        _echo_json(info)
         return
     _print(table)
 

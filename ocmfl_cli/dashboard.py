@@ -5,13 +5,16 @@ Used by the `ocm-fl` CLI and by the local demo: nothing here talks to a cluster.
     render_dashboard(fl)        header + cluster table (rich renderable)   `ocm-fl status`
     render_live(fl)             header + round progress bar + cluster table `ocm-fl watch`
     render_model(fl)            the model artifact, or None before there is one
+    plain_lines(fl)             the dashboard as key=value lines (logs, pipes: never wrapped)
+    summary_line(fl)            one line per state, for following a run in a log
     history_figure(fl)          loss/accuracy per round per cluster (matplotlib Figure)
     plot_history(fl, path)      the same, written to an image file
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -22,11 +25,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from hub_controller.api import run_finished
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 FL = Mapping[str, Any]
-TERMINAL_PHASES: Final = frozenset({"Completed", "Failed"})
 GLOBAL_SERIES: Final = "global"  # history entries of the aggregated (federated) metrics
 METRICS: Final = ("loss", "accuracy")
 CLUSTER_COLUMNS: Final = (
@@ -164,6 +168,56 @@ def model_info(fl: FL) -> dict[str, Any] | None:
     """status.model (path, round, sha256, metrics), or None before there is one."""
     model = _status(fl).get("model")
     return dict(model) if model else None
+
+
+def finished(fl: FL) -> bool:
+    """The run ended (hub_controller.api.run_finished on the resource as read)."""
+    status = _status(fl)
+    generation = (fl.get("metadata") or {}).get("generation")
+    return run_finished(status.get("phase"), status.get("observedGeneration"), generation)
+
+
+# --- plain lines (not a terminal) ----------------------------------------------------------
+
+
+def _logfmt(pairs: Iterable[tuple[str, str]]) -> str:
+    """key=value pairs, empty values left out; values with spaces, quotes or '=' are
+    JSON-quoted."""
+    out = []
+    for key, value in pairs:
+        if not value:
+            continue
+        if any(c in value for c in ' "=\t'):
+            value = json.dumps(value)
+        out.append(f"{key.replace(' ', '-')}={value}")
+    return " ".join(out)
+
+
+def summary_line(fl: FL) -> str:
+    """`<ns/name> phase=... round=... clients=... accuracy=... message=...`."""
+    s = summary(fl)
+    pairs = [(k, s[k]) for k in ("phase", "round", "clients", "accuracy", "message")]
+    return f"{s['name']} {_logfmt(pairs)}"
+
+
+def plain_lines(fl: FL, now: datetime | None = None) -> list[str]:
+    """What `ocm-fl status` prints when stdout is not a terminal: the summary line, one line
+    per condition that is not True, one line per cluster; nothing wraps or folds."""
+    lines = [summary_line(fl)]
+    for cond in problem_conditions(fl):
+        lines.append(
+            _logfmt(
+                [
+                    ("condition", cond["type"]),
+                    *((k, cond[k]) for k in ("status", "reason", "message")),
+                ]
+            )
+        )
+    rows = cluster_rows(fl, now)
+    lines += [_logfmt(row.items()) for row in rows]
+    if not rows:
+        lines.append("no clusters selected yet")
+    return lines
 
 
 # --- rich renderables ----------------------------------------------------------------------

@@ -1,9 +1,11 @@
 """``ocm-fl-client``: one cluster's FL client, a Flower SuperNode next to the cluster's data.
 
-Checks the data directory first (a missing or malformed one fails here, naming the path),
-reads the SuperNode private key (or creates one with ``--generate-key``), then runs
+Checks the data directory first (a missing or empty one fails here, naming the path), reads
+the SuperNode private key (or creates one with ``--generate-key``), then runs
 ``flower-supernode`` with TLS server verification and SuperNode authentication, passing the
-cluster name, data directory and agent endpoint to the ClientApp as node config. Exits with
+cluster name, data directory, agent endpoint and the resource's per-cluster values to the
+ClientApp as node config (workloads.sdk reads them). The app itself comes from the server
+(Flower ships it); its dependencies must be in this image. Exits with
 0 when stopped by a signal, 2 for bad input, 3 when the server refuses the node (Flower
 exit code 305: key not registered), 4 when it cannot connect for --connect-timeout.
 """
@@ -34,14 +36,13 @@ from ocmfl.constants import (
 )
 from ocmfl.nodekeys import ensure_keypair, public_key_of
 from workloads import flower_env as fe
-from workloads.data import PartitionError, load_partition
-from workloads.fedapp.settings import (
-    CLIENT_OVERRIDABLE,
+from workloads.fleet_tls import Proxy, ProxyError, free_loopback_port, start_tunnel
+from workloads.sdk.platform import (
     NODE_AGENT_ENDPOINT,
     NODE_CLUSTER,
     NODE_DATA_DIR,
+    RESERVED_NODE_KEYS,
 )
-from workloads.fleet_tls import Proxy, ProxyError, free_loopback_port, start_tunnel
 
 PREFIX = "ocm-fl-client"
 EXIT_BAD_INPUT = 2
@@ -76,12 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="create --auth-key (and .pub) when it does not exist",
     )
     p.add_argument("--cluster-name", "--cluster", default=os.environ.get(ENV_CLUSTER_NAME, ""))
-    p.add_argument("--task", default="", help="expected task; the partition's manifest must match")
     p.add_argument(
         "--run-config",
+        "--node-config",
         type=Path,
         default=None,
-        help="JSON object of per-cluster overrides: lr, local-epochs, batch-size",
+        help="JSON object of this cluster's values for the ClientApp (node config)",
     )
     p.add_argument(
         "--data-dir",
@@ -127,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
         "restarted until then, e.g. while the server has not registered its key yet)",
     )
     p.add_argument(
+        "--install-dependencies",
+        action="store_true",
+        help="let Flower install the app's dependencies at run time (off: the image has them)",
+    )
+    p.add_argument(
         "--max-retries",
         type=int,
         default=None,
@@ -141,24 +147,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+NodeValue = str | int | float | bool
+
+
 def node_config(
     cluster: str,
     data_dir: Path,
     agent_endpoint: str,
-    overrides: Mapping[str, int | float] | None = None,
-) -> dict[str, str | int | float]:
-    """Node config the ClientApp reads (``context.node_config``)."""
-    config: dict[str, str | int | float] = {
-        NODE_CLUSTER: cluster,
-        NODE_DATA_DIR: str(data_dir.resolve()),
-        NODE_AGENT_ENDPOINT: agent_endpoint,
-    }
-    config.update(overrides or {})
+    values: Mapping[str, NodeValue] | None = None,
+) -> dict[str, NodeValue]:
+    """Node config the ClientApp reads (``context.node_config``): the resource's values for
+    this cluster, then the platform's keys (which they cannot replace)."""
+    config: dict[str, NodeValue] = dict(values or {})
+    config.update(
+        {
+            NODE_CLUSTER: cluster,
+            NODE_DATA_DIR: str(data_dir.resolve()),
+            NODE_AGENT_ENDPOINT: agent_endpoint,
+        }
+    )
     return config
 
 
-def read_overrides(path: Path | None) -> dict[str, int | float]:
-    """Per-cluster run-config overrides from a JSON file (only client-side training keys)."""
+def read_values(path: Path | None) -> dict[str, NodeValue]:
+    """This cluster's values from a JSON object file (numbers, booleans, strings)."""
     if path is None:
         return {}
     try:
@@ -167,15 +179,25 @@ def read_overrides(path: Path | None) -> dict[str, int | float]:
         raise ValueError(f"--run-config {path}: {exc}") from None
     if not isinstance(data, dict):
         raise ValueError(f"--run-config {path}: expected a JSON object")
-    out: dict[str, int | float] = {}
+    out: dict[str, NodeValue] = {}
     for key, value in data.items():
-        if key not in CLIENT_OVERRIDABLE:
-            continue  # server-side keys (rounds, strategy...) are the server's business
-        kind = CLIENT_OVERRIDABLE[key]
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ValueError(f"--run-config {path}: {key} must be a number")
-        out[key] = kind(value)
+        if key in RESERVED_NODE_KEYS:
+            raise ValueError(f"--run-config {path}: {key} is set by the platform")
+        if not isinstance(value, str | int | float):
+            raise ValueError(f"--run-config {path}: {key} must be a number, boolean or string")
+        out[key] = value
     return out
+
+
+def check_data_dir(path: Path) -> str | None:
+    """Why ``path`` cannot be this cluster's data directory, or None when it can."""
+    if not path.exists():
+        return f"data directory {path} does not exist"
+    if not path.is_dir():
+        return f"data directory {path} is not a directory"
+    if not any(path.iterdir()):
+        return f"data directory {path} is empty"
+    return None
 
 
 def supernode_command(
@@ -202,6 +224,8 @@ def supernode_command(
         "--node-config", str(node_config_file),
         "--port", str(port),
     ]  # fmt: skip
+    if args.install_dependencies:
+        cmd.append("--allow-runtime-dependency-installation")
     if args.max_retries is not None:
         cmd += ["--max-retries", str(args.max_retries)]
     if args.max_wait_time is not None:
@@ -221,16 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"--cluster-name (or ${ENV_CLUSTER_NAME}) is required")
     if args.data_dir is None:
         return _fail(f"--data-dir (or ${ENV_DATA_DIR}) is required")
+    problem = check_data_dir(Path(args.data_dir))
+    if problem is not None:
+        return _fail(problem)
     try:
-        partition = load_partition(args.data_dir)
-    except PartitionError as exc:
-        return _fail(str(exc))
-    if args.task and partition.manifest.get("task") != args.task:
-        return _fail(
-            f"{partition.path} holds task {partition.manifest.get('task')!r}, not {args.task!r}"
-        )
-    try:
-        overrides = read_overrides(args.run_config)
+        overrides = read_values(args.run_config)
     except ValueError as exc:
         return _fail(str(exc))
     if not Path(args.root_certificates).is_file():
@@ -251,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     env = fe.flower_env(state / "flwr-home")
     print(
-        f"{PREFIX}: cluster {args.cluster_name}: {partition.samples} samples in "
-        f"{partition.path}; connecting to {args.server_address}",
+        f"{PREFIX}: cluster {args.cluster_name}: data in {Path(args.data_dir).resolve()}; "
+        f"connecting to {args.server_address}",
         flush=True,
     )
     tunnel: Proxy | None = None

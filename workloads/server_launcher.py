@@ -1,12 +1,15 @@
-"""``ocm-fl-server``: run one federated training on the hub and exit with its outcome.
+"""``ocm-fl-server``: run one Flower app on the hub and exit with its outcome.
 
-Steps: start ``flower-superlink`` (TLS, SuperNode authentication, SQLite state in the state
-directory), register the SuperNode public keys it is given (``<cluster>.pub``, registered
-under the cluster's name), wait until ``--min-clients`` of them are online, submit the app
-with ``flwr run`` (run config from the flags), follow the run, and exit 0 when it completed
-or 1 otherwise, printing one line that says why. Restarted on the same ``--state-dir`` and
-``--storage-dir`` it stops the stale run and submits a new one, which resumes from the last
-checkpoint.
+Steps: check the app directory (a missing or invalid one fails here, naming the path), start
+``flower-superlink`` (TLS, SuperNode authentication, SQLite state in the state directory,
+runtime dependency installation off unless ``--install-dependencies``), register the
+SuperNode public keys it is given (``<cluster>.pub``, registered under the cluster's name),
+wait until ``--min-clients`` of them are online, submit the app with ``flwr run`` (the
+resource's run config, checked against the keys the app declares), follow the run, and exit 0
+when it completed or 1 otherwise, printing one line that says why. The app's ServerApp finds
+the platform's settings (model store, initModel, rounds, minimum results, resource uid) in
+its environment (workloads.sdk.platform). Restarted on the same ``--state-dir`` and storage it
+stops the stale run and submits a new one, which resumes from the last checkpoint.
 """
 
 from __future__ import annotations
@@ -14,32 +17,36 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import IO, Any
 
 import tomli_w
 
-from ocmfl.constants import SUPERLINK_PORT
+from ocmfl.constants import ENV_FL_UID, SUPERLINK_PORT
 from ocmfl.nodekeys import read_public_keys
 from workloads import flower_env as fe
-from workloads.fedapp.settings import STRATEGIES, RunSettings
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
-from workloads.model_store import ModelStore
+from workloads.flower_app import AppError, FlowerApp, RunConfigValue, inspect_app, run_config
+from workloads.outcome import Outcome, RunLog, decide, one_line
+from workloads.sdk.platform import ServerPlatform
+from workloads.sdk.store import ModelStore, ModelStoreError
 
-# A busy hub (several servers starting at once on few cores) can take minutes to start a
-# SuperLink; wait_health fails at once if the process dies, so a long bound costs nothing.
+# The SuperLink answers /health in ~3.5 s on an idle 2-core machine; a loaded one (several
+# servers starting at once) has been seen to need over a minute. wait_health fails at once if
+# the process dies, so a long bound costs nothing.
 SUPERLINK_START_TIMEOUT = 300.0
 PREFIX = "ocm-fl-server"
-DEFAULT_APP_DIR = Path(__file__).resolve().parent / "fedapp"
 
 
 class LaunchError(Exception):
@@ -47,17 +54,23 @@ class LaunchError(Exception):
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """How the launcher ends: exit code and a one-line reason."""
+class LaunchSettings:
+    """The app and the platform's settings for one run."""
 
-    ok: bool
-    reason: str
-    details: Mapping[str, Any]
+    app: FlowerApp
+    run_config: dict[str, RunConfigValue]
+    platform: ServerPlatform
+    install_dependencies: bool = False
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def min_clients(self) -> int:
+        """Clients needed online to start, and successful results per round."""
+        return self.platform.min_results
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The CLI flags."""
-    d = RunSettings()
     p = argparse.ArgumentParser(prog=PREFIX, description=__doc__.split("\n")[0])
     g = p.add_argument_group("SuperLink")
     g.add_argument(
@@ -88,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--min-clients",
         type=int,
-        default=d.min_clients,
+        default=1,
         help="clients needed online to start, and successful results per round",
     )
     g.add_argument(
@@ -119,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--termination-log",
         type=Path,
         default=Path("/dev/termination-log"),
-        help="when this file exists, write the final model JSON to it (Kubernetes)",
+        help="when this file exists, write the outcome JSON to it (Kubernetes)",
     )
     gw = p.add_argument_group(
         "Fleet gateway (mTLS in front of the SuperLink; only /v1/fleet/ is forwarded)"
@@ -137,83 +150,80 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="CA that cluster certificates must chain to (default: --ssl-ca-certfile)",
     )
-    g.add_argument("--app-dir", type=Path, default=DEFAULT_APP_DIR)
     g.add_argument("--result-file", type=Path, default=None, help="write the outcome as JSON here")
-    r = p.add_argument_group("training (Flower run config)")
-    r.add_argument("--task", default=d.task, help="digits | breast-cancer")
-    r.add_argument("--rounds", type=int, default=d.num_server_rounds)
-    r.add_argument("--strategy", default=d.strategy, choices=STRATEGIES)
-    r.add_argument("--proximal-mu", type=float, default=d.proximal_mu, help="FedProx mu")
+    r = p.add_argument_group("the app and its run")
     r.add_argument(
-        "--strategy-params",
-        default="{}",
-        help='JSON object, e.g. {"proximalMu": 0.01, "fractionTrain": 0.5}; wins over flags',
+        "--app-dir", required=True, type=Path, help="the Flower app directory (pyproject.toml)"
     )
-    r.add_argument("--lr", type=float, default=d.lr)
-    r.add_argument("--local-epochs", type=int, default=d.local_epochs)
-    r.add_argument("--batch-size", type=int, default=d.batch_size)
-    r.add_argument("--fraction-train", type=float, default=d.fraction_train)
-    r.add_argument("--fraction-evaluate", type=float, default=d.fraction_evaluate)
+    r.add_argument(
+        "--run-config",
+        default="{}",
+        help="JSON object of run config values; keys must be declared by the app",
+    )
+    r.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds to run (also set as num-server-rounds when the app declares it)",
+    )
     r.add_argument(
         "--round-timeout",
         type=float,
-        default=d.round_timeout,
-        help="seconds to wait for client replies in a round",
+        default=None,
+        help="seconds a round waits for client replies (apps using workloads.sdk)",
     )
-    r.add_argument("--seed", type=int, default=d.seed)
     r.add_argument(
+        "--storage",
         "--storage-dir",
         "--model-dir",
         required=True,
-        type=Path,
-        help="checkpoints, final model, manifest.json",
+        help="model store: an absolute directory or s3://bucket/prefix",
     )
-    r.add_argument("--init-model", type=Path, default=None, help=".npz to start from")
     r.add_argument(
-        "--test-dir", type=Path, default=None, help="held-out partition for server-side evaluation"
+        "--init-model",
+        default="",
+        help="starting model: a path inside the store, an absolute path or s3:// URL "
+        "(.npz, .arrayrecord, .pt/.pth, .safetensors)",
+    )
+    r.add_argument(
+        "--install-dependencies",
+        action="store_true",
+        help="let Flower install the app's dependencies at run time (off: the image has them)",
     )
     return p
 
 
-def settings_from_args(args: argparse.Namespace) -> RunSettings:
-    """The run settings the flags describe (paths made absolute)."""
-
-    def absolute(path: Path | None) -> str:
-        return str(path.resolve()) if path is not None else ""
-
-    params = strategy_params(args.strategy_params)
-    return RunSettings(
-        task=args.task,
-        num_server_rounds=args.rounds,
-        strategy=args.strategy,
-        proximal_mu=float(params.get("proximalMu", args.proximal_mu)),
-        lr=args.lr,
-        local_epochs=args.local_epochs,
-        batch_size=args.batch_size,
-        min_clients=args.min_clients,
-        fraction_train=float(params.get("fractionTrain", args.fraction_train)),
-        fraction_evaluate=float(params.get("fractionEvaluate", args.fraction_evaluate)),
-        round_timeout=args.round_timeout,
-        seed=args.seed,
-        storage_dir=absolute(args.storage_dir),
-        init_model=absolute(args.init_model),
-        test_dir=absolute(args.test_dir),
-    )
-
-
-def strategy_params(text: str) -> dict[str, Any]:
-    """Parse --strategy-params (JSON object with camelCase keys, as in the FL resource)."""
+def settings_from_args(args: argparse.Namespace) -> LaunchSettings:
+    """Check the app and the flags; AppError/ValueError name what is wrong."""
+    app = inspect_app(args.app_dir)
     try:
-        params = json.loads(text or "{}")
+        overrides = json.loads(args.run_config or "{}")
     except ValueError as exc:
-        raise ValueError(f"--strategy-params is not JSON: {exc}") from None
-    if not isinstance(params, dict):
-        raise ValueError("--strategy-params must be a JSON object")
-    known = {"proximalMu", "fractionTrain", "fractionEvaluate"}
-    unknown = set(params) - known
-    if unknown:
-        raise ValueError(f"--strategy-params: unknown keys {sorted(unknown)}")
-    return params
+        raise ValueError(f"--run-config is not JSON: {exc}") from None
+    if not isinstance(overrides, dict):
+        raise ValueError("--run-config must be a JSON object")
+    if args.rounds is not None and args.rounds < 1:
+        raise ValueError("--rounds must be >= 1")
+    if args.min_clients < 1:
+        raise ValueError("--min-clients must be >= 1")
+    storage = str(args.storage)
+    if not storage.startswith("s3://"):
+        storage = str(Path(storage).resolve())
+    platform = ServerPlatform(
+        storage=storage,
+        init_model=args.init_model,
+        resource_uid=os.environ.get(ENV_FL_UID, ""),
+        rounds=args.rounds,
+        min_results=args.min_clients,
+        round_timeout=args.round_timeout,
+        node_names_file=str(Path(args.state_dir).resolve() / "nodes.json"),
+    )
+    return LaunchSettings(
+        app=app,
+        run_config=run_config(app, overrides, args.rounds),
+        platform=platform,
+        install_dependencies=bool(args.install_dependencies),
+    )
 
 
 def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
@@ -225,21 +235,17 @@ def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
     )
 
 
-def one_line(text: str, limit: int = 400) -> str:
-    """Collapse whitespace so a reason fits on one line."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
-
-
 class Launcher:
     """Owns the SuperLink process and talks to it through the flwr CLI."""
 
-    def __init__(self, args: argparse.Namespace, settings: RunSettings) -> None:
+    def __init__(self, args: argparse.Namespace, settings: LaunchSettings) -> None:
         self.args = args
         self.settings = settings
         self.state = Path(args.state_dir).resolve()
         self.flwr_home = self.state / "flwr-home"
-        self.env = fe.flower_env(self.flwr_home)
+        # The SuperLink's SuperExec starts the ServerApp with this environment: it carries
+        # the platform's settings to workloads.sdk.
+        self.env = fe.flower_env(self.flwr_home, settings.platform.to_env())
         self.superlink: subprocess.Popen[bytes] | None = None
         self.gateway: Proxy | None = None
         self.run_id: str | None = None
@@ -282,8 +288,12 @@ class Launcher:
             self.host,
             "--port",
             str(self.port),
-            "--disable-runtime-dependency-installation",
         ]
+        cmd.append(
+            "--allow-runtime-dependency-installation"
+            if self.settings.install_dependencies
+            else "--disable-runtime-dependency-installation"
+        )
         log = (self.state / "superlink.log").open("ab")
         started = time.monotonic()
         self.superlink = fe.start(cmd, self.env, log)
@@ -411,18 +421,20 @@ class Launcher:
 
     def submit(self) -> str:
         config_path = self.state / "run-config.toml"
-        config_path.write_text(tomli_w.dumps(self.settings.to_run_config()))
+        config_path.write_text(tomli_w.dumps(self.settings.run_config))
         out = self.flwr(
             "run",
-            str(Path(self.args.app_dir).resolve()),
+            str(self.settings.app.path),
             fe.CONNECTION,
             "--run-config",
             str(config_path),
         )
         self.run_id = str(out["run-id"])
+        rounds = self.settings.platform.rounds
         self.log(
-            f"submitted run {self.run_id} ({self.settings.num_server_rounds} rounds, "
-            f"{self.settings.strategy}, task {self.settings.task})"
+            f"submitted run {self.run_id}: app {self.settings.app.name} "
+            f"{self.settings.app.version} from {self.settings.app.path}"
+            + (f", {rounds} rounds" if rounds else "")
         )
         return self.run_id
 
@@ -433,51 +445,77 @@ class Launcher:
         status: dict[str, Any] = runs[0]
         return status
 
-    def follow(self, run_id: str) -> dict[str, Any]:
-        """Stream the run's logs to stdout until it finishes; return its final status."""
+    def follow(self, run_id: str) -> tuple[dict[str, Any], RunLog]:
+        """Stream the run's log to stdout until it finishes; return its final status and
+        what the log said."""
         timeout = self.args.run_timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
+        run_log = RunLog(min_results=self.settings.min_clients)
         stream: subprocess.Popen[bytes] | None = None
+        reader: threading.Thread | None = None
         try:
             while True:
                 self.check_superlink()
                 if stream is None or stream.poll() is not None:
+                    if reader is not None:
+                        reader.join(timeout=2.0)
+                    # A fresh stream replays the log from the start: count it once.
+                    run_log = RunLog(min_results=self.settings.min_clients)
                     stream = subprocess.Popen(
                         [fe.executable("flwr"), "log", run_id, fe.CONNECTION, "--stream"],
                         env=self.env,
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
                     )
+                    reader = threading.Thread(
+                        target=_tee, args=(stream.stdout, run_log), daemon=True
+                    )
+                    reader.start()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     stream.wait(timeout=self.args.status_interval)
                 status = self.run_status(run_id)
                 if str(status.get("status", "")).startswith("finished"):
-                    return status
+                    fe.stop(stream, timeout=5.0)
+                    if reader is not None:
+                        reader.join(timeout=5.0)
+                    return status, run_log
                 if deadline is not None and time.monotonic() > deadline:
                     self.flwr("stop", run_id, fe.CONNECTION)
                     raise LaunchError(f"run {run_id} exceeded --run-timeout {timeout:.0f}s")
         finally:
             fe.stop(stream, timeout=2.0)
 
-    def outcome(self, status: Mapping[str, Any]) -> Outcome:
-        state = str(status.get("status"))
-        details = str(status.get("status-details", ""))
-        run_id = status.get("run-id")
-        if state != "finished:completed":
-            return Outcome(False, f"run {run_id} {state}: {one_line(details)}", dict(status))
-        final = ModelStore(Path(self.settings.storage_dir)).manifest().get("final")
-        if not final or int(final["round"]) < self.settings.num_server_rounds:
-            return Outcome(
-                False, f"run {run_id} completed but no final model was stored", dict(status)
-            )
-        server = final.get("metrics", {}).get("server", {})
-        acc = server.get("test-accuracy")
-        acc_text = f"; test-accuracy {acc:.4f}" if isinstance(acc, float) else ""
-        model = Path(self.settings.storage_dir) / final["path"]
-        return Outcome(
-            True,
-            f"run {run_id} completed {final['round']} rounds; final model {model} "
-            f"sha256 {final['sha256'][:12]}{acc_text}",
-            {"run": dict(status), "final": final},
+    def outcome(self, status: Mapping[str, Any], run_log: RunLog) -> Outcome:
+        """The run's outcome from its status, its log and the model store's manifest."""
+        platform = self.settings.platform
+        store = ModelStore(platform.storage, platform.resource_uid)
+        try:
+            manifest = store.manifest()
+        except ModelStoreError as exc:
+            self.log(f"cannot read the model store's manifest: {exc}")
+            manifest = None
+        final = (manifest or {}).get("final")
+        url = store.url(final) if isinstance(final, dict) and final.get("path") else None
+        return decide(
+            status,
+            manifest,
+            run_log,
+            rounds=platform.rounds,
+            uid=platform.resource_uid,
+            model_url=url,
         )
+
+
+def _tee(stream: IO[bytes] | None, run_log: RunLog) -> None:
+    """Echo the run's log to stdout and feed it to ``run_log``."""
+    if stream is None:
+        return
+    for raw in stream:
+        line = raw.decode(errors="replace")
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        run_log.feed(line)
+    sys.stdout.flush()
 
 
 # A run that failed only because nodes were briefly unreachable (e.g. right after this server
@@ -504,9 +542,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = settings_from_args(args)
-    except ValueError as exc:
-        print(f"{PREFIX}: failed: invalid settings: {exc}", flush=True)
-        return 1
+    except (AppError, ValueError) as exc:
+        result = Outcome(False, one_line(f"invalid app or settings: {exc}"))
+        return finish(args, result)
     signal.signal(signal.SIGTERM, _raise_exit)
     launcher: Launcher | None = None
     try:
@@ -525,7 +563,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             launcher.wait_for_clients(nodes)
             launcher.stop_stale_runs()
             run_id = launcher.submit()
-            result = launcher.outcome(launcher.follow(run_id))
+            result = launcher.outcome(*launcher.follow(run_id))
             if result.ok or not transient_failure(result.reason) or attempt >= MAX_RUN_ATTEMPTS:
                 break
             attempt += 1
@@ -535,31 +573,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             time.sleep(RETRY_PAUSE_S)
     except (LaunchError, fe.FlwrCliError, OSError, ValueError) as exc:
-        result = Outcome(False, one_line(str(exc)), {})
+        result = Outcome(False, one_line(str(exc)))
     except SystemExit as exc:
-        result = Outcome(False, f"terminated (exit {exc.code})", {})
+        result = Outcome(False, f"terminated (exit {exc.code})")
     finally:
         if launcher is not None:
             launcher.stop_superlink()
+    return finish(args, result)
+
+
+def finish(args: argparse.Namespace, result: Outcome) -> int:
+    """Write the outcome (result file, termination message, last stdout line); exit code."""
+    message = result.termination_message()
     if args.result_file is not None:
         args.result_file.parent.mkdir(parents=True, exist_ok=True)
         args.result_file.write_text(
-            json.dumps({"ok": result.ok, "reason": result.reason, **result.details}, indent=2)
-            + "\n"
+            json.dumps({**message, "details": dict(result.details)}, indent=2, default=str) + "\n"
         )
-    final = result.details.get("final")
-    if result.ok and isinstance(final, dict) and args.termination_log.is_file():
+    if args.termination_log.is_file():
         with contextlib.suppress(OSError):
-            args.termination_log.write_text(
-                json.dumps(
-                    {
-                        "path": str(Path(settings.storage_dir) / final["path"]),
-                        "round": final["round"],
-                        "sha256": final["sha256"],
-                        "metrics": final.get("metrics", {}).get("server", {}),
-                    }
-                )
-            )
+            args.termination_log.write_text(json.dumps(message))
     print(f"{PREFIX}: {'completed' if result.ok else 'failed'}: {result.reason}", flush=True)
     return 0 if result.ok else 1
 

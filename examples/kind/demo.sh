@@ -6,13 +6,18 @@
 #   examples/kind/demo.sh          create everything, train, wait for Completed
 #   examples/kind/demo.sh clean    delete the kind clusters and the load-balancer container
 #
+# Everything after the clusters exist (after_clusters: chart, addon, data + claims, training,
+# the model) uses only kubectl, helm and the node_* functions below, so CI runs those same
+# functions against the local control plane's kubelet nodes (hack/demo-local.sh sources this
+# file and replaces node_sh/node_put_dir, the contexts and the node addresses).
+#
 # What it does: kind clusters hub/cluster1/cluster2 -> OCM (clusteradm init/join/accept) ->
 # images built and loaded into every cluster -> hub chart installed -> addon enabled on both
 # clusters -> a data partition copied into each cluster's node + a ClusterClaim naming it ->
 # examples/federatedlearning.yaml applied -> waits until the resource is Completed.
 set -euo pipefail
 
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$root"
 
 HUB=${HUB:-hub}
@@ -31,7 +36,18 @@ CLOUD_PROVIDER_KIND_IMAGE=${CLOUD_PROVIDER_KIND_IMAGE:-registry.k8s.io/cloud-pro
 LB_CONTAINER=ocm-fl-cloud-provider-kind
 
 IFS=, read -r -a cluster_list <<<"$CLUSTERS"
-hub_ctx="kind-$HUB"
+hub_ctx=${HUB_CONTEXT:-kind-$HUB}
+# Where the managed clusters reach the hub's nodes (the aggregator's NodePort).
+HUB_NODE_ADDRESS=${HUB_NODE_ADDRESS:-$HUB-control-plane}
+# Model storage (spec.server.storage.path) on the hub's node; empty: the example's own path.
+MODELS_DIR=${MODELS_DIR:-}
+
+cluster_ctx() { printf 'kind-%s' "$1"; }
+# A shell command on the (single) node of cluster $1, and a directory copied onto it.
+node_sh() { docker exec "$1-control-plane" sh -c "$2"; }
+node_put_dir() { docker cp "$2" "$1-control-plane:$3"; }
+# The data directory on cluster $1's node (its ClusterClaim's value).
+node_data_dir() { printf '%s' "$DATA_DIR_ON_NODE"; }
 
 log() { printf '\n=== %s\n' "$*" >&2; }
 die() { printf 'demo: %s\n' "$*" >&2; exit 1; }
@@ -100,7 +116,7 @@ install_ocm() {
 build_images() {
   log "images: build and load into every kind cluster"
   local image
-  for name in addon workload proxy; do
+  for name in addon workload; do
     image=$(constant "$(tr '[:lower:]' '[:upper:]' <<<"$name")_IMAGE")
     docker build -f "deploy/images/$name.Dockerfile" -t "$image" .
     for c in "$HUB" "${cluster_list[@]}"; do
@@ -118,11 +134,22 @@ install_chart() {
     --kube-context "$hub_ctx" --namespace "$HUB_NAMESPACE" --create-namespace \
     --set aggregator.service.type=NodePort \
     --set "aggregator.service.nodePort=$AGGREGATOR_NODE_PORT" \
-    --set "aggregator.externalAddress=$HUB-control-plane:$AGGREGATOR_NODE_PORT" \
+    --set "aggregator.externalAddress=$HUB_NODE_ADDRESS:$AGGREGATOR_NODE_PORT" \
     --wait --timeout 10m
   local addon
   addon=$(constant ADDON_NAME)
-  clusteradm addon enable --names "$addon" --clusters "$CLUSTERS" --context "$hub_ctx"
+  # What `clusteradm addon enable --names $addon --clusters ...` creates.
+  for c in "${cluster_list[@]}"; do
+    kubectl --context "$hub_ctx" apply -f - <<EOF
+apiVersion: addon.open-cluster-management.io/v1alpha1
+kind: ManagedClusterAddOn
+metadata:
+  name: $addon
+  namespace: $c
+spec:
+  installNamespace: $(constant AGENT_NAMESPACE)
+EOF
+  done
   for c in "${cluster_list[@]}"; do
     wait_for 600 "addon $addon available on $c" \
       bash -c "kubectl --context '$hub_ctx' get managedcluster '$c' \
@@ -138,18 +165,18 @@ place_data() {
   "$PYTHON" -m workloads.data partition --out "$out" --clusters "$CLUSTERS" --task digits \
     --split iid --seed 0
   for c in "${cluster_list[@]}"; do
-    local node="$c-control-plane"
-    docker exec "$node" mkdir -p "$(dirname "$DATA_DIR_ON_NODE")"
-    docker exec "$node" rm -rf "$DATA_DIR_ON_NODE"
-    docker cp "$out/$c" "$node:$DATA_DIR_ON_NODE"
-    docker exec "$node" chmod -R a+rX "$DATA_DIR_ON_NODE"
-    kubectl --context "kind-$c" apply -f - <<EOF
+    local dir
+    dir=$(node_data_dir "$c")
+    node_sh "$c" "mkdir -p '$(dirname "$dir")' && rm -rf '$dir'"
+    node_put_dir "$c" "$out/$c" "$dir"
+    node_sh "$c" "chmod -R a+rX '$dir'"
+    kubectl --context "$(cluster_ctx "$c")" apply -f - <<EOF
 apiVersion: cluster.open-cluster-management.io/v1alpha1
 kind: ClusterClaim
 metadata:
   name: $DATA_CLAIM
 spec:
-  value: $DATA_DIR_ON_NODE
+  value: $dir
 EOF
     wait_for 300 "ClusterClaim $DATA_CLAIM of $c on the hub" \
       bash -c "kubectl --context '$hub_ctx' get managedcluster '$c' \
@@ -162,13 +189,28 @@ train() {
   log "FederatedLearning $FL_NAMESPACE/$FL_NAME"
   # The server (uid 65532 in the workload image) writes checkpoints and the final model to
   # the hostPath in spec.server.storage on the hub node: create it writable for that uid.
-  local models
-  models=$("$PYTHON" -c 'import yaml; print(yaml.safe_load(open("examples/federatedlearning.yaml"))["spec"]["server"]["storage"]["path"])')
-  docker exec "$HUB-control-plane" sh -c "mkdir -p '$models' && chown 65532:65532 '$models'"
+  local models manifest
+  manifest=$("$PYTHON" -c '
+import sys, yaml
+doc = yaml.safe_load(open("examples/federatedlearning.yaml"))
+if sys.argv[1]:
+    doc["spec"]["server"]["storage"]["path"] = sys.argv[1]
+print(yaml.safe_dump(doc))' "$MODELS_DIR")
+  models=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["spec"]["server"]["storage"]["path"])' <<<"$manifest")
+  node_sh "$HUB" "mkdir -p '$models' && chown 65532:65532 '$models'"
   kubectl --context "$hub_ctx" create namespace "$FL_NAMESPACE" --dry-run=client -o yaml |
     kubectl --context "$hub_ctx" apply -f -
-  clusteradm clusterset bind global --namespace "$FL_NAMESPACE" --context "$hub_ctx"
-  kubectl --context "$hub_ctx" apply -f examples/federatedlearning.yaml
+  # What `clusteradm clusterset bind global --namespace $FL_NAMESPACE` creates.
+  kubectl --context "$hub_ctx" apply -f - <<EOF
+apiVersion: cluster.open-cluster-management.io/v1beta2
+kind: ManagedClusterSetBinding
+metadata:
+  name: global
+  namespace: $FL_NAMESPACE
+spec:
+  clusterSet: global
+EOF
+  kubectl --context "$hub_ctx" apply -f - <<<"$manifest"
   local deadline=$((SECONDS + TIMEOUT_SECONDS)) phase=""
   while ((SECONDS < deadline)); do
     phase=$(kubectl --context "$hub_ctx" -n "$FL_NAMESPACE" get fl "$FL_NAME" \
@@ -177,7 +219,6 @@ train() {
     case "$phase" in
       Completed)
         log "Completed"
-        kubectl --context "$hub_ctx" -n "$FL_NAMESPACE" get fl "$FL_NAME" -o yaml
         return 0
         ;;
       Failed)
@@ -190,6 +231,20 @@ train() {
   die "not Completed after ${TIMEOUT_SECONDS}s (phase: ${phase:-none})"
 }
 
+show_model() {
+  log "the trained model"
+  kubectl --context "$hub_ctx" -n "$FL_NAMESPACE" get fl "$FL_NAME" -o yaml
+  "$(dirname "$PYTHON")/ocm-fl" model "$FL_NAME" -n "$FL_NAMESPACE" --context "$hub_ctx"
+}
+
+# Everything once the clusters exist, OCM runs and the images are on the nodes.
+after_clusters() {
+  install_chart
+  place_data
+  train
+  show_model
+}
+
 main() {
   if [ "${1:-}" = "clean" ]; then
     clean
@@ -200,9 +255,10 @@ main() {
   create_clusters
   install_ocm
   build_images
-  install_chart
-  place_data
-  train
+  after_clusters
 }
 
-main "$@"
+# Sourced (hack/demo-local.sh): define the functions, run nothing.
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+  main "$@"
+fi

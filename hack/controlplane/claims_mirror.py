@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from hack.controlplane.bootstrap import set_cluster_status
 from ocmfl.constants import CLUSTER_GROUP
-from ocmfl.kube import Kube, KubeError, Obj
+from ocmfl.kube import LIST, Kube, KubeError, Obj, list_watch
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +70,13 @@ class ClaimsMirror:
     def _run(self) -> None:
         while not self.stop.is_set():
             try:
-                lst = self.src.request("GET", CLAIMS_PATH)
-                self.claims = {o["metadata"]["name"]: o for o in lst.get("items", [])}
-                self._push()
-                rv = lst["metadata"]["resourceVersion"]
-                for etype, obj in self.src.watch(CLAIMS_PATH, rv, timeout_seconds=120):
-                    if self.stop.is_set():
-                        return
-                    if etype == "ERROR":
-                        break
-                    if etype == "BOOKMARK":
-                        continue
-                    name = obj["metadata"]["name"]
-                    if etype == "DELETED":
-                        self.claims.pop(name, None)
+                for etype, obj in list_watch(self.src, CLAIMS_PATH, stop=self.stop):
+                    if etype == LIST:
+                        self.claims = {o["metadata"]["name"]: o for o in obj.get("items", [])}
+                    elif etype == "DELETED":
+                        self.claims.pop(obj["metadata"]["name"], None)
                     else:
-                        self.claims[name] = obj
+                        self.claims[obj["metadata"]["name"]] = obj
                     self._push()
             except (KubeError, OSError, ValueError) as e:
                 log.warning("claims mirror %s: %s; retrying", self.cluster, e)

@@ -27,6 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument(
         "--addon-manager", action="store_true", help="also run OCM's addon manager on the hub"
     )
+    p_up.add_argument(
+        "--kubelet",
+        action="store_true",
+        help="real kubelet + containerd nodes running the images (hack.images) as containers",
+    )
     sub.add_parser("down", help="stop everything and remove the state")
     p_st = sub.add_parser("status", help="what runs, ports, memory")
     p_st.add_argument("--json", action="store_true")
@@ -44,7 +49,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.cmd == "up":
             st = plane.up(
-                args.clusters, echo=True, ocm=not args.no_ocm, addon_manager=args.addon_manager
+                args.clusters,
+                echo=True,
+                ocm=not args.no_ocm,
+                addon_manager=args.addon_manager,
+                kubelet=args.kubelet,
             )
             print(plane.status_report()[1])
             for k, v in plane.kubeconfig_env(st).items():

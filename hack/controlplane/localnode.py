@@ -35,10 +35,6 @@ CREATED_MOUNTPOINTS = Path("/dev/shm/ocm-fl-cp-mountpoints")
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
 
 
-def _which(program: str, path: str) -> str | None:
-    return shutil.which(program, path=path)
-
-
 def node_name(cluster: str) -> str:
     return f"ocmfl-local-{cluster}"
 
@@ -68,6 +64,7 @@ class LocalNode:
         self.pid_dir = state_dir / "pod-pids"
         self.created_file = CREATED_MOUNTPOINTS
         self.ca_file = state_dir / "pki" / "ca.crt"
+        self.state_dir = state_dir
         self.wake = threading.Event()
         self.pods = Informer(kube, "/api/v1/pods", self.wake, stop, f"pods-{cluster}")
         self.services = Informer(kube, "/api/v1/services", self.wake, stop, f"svc-{cluster}")
@@ -346,12 +343,14 @@ class LocalNode:
         for ctr in run.all():
             c = by_name[ctr.name]
             try:
-                rt = podplan.resolve_image(c.get("image", ""), _which)
+                local_images = podplan.read_local_images(self.state_dir)
+                rt = podplan.resolve_image(c.get("image", ""), local_images)
                 env = podplan.container_env(
                     pod, c, {**base, "PATH": rt.path}, self._lookup, run.ip, self.host_ip
                 )
                 argv = podplan.argv_for(c, rt, env)
-                mounts = podplan.container_mounts(c, volumes)
+                # The image's own files first, volumes on top (as a container runtime does).
+                mounts = [*rt.mounts, *podplan.container_mounts(c, volumes)]
                 if sa_dir and not any(m.target == SA_MOUNT for m in mounts):
                     mounts.append(podplan.Mount(str(sa_dir), SA_MOUNT, read_only=True))
                 # Like kubelet: a per-container file at terminationMessagePath whose content

@@ -26,6 +26,7 @@ from pathlib import Path
 import yaml
 
 from hack.controlplane import bootstrap, build, certs, podnet, processes
+from hack.controlplane import kubelet as kubelet_node
 from hack.controlplane.localnode import CREATED_MOUNTPOINTS
 from hack.controlplane.processes import ComponentFailed, Proc, State
 from hack.controlplane.supervisor import READY_FILE
@@ -186,20 +187,25 @@ def up(
     timeout: float = 120.0,
     ocm: bool = True,
     addon_manager: bool = False,
+    kubelet: bool = False,
 ) -> State:
     """Start the plane (or reuse a healthy one with the same clusters); return its state.
 
     `ocm=False` leaves out the OCM controllers (Kubernetes + local nodes only);
-    `addon_manager=True` also runs OCM's addon manager on the hub (v1alpha1 addon APIs).
+    `addon_manager=True` also runs OCM's addon manager on the hub (v1alpha1 addon APIs);
+    `kubelet=True` gives every apiserver a real kubelet + containerd node (kubelet.py).
     """
-    return _up(
-        clusters, state_dir or processes.state_dir(), echo, timeout, ocm, addon_manager, user=None
-    )
+    d = state_dir or processes.state_dir()
+    return _up(clusters, d, echo, timeout, ocm, addon_manager, user=None, kubelet=kubelet)
 
 
 @contextlib.contextmanager
 def session(
-    clusters: int = 2, state_dir: Path | None = None, ocm: bool = True, addon_manager: bool = False
+    clusters: int = 2,
+    state_dir: Path | None = None,
+    ocm: bool = True,
+    addon_manager: bool = False,
+    kubelet: bool = False,
 ) -> Iterator[State]:
     """Use the plane for the life of the context (e.g. a pytest session).
 
@@ -207,7 +213,7 @@ def session(
     that some session started (not `up` from the CLI) is stopped once no live user remains.
     """
     d = state_dir or processes.state_dir()
-    state = _up(clusters, d, False, 120.0, ocm, addon_manager, user=os.getpid())
+    state = _up(clusters, d, False, 120.0, ocm, addon_manager, os.getpid(), kubelet)
     try:
         yield state
     finally:
@@ -236,12 +242,13 @@ def _up(
     ocm: bool,
     addon_manager: bool,
     user: int | None,
+    kubelet: bool = False,
 ) -> State:
     if not 1 <= clusters <= MAX_CLUSTERS:
         raise PlaneError(f"--clusters must be 1..{MAX_CLUSTERS}")
     with _locked(d):
         state = _reuse_or_start(
-            clusters, d, echo, timeout, ocm, addon_manager, auto_stop=user is not None
+            clusters, d, echo, timeout, ocm, addon_manager, user is not None, kubelet
         )
         if user is None and state.auto_stop:  # `up` by hand: keep it running after tests
             state.auto_stop = False
@@ -260,6 +267,7 @@ def _reuse_or_start(
     ocm: bool,
     addon_manager: bool,
     auto_stop: bool,
+    kubelet: bool = False,
 ) -> State:
     existing = State.load(d)
     if existing is not None:
@@ -268,6 +276,7 @@ def _reuse_or_start(
                 existing.clusters == cluster_names(clusters)
                 and existing.ocm == ocm
                 and (existing.addon_manager or not addon_manager)
+                and existing.kubelet == kubelet
             ):
                 return existing
             raise PlaneError(
@@ -284,7 +293,7 @@ def _reuse_or_start(
             print(f"building missing binaries {missing}", flush=True)
         build.build_all(echo=echo)
     try:
-        state = _start(d, cluster_names(clusters), echo, timeout, ocm, addon_manager)
+        state = _start(d, cluster_names(clusters), echo, timeout, ocm, addon_manager, kubelet)
     except BaseException:
         _down_locked(d)
         raise
@@ -299,7 +308,13 @@ def _say(echo: bool, msg: str) -> None:
 
 
 def _start(
-    d: Path, clusters: list[str], echo: bool, timeout: float, ocm: bool, addon_manager: bool
+    d: Path,
+    clusters: list[str],
+    echo: bool,
+    timeout: float,
+    ocm: bool,
+    addon_manager: bool,
+    kubelet: bool = False,
 ) -> State:
     t0 = time.monotonic()
     for sub in ("logs", "pods"):
@@ -316,6 +331,7 @@ def _start(
         started_at=time.time(),
         ocm=ocm,
         addon_manager=ocm and addon_manager,
+        kubelet=kubelet,
     )
     state.save()
     state.slot = claim_slot(d)
@@ -326,9 +342,24 @@ def _start(
 
     # --- certificates -------------------------------------------------------------------------
     ca = certs.make_ca()
-    ca_crt, _ = ca.write(pki, "ca")
-    # Pods reach their apiserver at its `kubernetes` ClusterIP (see localnode).
-    in_cluster = tuple(podnet.kubernetes_service_ip(state.slot, i) for i in range(len(names)))
+    ca_crt, _ = certs.write(ca, pki, "ca")
+    admin = certs.issue(ca, "ocmfl-admin", orgs=("system:masters",), client=True)
+    certs.write(admin, pki, "admin")
+    # Front-proxy identity: with a requestheader CA configured, the library-go servers of the
+    # OCM controllers find a complete extension-apiserver-authentication ConfigMap.
+    proxy_crt, proxy_key = certs.write(
+        certs.issue(ca, "front-proxy-client", client=True), pki, "front-proxy-client"
+    )
+    sa_key, sa_pub = certs.make_signing_key()
+    (pki / "sa.key").write_bytes(sa_key)
+    (pki / "sa.pub").write_bytes(sa_pub)
+
+    # Pods reach their apiserver at its `kubernetes` ClusterIP (local nodes: see localnode;
+    # kubelet nodes and their pods also at non-loopback node addresses).
+    if kubelet:
+        in_cluster = tuple(kubelet_node.apiserver_ips(state.slot, len(names)))
+    else:
+        in_cluster = tuple(podnet.kubernetes_service_ip(state.slot, i) for i in range(len(names)))
     serving = certs.issue(
         ca,
         "kube-apiserver",
@@ -342,17 +373,7 @@ def _start(
             "kubernetes.default.svc.cluster.local",
         ),
     )
-    srv_crt, srv_key = serving.write(pki, "apiserver")
-    admin = certs.issue(ca, "ocmfl-admin", orgs=("system:masters",), client=True)
-    admin.write(pki, "admin")
-    # Front-proxy identity: with a requestheader CA configured, the library-go servers of the
-    # OCM controllers find a complete extension-apiserver-authentication ConfigMap.
-    proxy_crt, proxy_key = certs.issue(ca, "front-proxy-client", client=True).write(
-        pki, "front-proxy-client"
-    )
-    sa_key, sa_pub = certs.make_signing_key()
-    (pki / "sa.key").write_bytes(sa_key)
-    (pki / "sa.pub").write_bytes(sa_pub)
+    srv_crt, srv_key = certs.write(serving, pki, "apiserver")
 
     def track(p: Proc) -> Proc:
         state.procs.append(p)
@@ -386,6 +407,11 @@ def _start(
     _say(echo, f"etcd ready on :{ep} ({time.monotonic() - t0:.1f}s)")
 
     # --- apiservers -----------------------------------------------------------------------------
+    def svc_range(i: int) -> str:
+        if kubelet:
+            return kubelet_node.service_cidr(state.slot, i)
+        return podnet.service_cidr(state.slot, i)
+
     apis: dict[str, Proc] = {}
     for i, n in enumerate(names):
         port = processes.free_port()
@@ -403,12 +429,13 @@ def _start(
                     f"--tls-private-key-file={srv_key}",
                     f"--client-ca-file={ca_crt}",
                     "--authorization-mode=RBAC",
-                    f"--service-cluster-ip-range={podnet.service_cidr(state.slot, i)}",
+                    f"--service-cluster-ip-range={svc_range(i)}",
                     "--allow-privileged=true",
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     f"--service-account-key-file={pki / 'sa.pub'}",
                     f"--service-account-signing-key-file={pki / 'sa.key'}",
-                    "--disable-admission-plugins=ServiceAccount",
+                    # A real kubelet mounts the token volume ServiceAccount admission adds.
+                    f"--disable-admission-plugins={'' if kubelet else 'ServiceAccount'}",
                     "--endpoint-reconciler-type=none",
                     "--enable-priority-and-fairness=false",
                     "--profiling=false",
@@ -420,6 +447,7 @@ def _start(
                     "--requestheader-extra-headers-prefix=X-Remote-Extra-",
                     f"--proxy-client-cert-file={proxy_crt}",
                     f"--proxy-client-key-file={proxy_key}",
+                    *(["--kubelet-preferred-address-types=InternalIP"] if kubelet else []),
                 ],
                 logs / f"kube-apiserver-{n}.log",
             )
@@ -462,94 +490,72 @@ def _start(
 
     # --- controller managers and OCM controllers ------------------------------------------------
     waits: list[tuple[Proc, str]] = []
-    for n in names:
+
+    def serve(name: str, argv: Callable[[int], list[str]]) -> None:
+        """Spawn a component whose argv (given its port) serves /healthz there over TLS."""
         port = processes.free_port()
+        p = track(processes.spawn(name, argv(port), logs / f"{name}.log"))
+        p.port = port
+        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+
+    def ocm_controller(
+        binary: str, command: str, namespace: str, *flags: str
+    ) -> Callable[[int], list[str]]:
+        return lambda port: [
+            str(build.binary(binary)),
+            command,
+            *flags,
+            f"--listen=127.0.0.1:{port}",
+            "--disable-leader-election",
+            f"--namespace={namespace}",
+        ]
+
+    def kube_controller_manager(n: str, port: int) -> list[str]:
         kc = state.kubeconfigs[n]
-        p = track(
-            processes.spawn(
-                f"kube-controller-manager-{n}",
-                [
-                    str(build.binary("kube-controller-manager")),
-                    f"--kubeconfig={kc}",
-                    f"--authentication-kubeconfig={kc}",
-                    f"--authorization-kubeconfig={kc}",
-                    f"--controllers={KCM_CONTROLLERS}",
-                    "--leader-elect=false",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={port}",
-                    f"--cert-dir={d / 'certs' / ('kcm-' + n)}",
-                    f"--root-ca-file={ca_crt}",
-                    "--use-service-account-credentials=false",
-                    "--profiling=false",
-                ],
-                logs / f"kube-controller-manager-{n}.log",
-            )
-        )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+        return [
+            str(build.binary("kube-controller-manager")),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            f"--controllers={KCM_CONTROLLERS}"
+            + (",endpointslice-controller,node-lifecycle-controller" if kubelet else ""),
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            f"--cert-dir={d / 'certs' / ('kcm-' + n)}",
+            f"--root-ca-file={ca_crt}",
+            "--use-service-account-credentials=false",
+            "--profiling=false",
+        ]
+
+    for n in names:
+        serve(f"kube-controller-manager-{n}", functools.partial(kube_controller_manager, n))
     for c in clusters if ocm else []:
-        port = processes.free_port()
-        p = track(
-            processes.spawn(
-                f"work-agent-{c}",
-                [
-                    str(build.binary("work")),
-                    "agent",
-                    f"--spoke-cluster-name={c}",
-                    f"--agent-id={c}",
-                    "--workload-source-driver=kube",
-                    f"--workload-source-config={state.hub_access[c]}",
-                    f"--spoke-kubeconfig={state.kubeconfigs[c]}",
-                    f"--kubeconfig={state.kubeconfigs[c]}",
-                    "--status-sync-interval=2s",
-                    f"--listen=127.0.0.1:{port}",
-                    "--disable-leader-election",
-                    f"--namespace={AGENT_NAMESPACE}",
-                ],
-                logs / f"work-agent-{c}.log",
-            )
+        serve(
+            f"work-agent-{c}",
+            ocm_controller(
+                "work",
+                "agent",
+                AGENT_NAMESPACE,
+                f"--spoke-cluster-name={c}",
+                f"--agent-id={c}",
+                "--workload-source-driver=kube",
+                f"--workload-source-config={state.hub_access[c]}",
+                f"--spoke-kubeconfig={state.kubeconfigs[c]}",
+                f"--kubeconfig={state.kubeconfigs[c]}",
+                "--status-sync-interval=2s",
+            ),
         )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+    hub_kc = f"--kubeconfig={state.kubeconfigs['hub']}"
     if ocm:
-        port = processes.free_port()
-        p = track(
-            processes.spawn(
-                "placement",
-                [
-                    str(build.binary("placement")),
-                    "controller",
-                    f"--kubeconfig={state.kubeconfigs['hub']}",
-                    f"--listen=127.0.0.1:{port}",
-                    "--disable-leader-election",
-                    f"--namespace={HUB_NAMESPACE}",
-                ],
-                logs / "placement.log",
-            )
-        )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+        serve("placement", ocm_controller("placement", "controller", HUB_NAMESPACE, hub_kc))
     if state.addon_manager:
-        port = processes.free_port()
-        p = track(
-            processes.spawn(
-                "addon-manager",
-                [
-                    str(build.binary("addon")),
-                    "manager",
-                    f"--kubeconfig={state.kubeconfigs['hub']}",
-                    f"--listen=127.0.0.1:{port}",
-                    "--disable-leader-election",
-                    f"--namespace={HUB_NAMESPACE}",
-                ],
-                logs / "addon-manager.log",
-            )
-        )
-        p.port = port
-        waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+        serve("addon-manager", ocm_controller("addon", "manager", HUB_NAMESPACE, hub_kc))
     state.save()
 
     # --- supervisor: local nodes + claim mirrors ------------------------------------------------
+    if kubelet:
+        kubelet_node.create_bridge(state.slot)
     (d / READY_FILE).unlink(missing_ok=True)
     sup = track(
         processes.spawn(
@@ -574,6 +580,8 @@ def _start(
             "did not answer /healthz",
         )
     processes.wait_until(sup, lambda: (d / READY_FILE).exists(), timeout)
+    if kubelet:
+        kubelet_node.start_all(state, track, ca, echo=echo, timeout=timeout)
     state.startup_seconds = round(time.monotonic() - t0, 2)
     state.save()
     _say(echo, f"control plane up in {state.startup_seconds:.1f}s ({d / processes.STATE_FILE})")
@@ -590,6 +598,9 @@ def down(state_dir: Path | None = None) -> bool:
 def _down_locked(d: Path) -> bool:
     state = State.load(d)
     found = False
+    if state is not None and state.kubelet:  # the nodes first: SIGKILL, all they left
+        found = any(processes.alive(p.pid) for p in state.procs)
+        kubelet_node.teardown(state.slot, state.clusters)
     if state is not None:
         for p in reversed(state.procs):  # supervisor first (it stops its pods), etcd last
             found = found or processes.alive(p.pid)

@@ -8,6 +8,7 @@ a private mount namespace so that every volumeMount appears at its real mountPat
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shlex
 from collections.abc import Callable, Mapping
@@ -15,10 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ocmfl.constants import ADDON_IMAGE, PROXY_IMAGE, WORKLOAD_IMAGE
+from ocmfl.constants import ADDON_IMAGE, APPS_DIR, WORKLOAD_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO_ROOT / ".venv" / "bin"
+# The project's images carry examples/apps at APPS_DIR; so do the local pods (a bind mount).
+PROJECT_APPS = REPO_ROOT / "examples" / "apps"
+# Test-only images, in the plane's state dir: {"image ref": {"apps": "/host/dir"}}, each a
+# project image whose APPS_DIR holds the given directory (a user's image with their app).
+LOCAL_IMAGES_FILE = "local-images.json"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 Obj = dict[str, Any]
@@ -45,11 +51,22 @@ class NotYet(Exception):
 
 
 @dataclass(frozen=True)
+class Mount:
+    """A bind mount inside the container's private mount namespace."""
+
+    source: str
+    target: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
 class Runtime:
-    """How an image runs locally: PATH to use and the default command when none is given."""
+    """How an image runs locally: PATH to use, the default command when none is given, and
+    read-only bind mounts standing in for the image's own files."""
 
     path: str
     default_command: tuple[str, ...] = ()
+    mounts: tuple[Mount, ...] = ()
 
 
 def _repository(image: str) -> str:
@@ -62,35 +79,50 @@ def _repository(image: str) -> str:
 
 
 PROJECT_REPOS = {_repository(WORKLOAD_IMAGE), _repository(ADDON_IMAGE)}
-PROXY_REPO = _repository(PROXY_IMAGE)
 
 
-def resolve_image(image: str, which: Callable[[str, str], str | None]) -> Runtime:
+def resolve_image(
+    image: str, local_images: Mapping[str, Mapping[str, str]] | None = None
+) -> Runtime:
     """Map an image to a local runtime; raise NotRunnable for anything else.
 
-    `which(program, path)` finds a program on a PATH (shutil.which in production).
+    `local_images` are the test-only images (LOCAL_IMAGES_FILE).
     """
     repo = _repository(image)
-    if repo in PROJECT_REPOS:
+    local = (local_images or {}).get(image)
+    if repo in PROJECT_REPOS or local is not None:
         if not (VENV_BIN / "python").exists():
             raise NotRunnable(
                 "ImageNotRunnableLocally", f"{image}: project venv {VENV_BIN} is missing"
             )
-        return Runtime(f"{VENV_BIN}:{SYSTEM_PATH}")
-    if repo == PROXY_REPO:
-        if which("nginx", SYSTEM_PATH) is None:
-            raise NotRunnable(
-                "ImageNotRunnableLocally",
-                f"{image} runs nginx from the system PATH; nginx is not installed",
-            )
-        return Runtime(SYSTEM_PATH, ("nginx", "-g", "daemon off;"))
+        apps = Path(local["apps"]) if local is not None else PROJECT_APPS
+        return Runtime(f"{VENV_BIN}:{SYSTEM_PATH}", mounts=(Mount(str(apps), APPS_DIR, True),))
     if repo.rsplit("/", 1)[-1] == "busybox":
         return Runtime(SYSTEM_PATH, ("sh",))
     raise NotRunnable(
         "ImageNotRunnableLocally",
         f"image {image!r} has no local mapping (local node runs only {sorted(PROJECT_REPOS)}, "
-        f"{PROXY_REPO} and busybox)",
+        f"busybox and the test images in {LOCAL_IMAGES_FILE})",
     )
+
+
+def register_local_image(state_dir: Path, image: str, apps: Path) -> None:
+    """Make `image` runnable on the plane's local nodes: the project image with `apps` at
+    APPS_DIR (what a user's image built FROM the workload image with their app looks like)."""
+    path = Path(state_dir) / LOCAL_IMAGES_FILE
+    images = json.loads(path.read_text()) if path.exists() else {}
+    images[image] = {"apps": str(Path(apps).resolve())}
+    path.write_text(json.dumps(images, indent=2) + "\n")
+
+
+def read_local_images(state_dir: Path) -> dict[str, dict[str, str]]:
+    """The test-only images registered for a plane (empty when none)."""
+    path = Path(state_dir) / LOCAL_IMAGES_FILE
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 _VAR_REF = re.compile(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
@@ -372,15 +404,6 @@ def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str, host_ip
             else:
                 data[it["path"]] = _field_ref(pod, path, pod_ip, host_ip)
     _write_files(vdir, data, None, "downwardAPI")
-
-
-@dataclass(frozen=True)
-class Mount:
-    """A bind mount inside the container's private mount namespace."""
-
-    source: str
-    target: str
-    read_only: bool = False
 
 
 @dataclass

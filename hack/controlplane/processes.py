@@ -17,7 +17,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 DEFAULT_STATE_DIR = "/dev/shm/ocm-fl-cp"
@@ -76,6 +76,7 @@ class State:
     addon_manager: bool = False  # OCM addon manager running on the hub
     slot: int = 0  # address slot: planes running at once get disjoint loopback ranges
     auto_stop: bool = False  # started by a test session: the last session to leave stops it
+    kubelet: bool = False  # real kubelet + containerd nodes (hack/controlplane/kubelet.py)
 
     def save(self) -> None:
         path = Path(self.dir) / STATE_FILE
@@ -90,7 +91,12 @@ class State:
             raw = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             return None
-        raw["procs"] = [Proc(**p) for p in raw.get("procs", [])]
+        # Another worktree's plane may carry fields this version does not know: skip them.
+        known, proc_known = {f.name for f in fields(cls)}, {f.name for f in fields(Proc)}
+        raw = {k: v for k, v in raw.items() if k in known}
+        raw["procs"] = [
+            Proc(**{k: v for k, v in p.items() if k in proc_known}) for p in raw.get("procs", [])
+        ]
         return cls(**raw)
 
 

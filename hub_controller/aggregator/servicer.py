@@ -17,8 +17,8 @@ import grpc
 import grpc.aio
 
 from hub_controller.aggregator.metrics import AggregatorMetrics
-from hub_controller.aggregator.registry import ClusterRegistry
 from hub_controller.aggregator.store import ReportStore
+from hub_controller.membership import Registry
 from ocmfl import pki
 from ocmfl.reports import ReportInvalid, validate_report
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
@@ -102,9 +102,7 @@ def peer_cluster(context: grpc.aio.ServicerContext[object, object]) -> str | Non
 class StatusServicer(report_pb2_grpc.StatusServiceServicer):
     """Validates, authorizes and stores reports; acks each stored one."""
 
-    def __init__(
-        self, store: ReportStore, registry: ClusterRegistry, metrics: AggregatorMetrics
-    ) -> None:
+    def __init__(self, store: ReportStore, registry: Registry, metrics: AggregatorMetrics) -> None:
         self.store = store
         self.registry = registry
         self.metrics = metrics
@@ -149,7 +147,7 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         ctx: grpc.aio.ServicerContext[object, object],
     ) -> AsyncIterator[report_pb2.Ack]:
         """Handle one stream whose peer has been authenticated as `cluster`."""
-        if not await self.registry.is_registered(cluster):
+        if not self.registry.is_registered(cluster):
             await self._refuse(
                 ctx,
                 grpc.StatusCode.PERMISSION_DENIED,
@@ -168,7 +166,7 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                         f"report for cluster {report.cluster!r} on a certificate for {cluster!r}",
                     )
                     return
-                if not await self.registry.is_registered(cluster):
+                if not self.registry.is_registered(cluster):
                     await self._refuse(
                         ctx,
                         grpc.StatusCode.PERMISSION_DENIED,
@@ -221,7 +219,7 @@ class AggregatorServer:
     def __init__(
         self,
         store: ReportStore,
-        registry: ClusterRegistry,
+        registry: Registry,
         *,
         credentials: ReloadingServerCredentials | None,
         address: str = "127.0.0.1:0",

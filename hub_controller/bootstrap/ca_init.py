@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ocmfl import constants, pki
+from ocmfl.kube import Kube, path_of
 
 TLS_SECRET_TYPE = "kubernetes.io/tls"
 
@@ -80,60 +81,33 @@ def join_bundle(variables: Sequence[Mapping[str, str]]) -> bytes:
 # --- I/O edge: the Kubernetes API --------------------------------------------------------------
 
 
-def _core() -> Any:
-    from kubernetes import client, config
-
-    try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.CoreV1Api(), client.CustomObjectsApi()
+def _adc_path(namespace: str, name: str) -> str:
+    return path_of(f"{constants.ADDON_GROUP}/v1alpha1", "AddOnDeploymentConfig", namespace, name)
 
 
-def ensure_secret(namespace: str, name: str, validity_days: int) -> bool:
+def ensure_secret(kube: Kube, namespace: str, name: str, validity_days: int) -> bool:
     """Create the CA Secret when absent. True when it was created."""
-    from kubernetes.client.exceptions import ApiException
-
-    core, _ = _core()
-    try:
-        core.read_namespaced_secret(name, namespace)
+    if kube.get(path_of("v1", "Secret", namespace, name)) is not None:
         return False
-    except ApiException as e:
-        if e.status != 404:
-            raise
     pair = pki.create_ca(
         f"ocm-fl-ca-{namespace}", lifetime=dt.timedelta(days=validity_days), key_kind="rsa"
     )
-    try:
-        core.create_namespaced_secret(namespace, ca_secret(name, namespace, pair))
-    except ApiException as e:
-        if e.status == 409:  # created concurrently: keep theirs
-            return False
-        raise
-    return True
+    # None: created concurrently (409); keep theirs.
+    created = kube.create(path_of("v1", "Secret", namespace), ca_secret(name, namespace, pair))
+    return created is not None
 
 
-def publish(namespace: str, name: str, adc: str) -> None:
+def publish(kube: Kube, namespace: str, name: str, adc: str) -> None:
     """Write the CA certificate from Secret `name` into ADC `adc`'s HUB_CA_BUNDLE_* variables."""
-    core, custom = _core()
-    secret = core.read_namespaced_secret(name, namespace)
-    ca_pem = base64.b64decode(secret.data["tls.crt"])
+    secret = kube.request("GET", path_of("v1", "Secret", namespace, name))
+    ca_pem = base64.b64decode(secret["data"]["tls.crt"])
     pki.load_cert_pem(ca_pem)  # fail loudly on a malformed Secret
-    obj = custom.get_namespaced_custom_object(
-        constants.ADDON_GROUP, "v1alpha1", namespace, "addondeploymentconfigs", adc
-    )
+    obj = kube.request("GET", _adc_path(namespace, adc))
     current = obj.get("spec", {}).get("customizedVariables", [])
     merged = merge_variables(current, bundle_variables(ca_pem))
     if merged == current:
         return
-    custom.patch_namespaced_custom_object(
-        constants.ADDON_GROUP,
-        "v1alpha1",
-        namespace,
-        "addondeploymentconfigs",
-        adc,
-        {"spec": {"customizedVariables": merged}},
-    )
+    kube.patch(_adc_path(namespace, adc), {"spec": {"customizedVariables": merged}})
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -148,11 +122,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         s.add_argument("--namespace", required=True)
         s.add_argument("--secret", required=True)
     args = parser.parse_args(argv)
+    kube = Kube(field_manager="ocm-fl-ca-init")
     if args.command == "ensure-secret":
-        created = ensure_secret(args.namespace, args.secret, args.validity_days)
+        created = ensure_secret(kube, args.namespace, args.secret, args.validity_days)
         print(f"CA secret {args.namespace}/{args.secret}: {'created' if created else 'exists'}")
     else:
-        publish(args.namespace, args.secret, args.adc)
+        publish(kube, args.namespace, args.secret, args.adc)
         print(f"CA bundle published to AddOnDeploymentConfig {args.namespace}/{args.adc}")
     return 0
 

@@ -23,6 +23,7 @@ from hub_controller.api import (
     CONDITION_SERVER_READY,
     CONDITION_TRAINING_COMPLETE,
     CONDITION_VALIDATED,
+    TERMINAL_PHASES,
     ClusterPhase,
     ClusterStatus,
     Condition,
@@ -31,11 +32,12 @@ from hub_controller.api import (
     FederatedLearningStatus,
     HistoryEntry,
     Phase,
+    data_claim_of,
+    run_finished,
 )
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.observed import Observations, PlacementState, ready_clusters
 
-TERMINAL = (Phase.COMPLETED, Phase.FAILED)
 GLOBAL = "global"  # history rows of the federation as a whole
 MAX_HISTORY = 500
 
@@ -45,13 +47,21 @@ def gate_open(spec: FederatedLearningSpec, obs: Observations) -> bool:
     return len(ready_clusters(obs)) >= spec.server.min_available_clients
 
 
+def finished(previous: FederatedLearningStatus | None, generation: int | None) -> bool:
+    """The run of this generation ended (api.run_finished on the stored status)."""
+    return previous is not None and run_finished(
+        previous.phase, previous.observed_generation, generation
+    )
+
+
 def should_start_server(
-    spec: FederatedLearningSpec, obs: Observations, previous: FederatedLearningStatus | None
+    spec: FederatedLearningSpec,
+    obs: Observations,
+    previous: FederatedLearningStatus | None,
+    generation: int | None,
 ) -> bool:
     """Start the server Job once the gate opens; never restart a finished run."""
-    if obs.server_job.exists:
-        return False
-    if previous is not None and previous.phase in TERMINAL:
+    if obs.server_job.exists or finished(previous, generation):
         return False
     return obs.server_address is not None and gate_open(spec, obs)
 
@@ -137,7 +147,7 @@ def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[Histor
         if cluster not in with_data:
             continue
         by_round: dict[int, dict[str, Any]] = {}
-        for (rnd, phase), row in sorted(getattr(report, "rounds", {}).items()):
+        for (rnd, phase), row in sorted(report.rounds.items()):
             cur = by_round.setdefault(rnd, {})
             for metric in ("loss", "accuracy"):
                 value = getattr(row, metric)
@@ -196,7 +206,15 @@ def fold(
     def cond(type_: str, status: str, reason: str, message: str) -> Condition:
         return _condition(prev_conds, type_, status, reason, message, now, generation)
 
-    conditions = [cond(CONDITION_VALIDATED, "True", "Valid", "spec is valid")]
+    claim, inferred = data_claim_of(spec)
+    valid = (
+        ("True", "DataClaimFromPlacement", f"spec is valid; spec.client.dataClaim is unset, so "
+         f"the data directory comes from ClusterClaim {claim}, the one key the placement "
+         "selects with Exists")
+        if inferred
+        else ("True", "Valid", "spec is valid")
+    )  # fmt: skip
+    conditions = [cond(CONDITION_VALIDATED, *valid)]
     p_status, p_reason, p_message = placement_condition(obs.placement, spec, namespace)
     conditions.append(cond(CONDITION_PLACEMENT_SATISFIED, p_status, p_reason, p_message))
 
@@ -217,6 +235,7 @@ def fold(
     conditions.append(clients_ready)
 
     job = obs.server_job
+    failure = obs.server_reason or job.message or "server Job failed"
     if obs.server_address is None:
         server = (
             "False",
@@ -227,7 +246,7 @@ def fold(
     elif job.complete:
         server = ("True", "Completed", f"server finished; clients dial {obs.server_address}")
     elif job.failed_condition:
-        server = ("False", "ServerFailed", job.message or "server Job failed")
+        server = ("False", "ServerFailed", failure)
     elif job.exists:
         server = ("True", "Running", f"server Job running; clients dial {obs.server_address}")
     else:
@@ -240,7 +259,7 @@ def fold(
         phase, message = Phase.COMPLETED, "training completed"
         training = ("True", "Succeeded", message)
     elif job.failed_condition:
-        phase, message = Phase.FAILED, f"server failed: {job.message or 'server Job failed'}"
+        phase, message = Phase.FAILED, f"server failed: {failure}"
         training = ("False", "ServerFailed", message)
     elif job.exists:
         lost_for = (now - clients_ready.last_transition_time).total_seconds()
@@ -272,12 +291,7 @@ def fold(
         training = ("False", "NotStarted", message)
 
     # Terminal phases stick for a generation (a Job that disappears does not undo them).
-    if (
-        previous is not None
-        and previous.phase in TERMINAL
-        and previous.observed_generation == generation
-        and phase not in TERMINAL
-    ):
+    if previous is not None and finished(previous, generation) and phase not in TERMINAL_PHASES:
         phase, message = previous.phase, previous.message
         for c in prev_conds:
             if c.type == CONDITION_TRAINING_COMPLETE:
@@ -285,6 +299,15 @@ def fold(
     conditions.append(cond(CONDITION_TRAINING_COMPLETE, *training))
 
     rows = [_cluster_row(r, obs, obs.server_address is not None) for r in obs.resolutions]
+    if phase == Phase.COMPLETED:
+        # The run ended well: a client still seen running (its Job feedback and the agent's
+        # last report lag behind) took part to the end.
+        rows = [
+            r.model_copy(update={"phase": ClusterPhase.SUCCEEDED})
+            if r.phase in (ClusterPhase.RUNNING, ClusterPhase.APPLIED)
+            else r
+            for r in rows
+        ]
     rounds = [row.round for row in rows if row.round is not None]
     model = obs.model or (previous.model if previous else None)
     current_round = max(rounds, default=previous.round if previous else 0)

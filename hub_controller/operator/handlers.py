@@ -1,49 +1,54 @@
-"""kopf handlers for FederatedLearning: they only read indexes, apply objects and patch status.
+"""kopf handlers for FederatedLearning: one reconcile loop per resource, woken by changes.
 
-Observed state comes from the indexes (indexes.py, observed.py), desired objects from
-desired/, status from fold.py; all of them pure.
+Each resource gets a kopf daemon (`run`) that loops: wait for a wake-up, then one pass of
+`reconcile` (observe -> desire -> apply -> fold status), in a worker thread. What wakes it:
+- an event on the resource itself (spec change) or on an object it depends on (Placement,
+  PlacementDecision, ManifestWork, server Job/Service/Pod, any ManagedCluster): the
+  `@kopf.on.event` handlers below call the resource's waker;
+- a new agent report of its run (the report store calls the waker it subscribed by uid);
+- a deadline the last pass asked for (the ClientsReady countdown, a periodic resync).
+Observations come from the kopf indexes (indexes.py) and the report store, never from API
+reads. A pass applies objects only when its inputs (spec generation and observations, reports
+excluded) changed since the last successful apply, or at the periodic resync; it writes status
+only when the fold changed it. The daemon is the only writer of the resource's status.
 
-How related objects wake a resource up (watch, not poll):
-- `@kopf.index` keeps PlacementDecisions, Placements, ManagedClusters, ManifestWorks and the
-  server Job/Service/Pod in memory, keyed by the owning resource.
-- An `@kopf.on.event` handler per related kind computes, from the indexes, a digest of
-  everything the resource's desired state and status depend on, and when it differs from the
-  resource's `INPUTS_ANNOTATION`, patches that annotation. kopf sees an annotation change as
-  an update, so the one reconcile handler runs with kopf's retries, patch and finalizer
-  machinery; unchanged inputs (e.g. a ManagedCluster heartbeat) write nothing.
-- A slow timer re-folds status from the indexes and the agents' reports (in memory, no API
-  reads): it picks up new reports and turns "too few clients for too long" into Failed.
-kopf's own bookkeeping annotations use PERSISTENCE_PREFIX, a different prefix from
-INPUTS_ANNOTATION, because kopf ignores changes to annotations under its own prefix.
+Process-wide handles (the API client, the hub CA, the wakers) live in kopf's memo
+(`memo.operator`, `memo.ca`; the aggregator puts its report store at `memo.reports`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
 import json
 import logging
 import os
-from collections.abc import Iterable, Mapping
-from dataclasses import replace
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import kopf
 
 from hub_controller.api import FLRef, SpecError, parse_spec
-from hub_controller.kube import Kube, KubeError
+from hub_controller.ca import HubCA, HubCAUnavailable
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
 from hub_controller.operator.fold import (
+    finished,
     fold,
     invalid_status,
     parse_status,
     should_start_server,
+    status_body,
     status_patch,
 )
 from hub_controller.operator.indexes import (
-    INPUTS_ANNOTATION,
+    DECIDED,
     OWNED,
     SERVER_OWNED,
     Indexes,
@@ -51,34 +56,45 @@ from hub_controller.operator.indexes import (
     gather,
     owner_key,
 )
-from hub_controller.operator.observed import JobState, observation_digest, ready_clusters
+from hub_controller.operator.observed import (
+    JobState,
+    Observations,
+    observation_digest,
+    ready_clusters,
+)
 from hub_controller.reports import NoReports, ReportSource
 from ocmfl import constants
+from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
 
 GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
+FIELD_MANAGER: Final = "ocm-fl-hub"
 # Not "kopf.*": kopf then marks this prefix as its own and ignores all of it in diffs.
 PERSISTENCE_PREFIX: Final = f"operator.{constants.LABEL_PREFIX}"
-REFOLD_INTERVAL_S: Final = 10.0
+RESYNC_S: Final = 600.0  # apply everything again this often (credential renewal, drift)
+COUNTDOWN_S: Final = 10.0  # re-fold this often while the ClientsReady countdown runs
+RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
+# Delete dependents too (a Job's pods; without it the Job API orphans them).
+BACKGROUND: Final = {"propagationPolicy": "Background"}
 
 
-class _State:
-    """Process-wide handles set at startup (the API client and the report source)."""
+@dataclass
+class Operator:
+    """The operator's process-wide handles, kept in kopf's memo as `memo.operator`."""
 
-    kube: Kube | None = None
-    reports: ReportSource = NoReports()
+    kube: Kube
+    ca: HubCA
+    agent_endpoints: dict[str, str] = field(default_factory=dict)
+    wakers: dict[Key, Callable[[], None]] = field(default_factory=dict)
 
+    def wake(self, key: Key) -> None:
+        waker = self.wakers.get(key)
+        if waker is not None:
+            waker()
 
-STATE = _State()
-
-
-def apply_status_reports(source: ReportSource) -> None:
-    """Hook for the aggregator: fold the agents' reports from `source` into status.
-
-    `source.snapshot(namespace, name)` must return the latest report per cluster (the
-    aggregator's ReportStore does). The status timer reads it every REFOLD_INTERVAL_S.
-    """
-    STATE.reports = source
+    def wake_all(self) -> None:
+        for waker in list(self.wakers.values()):
+            waker()
 
 
 def agent_endpoints() -> dict[str, str]:
@@ -95,53 +111,14 @@ def agent_endpoints() -> dict[str, str]:
     return {str(k): v for k, v in value.items()}
 
 
-def ensure_credentials(
-    kube: Kube, ref: FLRef, server_address: str, members: list[str]
-) -> dict[str, bytes]:
-    """Issue/renew the resource's credentials (hub CA) and store them in its hub Secrets."""
-    try:
-        ca = credentials.load_hub_ca()
-    except credentials.HubCAUnavailable as exc:
-        raise kopf.TemporaryError(str(exc), delay=30) from exc
-    name = server_mod.server_name(ref)
-    secret = kube.get("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
-    current = credentials.secret_data(secret)
-    data = credentials.reconcile_credentials(
-        current,
-        clusters=members,
-        gateway=server_mod.gateway_names(ref, server_address),
-        ca=ca,
-    )
-    if data != current or secret is None:
-        meta = {
-            "namespace": ref.namespace,
-            "labels": ref.labels(server_mod.COMPONENT),
-            "ownerReferences": [ref.owner_reference()],
-        }
-        for obj in credentials.hub_secrets(meta, name, data):
-            kube.apply(obj)
-    return data
-
-
-def _kube() -> Kube:
-    if STATE.kube is None:
-        from ocmfl.kube import api_client
-
-        kubeconfig = os.environ.get("KUBECONFIG")
-        if not kubeconfig and os.path.exists(os.path.expanduser("~/.kube/config")):
-            kubeconfig = os.path.expanduser("~/.kube/config")
-        STATE.kube = Kube(api_client(kubeconfig or None))
-    return STATE.kube
-
-
 def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
 
 # --- settings ------------------------------------------------------------------------------
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-    """Finalizer and bookkeeping under our own names; post warnings as Events."""
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Finalizer and bookkeeping under our own names; warnings as Events; the memo."""
     settings.persistence.finalizer = constants.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=PERSISTENCE_PREFIX
@@ -153,6 +130,11 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
+    memo.operator = Operator(
+        kube=Kube(field_manager=FIELD_MANAGER),
+        ca=memo.setdefault("ca", HubCA()),
+        agent_endpoints=agent_endpoints(),
+    )
 
 
 @kopf.on.login()
@@ -165,130 +147,196 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return info
 
 
-# --- indexes -------------------------------------------------------------------------------
+# --- one pass ------------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One resource's reconcile loop: what it last wrote and applied."""
+
+    ref: FLRef
+    status: dict[str, Any]  # as last written by this loop (seeded from the resource)
+    applied: tuple[int | None, str] | None = None  # (generation, inputs digest) last applied
+    applied_at: float = float("-inf")  # monotonic time of that apply
 
 
-# --- the reconcile handler -----------------------------------------------------------------
-def _ref(meta: Mapping[str, Any]) -> FLRef:
-    return FLRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+def _write_status(kube: Kube, run: Run, new: Any) -> None:
+    patch = status_patch(new, run.status)
+    if not patch:
+        return
+    path = path_of(constants.API_VERSION, constants.KIND, run.ref.namespace, run.ref.name)
+    kube.patch(f"{path}/status", {"status": patch}, MERGE_PATCH)
+    run.status = status_body(new)
 
 
-def _write_status(patch: kopf.Patch, new: Any, current: Mapping[str, Any] | None) -> None:
-    for key, value in status_patch(new, current).items():
-        patch.status[key] = value
+def ensure_credentials(
+    kube: Kube, ca: HubCA, ref: FLRef, server_address: str, members: list[str]
+) -> dict[str, bytes]:
+    """Issue/renew the resource's credentials (hub CA) and store them in its hub Secrets."""
+    name = server_mod.server_name(ref)
+    secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
+    secret = kube.get(secret_path)
+    current = credentials.secret_data(secret)
+    data = credentials.reconcile_credentials(
+        current,
+        clusters=members,
+        gateway=server_mod.gateway_names(ref, server_address),
+        ca=ca.get(),
+    )
+    if data != current or secret is None:
+        meta = {
+            "namespace": ref.namespace,
+            "labels": ref.labels(server_mod.COMPONENT),
+            "ownerReferences": [ref.owner_reference()],
+        }
+        for obj in credentials.hub_secrets(meta, name, data):
+            kube.apply(obj)
+    return data
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
+def apply_desired(
+    op: Operator,
+    ref: FLRef,
+    fl: Any,
+    obs: Observations,
+    done: bool,
+    logger: kopf.Logger | logging.Logger,
+) -> None:
+    """Apply the Placement, the server Service (and PVC), the credentials and the works; delete
+    the works of clusters that left. A finished run takes no new clusters."""
+    kube = op.kube
+    kube.apply(placement_mod.desired_placement(ref, fl))
+    kube.apply(server_mod.desired_service(ref))
+    claim = server_mod.desired_model_claim(ref, fl)
+    if claim is not None:
+        kube.create(path_of("v1", "PersistentVolumeClaim", ref.namespace), claim)
+    if obs.server_address is None:
+        return
+    members = [r.name for r in obs.resolutions if r.has_data]
+    creds = ensure_credentials(kube, op.ca, ref, obs.server_address, members)
+    desired = works_mod.desired_works(
+        ref,
+        fl,
+        obs.resolutions,
+        obs.server_address,
+        op.agent_endpoints,
+        tls={c: credentials.client_bundle(creds, c) for c in members},
+        server_name=server_mod.gateway_server_name(ref, obs.server_address),
+    )
+    if done:
+        desired = {c: w for c, w in desired.items() if c in obs.works}
+    for cluster, work in desired.items():
+        current = obs.works.get(cluster)
+        if current is None or current.spec_hash != works_mod.spec_hash(work):
+            kube.apply(work)
+    existing = [(w.cluster, w.name) for w in obs.works.values()]
+    for namespace, name in works_mod.works_to_delete(existing, desired):
+        logger.info("deleting ManifestWork %s/%s: cluster left", namespace, name)
+        kube.delete(
+            path_of(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name), body=BACKGROUND
+        )
+
+
 def reconcile(
-    body: kopf.Body,
-    meta: kopf.Meta,
-    spec: kopf.Spec,
-    status: kopf.Status,
-    patch: kopf.Patch,
-    logger: kopf.Logger,
-    **kwargs: Any,
-) -> None:
-    """Validate, then apply Placement, server Service, ManifestWorks, server Job; fold status."""
-    ref = _ref(meta)
+    op: Operator,
+    reports: ReportSource,
+    body: Mapping[str, Any],
+    idx: Indexes,
+    run: Run,
+    logger: kopf.Logger | logging.Logger,
+    now: datetime | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> float | None:
+    """One pass for one resource: validate, observe, apply what changed, fold and write status.
+
+    Returns the seconds after which a pass is due even without a wake-up (None: only on one).
+    KubeError (transient) and HubCAUnavailable propagate: the caller retries later.
+    """
+    now = now or _now()
+    ref = run.ref
+    meta = body.get("metadata") or {}
     generation = meta.get("generation")
-    previous = parse_status(status)
+    previous = parse_status(run.status)
     try:
-        fl = parse_spec(dict(spec), ref.name)
+        fl = parse_spec(dict(body.get("spec") or {}), ref.name)
     except SpecError as exc:
-        kopf.warn(body, reason="InvalidSpec", message=str(exc))
-        _write_status(patch, invalid_status(exc.problems, generation, previous, _now()), status)
-        return
-    idx = Indexes.of(kwargs)
-    kube = _kube()
+        kopf.warn(cast(kopf.Body, body), reason="InvalidSpec", message=str(exc))
+        _write_status(op.kube, run, invalid_status(exc.problems, generation, previous, now))
+        return None
+    obs = gather(ref, fl, idx, reports)
+    inputs = (generation, observation_digest(obs))
     try:
-        kube.apply(placement_mod.desired_placement(ref, fl))
-        kube.apply(server_mod.desired_service(ref))
-        claim = server_mod.desired_model_claim(ref, fl)
-        if claim is not None:
-            kube.create(claim)
-        obs = gather(ref, fl, idx, STATE.reports)
-        terminal = previous is not None and previous.phase.value in ("Completed", "Failed")
-        terminal = terminal and previous is not None and previous.observed_generation == generation
-        if obs.server_address is not None:
-            members = [r.name for r in obs.resolutions if r.has_data]
-            creds = ensure_credentials(kube, ref, obs.server_address, members)
-            desired = works_mod.desired_works(
-                ref,
-                fl,
-                obs.resolutions,
-                obs.server_address,
-                agent_endpoints(),
-                tls={c: credentials.client_bundle(creds, c) for c in members},
-                server_name=server_mod.gateway_server_name(ref, obs.server_address),
-            )
-            if terminal:  # a finished run takes no new clusters
-                desired = {c: w for c, w in desired.items() if c in obs.works}
-            for cluster, work in desired.items():
-                current = obs.works.get(cluster)
-                if current is None or current.spec_hash != works_mod.spec_hash(work):
-                    kube.apply(work)
-            existing = [(w.cluster, w.name) for w in obs.works.values()]
-            for namespace, name in works_mod.works_to_delete(existing, desired):
-                logger.info("deleting ManifestWork %s/%s: cluster left", namespace, name)
-                kube.delete(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name)
-        if should_start_server(fl, obs, previous):
-            logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
-            kube.create(server_mod.desired_job(ref, fl))
-            obs = replace(obs, server_job=JobState(exists=True))
+        if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
+            apply_desired(op, ref, fl, obs, finished(previous, generation), logger)
+            if should_start_server(fl, obs, previous, generation):
+                logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
+                op.kube.create(
+                    path_of("batch/v1", "Job", ref.namespace), server_mod.desired_job(ref, fl)
+                )
+                obs = replace(obs, server_job=JobState(exists=True))
+            run.applied, run.applied_at = inputs, clock()
     except KubeError as exc:
-        if exc.status == 422:  # the API refuses an object built from this spec
-            message = f"the API server refused an object built from the spec: {exc}"
-            kopf.warn(body, reason="Refused", message=message)
-            _write_status(patch, invalid_status([message], generation, previous, _now()), status)
-            return
-        raise kopf.TemporaryError(str(exc), delay=15) from exc
-    new = fold(fl, generation, obs, previous, _now(), ref.namespace)
+        if exc.status != 422:
+            raise
+        # The apiserver refuses an object built from this spec.
+        message = f"the API server refused an object built from the spec: {exc.message}"
+        kopf.warn(cast(kopf.Body, body), reason="Refused", message=message)
+        _write_status(op.kube, run, invalid_status([message], generation, previous, now))
+        return None
+    new = fold(fl, generation, obs, previous, now, ref.namespace)
     if previous is None or new.phase != previous.phase:
-        kopf.info(body, reason=new.phase.value, message=new.message)
-    _write_status(patch, new, status)
+        kopf.info(cast(kopf.Body, body), reason=new.phase.value, message=new.message)
+    _write_status(op.kube, run, new)
+    counting_down = new.phase.value == "Running" and len(ready_clusters(obs)) < (
+        fl.server.min_available_clients
+    )
+    return COUNTDOWN_S if counting_down else RESYNC_S
 
 
-@kopf.timer(GROUP, VERSION, PLURAL, interval=REFOLD_INTERVAL_S, idle=REFOLD_INTERVAL_S)
-def refold(
-    meta: kopf.Meta, spec: kopf.Spec, status: kopf.Status, patch: kopf.Patch, **kwargs: Any
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)
+async def run(
+    body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
 ) -> None:
-    """Re-fold status from indexes and reports (deadlines, new metrics); no API reads."""
-    ref = _ref(meta)
+    """The resource's reconcile loop (see the module docstring); kopf cancels it when the
+    resource is being deleted or the operator stops."""
+    op: Operator = memo.operator
+    reports: ReportSource = memo.get("reports") or NoReports()
+    ref = FLRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+    key = (ref.namespace, ref.name)
+    idx = Indexes.of(kwargs)
+    loop = asyncio.get_running_loop()
+    wake = asyncio.Event()
+
+    def waker() -> None:
+        loop.call_soon_threadsafe(wake.set)
+
+    op.wakers[key] = waker
+    unsubscribe = reports.subscribe(ref.uid, waker)
+    state = Run(ref, status=copy.deepcopy(dict(body.get("status") or {})))
+    failures = 0
     try:
-        fl = parse_spec(dict(spec), ref.name)
-    except SpecError:
-        return
-    previous = parse_status(status)
-    obs = gather(ref, fl, Indexes.of(kwargs), STATE.reports)
-    new = fold(fl, meta.get("generation"), obs, previous, _now(), ref.namespace)
-    _write_status(patch, new, status)
+        while True:
+            wake.clear()
+            snapshot = copy.deepcopy(dict(body))
+            try:
+                delay = await asyncio.to_thread(
+                    reconcile, op, reports, snapshot, idx, state, logger
+                )
+                failures = 0
+            except (KubeError, HubCAUnavailable) as exc:
+                delay = RETRY_DELAYS_S[min(failures, len(RETRY_DELAYS_S) - 1)]
+                failures += 1
+                logger.warning("reconcile failed (%s); retrying in %.0fs", exc, delay)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), delay)
+    finally:
+        unsubscribe()
+        if op.wakers.get(key) is waker:
+            del op.wakers[key]
 
 
 # --- waking the owner up when related objects change ---------------------------------------
-def touch(keys: Iterable[Key], idx: Indexes, logger: kopf.Logger | logging.Logger) -> None:
-    """Patch INPUTS_ANNOTATION on each resource whose observed inputs changed."""
-    for key in set(keys):
-        for entry in idx.fls.get(key, []):
-            if entry.spec is None:
-                continue
-            ref = FLRef(namespace=key[0], name=key[1], uid=entry.uid)
-            digest = observation_digest(gather(ref, entry.spec, idx, STATE.reports))
-            if digest == entry.inputs:
-                continue
-            try:
-                _kube().merge_patch(
-                    constants.API_VERSION,
-                    constants.KIND,
-                    key[0],
-                    key[1],
-                    {"metadata": {"annotations": {INPUTS_ANNOTATION: digest}}},
-                )
-            except (KubeError, kopf.TemporaryError) as exc:
-                # The resource is gone, or the API hiccups: the timer and the next event
-                # still reach it.
-                logger.debug("could not touch %s/%s: %s", key[0], key[1], exc)
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def resource_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.operator.wake((namespace or "", name))
 
 
 @kopf.on.event(constants.CLUSTER_GROUP, "v1beta1", "placements", labels=OWNED)
@@ -296,56 +344,59 @@ def touch(keys: Iterable[Key], idx: Indexes, logger: kopf.Logger | logging.Logge
 @kopf.on.event("batch", "v1", "jobs", labels=SERVER_OWNED)
 @kopf.on.event("", "v1", "services", labels=SERVER_OWNED)
 @kopf.on.event("", "v1", "pods", labels=SERVER_OWNED)
-def owned_changed(labels: Mapping[str, str], logger: kopf.Logger, **kwargs: Any) -> None:
+async def owned_changed(labels: Mapping[str, str], memo: kopf.Memo, **_: Any) -> None:
     key = owner_key(labels)
     if key is not None:
-        touch([key], Indexes.of(kwargs), logger)
+        memo.operator.wake(key)
 
 
-@kopf.on.event(
-    constants.CLUSTER_GROUP,
-    "v1beta1",
-    "placementdecisions",
-    labels={placement_mod.PLACEMENT_LABEL: kopf.PRESENT},
-)
-def decision_changed(
-    namespace: str | None, labels: Mapping[str, str], logger: kopf.Logger, **kwargs: Any
+@kopf.on.event(constants.CLUSTER_GROUP, "v1beta1", "placementdecisions", labels=DECIDED)
+async def decision_changed(
+    namespace: str | None, labels: Mapping[str, str], memo: kopf.Memo, **_: Any
 ) -> None:
-    touch([(namespace or "", labels[placement_mod.PLACEMENT_LABEL])], Indexes.of(kwargs), logger)
+    memo.operator.wake((namespace or "", labels[placement_mod.PLACEMENT_LABEL]))
 
 
 @kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters")
-def cluster_changed(logger: kopf.Logger, **kwargs: Any) -> None:
-    idx = Indexes.of(kwargs)
-    touch(list(idx.fls.keys()), idx, logger)
+async def cluster_changed(memo: kopf.Memo, **_: Any) -> None:
+    memo.operator.wake_all()
 
 
 # --- deletion ------------------------------------------------------------------------------
 @kopf.on.delete(GROUP, VERSION, PLURAL)
-def cleanup(meta: kopf.Meta, retry: int, logger: kopf.Logger, **_: Any) -> None:
+def cleanup(meta: kopf.Meta, memo: kopf.Memo, retry: int, logger: kopf.Logger, **_: Any) -> None:
     """Delete what this resource created (by owner labels), on the hub and, through the
-    ManifestWorks, on every cluster; wait a while for the works to go."""
+    ManifestWorks, on every cluster; forget its reports; wait a while for the works to go."""
     ns, name = meta["namespace"], meta["name"]
     selector = f"{constants.LABEL_OWNER_NAMESPACE}={ns},{constants.LABEL_OWNER_NAME}={name}"
-    kube = _kube()
-    works = kube.list(works_mod.WORK_API_VERSION, "ManifestWork", None, selector)
-    for work in works:
-        wmeta = work["metadata"]
-        if not wmeta.get("deletionTimestamp"):
-            kube.delete(
-                works_mod.WORK_API_VERSION, "ManifestWork", wmeta["namespace"], wmeta["name"]
-            )
-    for api_version, kind in (
-        (placement_mod.PLACEMENT_API_VERSION, "Placement"),
-        ("batch/v1", "Job"),
-        ("v1", "Service"),
-        ("v1", "PersistentVolumeClaim"),
-        ("v1", "Secret"),
-    ):
-        for obj in kube.list(api_version, kind, ns, selector):
-            kube.delete(api_version, kind, ns, obj["metadata"]["name"])
-    if works and retry < CLEANUP_WAIT_RETRIES:
-        left = kube.list(works_mod.WORK_API_VERSION, "ManifestWork", None, selector)
-        if left:
-            raise kopf.TemporaryError(f"waiting for {len(left)} ManifestWork(s) to go", delay=5)
+    kube: Kube = memo.operator.kube
+    all_works = path_of(works_mod.WORK_API_VERSION, "ManifestWork")
+    try:
+        works = kube.list_objects(all_works, selector)
+        for work in works:
+            wmeta = work["metadata"]
+            if not wmeta.get("deletionTimestamp"):
+                path = path_of(
+                    works_mod.WORK_API_VERSION, "ManifestWork", wmeta["namespace"], wmeta["name"]
+                )
+                kube.delete(path, body=BACKGROUND)
+        for api_version, kind in (
+            (placement_mod.PLACEMENT_API_VERSION, "Placement"),
+            ("batch/v1", "Job"),
+            ("v1", "Service"),
+            ("v1", "PersistentVolumeClaim"),
+            ("v1", "Secret"),
+        ):
+            for obj in kube.list_objects(path_of(api_version, kind, ns), selector):
+                kube.delete(
+                    path_of(api_version, kind, ns, obj["metadata"]["name"]), body=BACKGROUND
+                )
+        left = kube.list_objects(all_works, selector) if works else []
+    except KubeError as exc:
+        if exc.transient:
+            raise kopf.TemporaryError(str(exc), delay=5) from exc
+        raise
+    (memo.get("reports") or NoReports()).forget(meta["uid"])
+    if left and retry < CLEANUP_WAIT_RETRIES:
+        raise kopf.TemporaryError(f"waiting for {len(left)} ManifestWork(s) to go", delay=5)
     logger.info("cleaned up %s/%s", ns, name)

@@ -1,8 +1,12 @@
-"""kopf indexes: the objects a FederatedLearning depends on, kept in memory by owner.
+"""kopf indexes: what the hub process knows about related objects, in memory, by owner.
 
-PlacementDecisions, Placements, ManagedClusters, ManifestWorks and the server Job, Service and
-Pod are watched and indexed under the owning resource's (namespace, name); `gather` turns
-what the indexes hold for one resource into its `Observations` without any API read.
+Placements, PlacementDecisions, ManifestWorks and the server Job, Service and Pod are indexed
+under the owning resource's (namespace, name), as the small values `observed.py` reads from
+them; ManagedClusters by name and the addon's ManagedClusterAddOns by cluster. The last two are
+the hub's one source of cluster membership: the operator resolves federation members from them,
+and the aggregator and the signer ask `membership.AddonMembers` over them who may report.
+`gather` turns what the indexes hold for one resource into its `Observations`, without any
+API read.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from typing import Any, Final
 
 import kopf
 
-from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, SpecError, parse_spec
+from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, data_claim_of
 from hub_controller.membership import (
+    AddonMembers,
     ClusterInfo,
     cluster_info,
     decided_clusters,
@@ -29,7 +34,7 @@ from hub_controller.operator.observed import (
     PlacementState,
     WorkState,
     job_state,
-    model_from_termination_message,
+    outcome_from_termination_message,
     placement_state,
     server_address,
     work_state,
@@ -37,31 +42,14 @@ from hub_controller.operator.observed import (
 from hub_controller.reports import ReportSource
 from ocmfl import constants
 
-GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
-
-
-INPUTS_ANNOTATION: Final = f"{constants.LABEL_PREFIX}/inputs"
-
-
 OWNED: Final[dict[str, Any]] = {
     constants.LABEL_OWNER_NAME: kopf.PRESENT,
     constants.LABEL_OWNER_NAMESPACE: kopf.PRESENT,
 }
-
-
 SERVER_OWNED: Final[dict[str, Any]] = {**OWNED, constants.LABEL_COMPONENT: server_mod.COMPONENT}
-
+DECIDED: Final[dict[str, Any]] = {placement_mod.PLACEMENT_LABEL: kopf.PRESENT}
 
 Key = tuple[str, str]  # (namespace, name) of a FederatedLearning
-
-
-@dataclass(frozen=True)
-class FLEntry:
-    """A FederatedLearning as indexed: its uid, parsed spec (None if invalid), inputs digest."""
-
-    uid: str
-    spec: FederatedLearningSpec | None
-    inputs: str
 
 
 @dataclass(frozen=True)
@@ -78,31 +66,17 @@ def owner_key(labels: Mapping[str, str]) -> Key | None:
     return (ns, name) if ns and name else None
 
 
-@kopf.index(GROUP, VERSION, PLURAL)
-def fl_idx(namespace: str | None, name: str, uid: str, meta: Any, spec: Any, **_: Any) -> Any:
-    try:
-        parsed: FederatedLearningSpec | None = parse_spec(dict(spec), name)
-    except SpecError:
-        parsed = None
-    inputs = str((meta.get("annotations") or {}).get(INPUTS_ANNOTATION, ""))
-    return {(namespace or "", name): FLEntry(uid=uid, spec=parsed, inputs=inputs)}
+def _owned_by(labels: Mapping[str, str], value: Any) -> Any:
+    key = owner_key(labels)
+    return {key: Owned(labels.get(constants.LABEL_OWNER_UID, ""), value)} if key else None
 
 
 @kopf.index(constants.CLUSTER_GROUP, "v1beta1", "placements", labels=OWNED)
 def placement_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    key = owner_key(labels)
-    if key is None:
-        return None
-    uid = labels.get(constants.LABEL_OWNER_UID, "")
-    return {key: Owned(uid, placement_state(body))}
+    return _owned_by(labels, placement_state(body))
 
 
-@kopf.index(
-    constants.CLUSTER_GROUP,
-    "v1beta1",
-    "placementdecisions",
-    labels={placement_mod.PLACEMENT_LABEL: kopf.PRESENT},
-)
+@kopf.index(constants.CLUSTER_GROUP, "v1beta1", "placementdecisions", labels=DECIDED)
 def decision_idx(namespace: str | None, labels: Mapping[str, str], body: Any, **_: Any) -> Any:
     return {(namespace or "", labels[placement_mod.PLACEMENT_LABEL]): decision_clusters(body)}
 
@@ -110,6 +84,16 @@ def decision_idx(namespace: str | None, labels: Mapping[str, str], body: Any, **
 @kopf.index(constants.CLUSTER_GROUP, "v1", "managedclusters")
 def cluster_idx(name: str, body: Any, **_: Any) -> Any:
     return {name: cluster_info(body)}
+
+
+@kopf.index(
+    constants.ADDON_GROUP,
+    "v1alpha1",
+    "managedclusteraddons",
+    when=lambda name, **_: name == constants.ADDON_NAME,
+)
+def addon_idx(namespace: str | None, name: str, **_: Any) -> Any:
+    return {namespace or "": name}
 
 
 @kopf.index(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
@@ -120,34 +104,28 @@ def work_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
 
 @kopf.index("batch", "v1", "jobs", labels=SERVER_OWNED)
 def server_job_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    key = owner_key(labels)
-    uid = labels.get(constants.LABEL_OWNER_UID, "")
-    return {key: Owned(uid, job_state(body))} if key else None
+    return _owned_by(labels, job_state(body))
 
 
 @kopf.index("", "v1", "services", labels=SERVER_OWNED)
 def server_service_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    key = owner_key(labels)
-    uid = labels.get(constants.LABEL_OWNER_UID, "")
     lb = dict((body.get("status") or {}).get("loadBalancer") or {})
-    return {key: Owned(uid, {"status": {"loadBalancer": lb}})} if key else None
+    return _owned_by(labels, {"status": {"loadBalancer": lb}})
 
 
 @kopf.index("", "v1", "pods", labels=SERVER_OWNED)
 def server_pod_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    key = owner_key(labels)
-    uid = labels.get(constants.LABEL_OWNER_UID, "")
-    return {key: Owned(uid, model_from_termination_message(body))} if key else None
+    return _owned_by(labels, outcome_from_termination_message(body))
 
 
 @dataclass(frozen=True)
 class Indexes:
     """The indexes a handler receives, bundled."""
 
-    fls: kopf.Index[Key, FLEntry]
     placements: kopf.Index[Key, Owned]
     decisions: kopf.Index[Key, tuple[str, ...]]
     clusters: kopf.Index[str, ClusterInfo]
+    addons: kopf.Index[str, str]
     works: kopf.Index[Key, WorkState]
     jobs: kopf.Index[Key, Owned]
     services: kopf.Index[Key, Owned]
@@ -156,15 +134,19 @@ class Indexes:
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Indexes:
         return cls(
-            fls=kwargs["fl_idx"],
             placements=kwargs["placement_idx"],
             decisions=kwargs["decision_idx"],
             clusters=kwargs["cluster_idx"],
+            addons=kwargs["addon_idx"],
             works=kwargs["work_idx"],
             jobs=kwargs["server_job_idx"],
             services=kwargs["server_service_idx"],
             pods=kwargs["server_pod_idx"],
         )
+
+    def members(self) -> AddonMembers:
+        """Addon membership over these (live) indexes."""
+        return AddonMembers(self.clusters, self.addons)
 
 
 def _owned(store: Iterable[Owned], uid: str) -> Any:
@@ -185,15 +167,19 @@ def gather(
     for name in decided:
         for info in idx.clusters.get(name, []):
             clusters[name] = info
-    resolutions = resolve_clusters(decided, clusters, spec.client.data_claim)
+    resolutions = resolve_clusters(decided, clusters, data_claim_of(spec)[0] or "")
     works = {w.cluster: w for w in idx.works.get(key, [])}
     job: JobState = _owned(idx.jobs.get(key, []), ref.uid) or JobState()
     service = _owned(idx.services.get(key, []), ref.uid)
     model: ModelArtifact | None = None
+    reason = ""
     for item in idx.pods.get(key, []):
-        if item.uid == ref.uid and item.value is not None:
-            model = item.value.model_copy(
-                update={"path": server_mod.model_location(ref, spec, item.value.path)}
+        if item.uid != ref.uid or item.value is None:
+            continue
+        reason = item.value.reason or reason
+        if item.value.model is not None:
+            model = item.value.model.model_copy(
+                update={"path": server_mod.model_location(ref, spec, item.value.model.path)}
             )
     return Observations(
         placement=placement,
@@ -202,5 +188,6 @@ def gather(
         server_job=job,
         server_address=server_address(spec, service),
         model=model,
-        reports=reports.snapshot(ref.namespace, ref.name),
+        server_reason=reason,
+        reports=reports.snapshot(ref.uid),
     )

@@ -22,7 +22,7 @@ from hub_controller.operator.desired.works import (
     FEEDBACK_SUCCEEDED,
     SPEC_HASH_ANNOTATION,
 )
-from hub_controller.reports import ClusterReportView
+from hub_controller.reports import ClusterReport
 from ocmfl import constants
 
 
@@ -116,8 +116,18 @@ def job_state(job: Mapping[str, Any] | None) -> JobState:
     )
 
 
-def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifact | None:
-    """The final model described by the server container's termination message, if any."""
+@dataclass(frozen=True)
+class ServerOutcome:
+    """What the server container said when it ended (its termination message)."""
+
+    ok: bool | None = None
+    reason: str = ""
+    model: ModelArtifact | None = None
+
+
+def outcome_from_termination_message(pod: Mapping[str, Any] | None) -> ServerOutcome | None:
+    """The outcome the server container left in its termination message, if any: the final
+    model on success, the launcher's one-line reason (the app's own error) either way."""
     if pod is None:
         return None
     for cs in (pod.get("status") or {}).get("containerStatuses") or []:
@@ -127,16 +137,39 @@ def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifa
             continue
         try:
             data = json.loads(text)
-            metrics = data.get("metrics") or {}
-            data["metrics"] = {
-                str(k): float(v)
-                for k, v in (metrics.items() if isinstance(metrics, dict) else [])
-                if isinstance(v, int | float) and not isinstance(v, bool)
-            }
-            return ModelArtifact.model_validate(data)
-        except (ValueError, AttributeError):
+        except ValueError:
             return None
+        if not isinstance(data, dict):
+            return None
+        model: ModelArtifact | None = None
+        if data.get("path"):
+            metrics = data.get("metrics") or {}
+            try:
+                model = ModelArtifact(
+                    path=str(data["path"]),
+                    round=data.get("round"),
+                    sha256=data.get("sha256"),
+                    metrics={
+                        str(k): float(v)
+                        for k, v in (metrics.items() if isinstance(metrics, dict) else [])
+                        if isinstance(v, int | float) and not isinstance(v, bool)
+                    },
+                )
+            except ValueError:
+                model = None
+        ok = data.get("ok")
+        return ServerOutcome(
+            ok=ok if isinstance(ok, bool) else None,
+            reason=str(data.get("reason") or "")[:1000],
+            model=model,
+        )
     return None
+
+
+def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifact | None:
+    """The final model described by the server container's termination message, if any."""
+    outcome = outcome_from_termination_message(pod)
+    return outcome.model if outcome is not None else None
 
 
 @dataclass(frozen=True)
@@ -206,7 +239,8 @@ class Observations:
     server_job: JobState = field(default_factory=JobState)
     server_address: str | None = None
     model: ModelArtifact | None = None
-    reports: Mapping[str, ClusterReportView] = field(default_factory=dict)
+    server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
+    reports: Mapping[str, ClusterReport] = field(default_factory=dict)
 
 
 def observation_digest(obs: Observations) -> str:

@@ -24,12 +24,6 @@ MAX_LIFETIME: Final = dt.timedelta(hours=24)
 MIN_LIFETIME: Final = dt.timedelta(minutes=10)
 
 
-LABEL_CLUSTER_NAME: Final = "open-cluster-management.io/cluster-name"
-
-
-LABEL_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
-
-
 ALLOWED_USAGES: Final = frozenset({"client auth", "digital signature", "key encipherment"})
 
 
@@ -89,8 +83,9 @@ def decide_csr(csr: Mapping[str, Any], known_clusters: Collection[str]) -> Decis
             f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
         )
     labels = (csr.get("metadata") or {}).get("labels") or {}
-    if labels.get(LABEL_CLUSTER_NAME) != cluster:
-        return Deny("ClusterMismatch", f"label {LABEL_CLUSTER_NAME} must be {cluster!r}")
+    label = constants.LABEL_OCM_CLUSTER_NAME
+    if labels.get(label) != cluster:
+        return Deny("ClusterMismatch", f"label {label} must be {cluster!r}")
     if agent_group(cluster) not in (spec.get("groups") or []):
         return Deny(
             "RequesterMismatch",

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from examples.demo import demo_resource
+from examples.demo import demo_resource, held_out_scores
 from hack import controlplane as cp
 from hack.localfed import (
     FL_PATH,
@@ -27,13 +27,12 @@ from hack.localfed import (
     prepare_data,
     set_cluster_claim,
     wait_fl,
-    wait_for,
 )
+from hack.testing import wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
-from workloads.evaluate import held_out
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
@@ -79,7 +78,9 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
 ) -> None:
     workdir = fed.workdir.parent
-    body = demo_resource(rounds=2, models=workdir / "models", min_clients=2)
+    body = demo_resource(
+        rounds=2, models=workdir / "models", min_clients=2, test_dir=workdir / "data" / "test"
+    )
     claim = body["spec"]["client"]["dataClaim"]
     with_data, without = plane.clusters[:2], plane.clusters[2]
     paths = prepare_data(plane, workdir / "data", with_data, claim)
@@ -123,12 +124,12 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
         assert row["accuracy"] is not None and row["round"] == 2, row
     assert status.get("history"), "per-round metrics missing"
 
-    # The model exists and beats the initial one on held-out data.
+    # The model exists and beats the initial one on held-out data (scored by the app).
     model = Path(status["model"]["path"])
     assert model.is_file()
-    before = held_out("digits", workdir / "data" / "test")
-    after = held_out("digits", workdir / "data" / "test", model)
-    assert after.accuracy > before.accuracy + 0.3, (before, after)
+    before, after = held_out_scores(final, workdir / "models")
+    assert after["test-accuracy"] > before["test-accuracy"] + 0.3, (before, after)
+    assert status["model"]["metrics"]["test-accuracy"] == after["test-accuracy"]
 
     # Deleting the resource cleans the hub and every cluster, and nothing else.
     hub.delete(f"{FL_PATH.format(ns=NAMESPACE)}/{name}")

@@ -33,8 +33,8 @@ from hack.localfed import (
     get_fl,
     prepare_data,
     set_cluster_claim,
-    wait_for,
 )
+from hack.testing import wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants
@@ -73,7 +73,7 @@ def _body(run: Run, models: Path) -> dict[str, Any]:
     body["metadata"]["name"] = run.name
     # Fit only: each client message is a fresh ClientApp process importing torch; three
     # federations on two cores need no evaluate round trips to show they keep apart.
-    body["spec"]["server"]["strategy"]["params"]["fractionEvaluate"] = 0.0
+    body["spec"]["server"]["app"]["runConfig"]["fraction-evaluate"] = 0.0
     client = body["spec"]["client"]
     client["dataClaim"] = run.claim
     [predicate] = client["placement"]["predicates"]

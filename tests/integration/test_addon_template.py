@@ -22,7 +22,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,6 +34,7 @@ from cryptography.x509.oid import NameOID
 
 from hack.controlplane.plane import ControlPlane
 from hack.helm import helm_binary
+from hack.testing import wait_for
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
 
@@ -43,16 +44,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ocm-federated-learning"
 ADDON_API = f"/apis/{constants.ADDON_GROUP}/v1alpha1"
 T = TypeVar("T")
-
-
-def wait_for(fn: Callable[[], T | None], timeout: float, what: str) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

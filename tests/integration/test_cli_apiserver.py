@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,15 +30,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
 NAME = "digits"
 runner = CliRunner()
-
-
-def _wait_for(fn: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if fn():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -142,12 +133,13 @@ def fl(hub: Kube, namespace: str, control_plane: ControlPlane) -> FL:
 def test_status_shows_the_header_and_a_row_per_cluster(fl: FL) -> None:
     res = fl.cli("status", NAME)
     assert res.exit_code == 0, res.output
-    out = res.output
-    assert f"{fl.namespace}/{NAME}" in out and "round 2/3" in out and "clients 2/3" in out
-    assert "ClientsReady=False ClusterNoData" in out
-    row1 = next(line for line in out.splitlines() if "cluster1" in line)
-    assert "/data/one" in row1 and "1078" in row1 and "0.2500" in row1 and "s ago" in row1
-    assert any("cluster3" in line and "NoData" in line for line in out.splitlines())
+    lines = res.output.splitlines()  # not a terminal: key=value lines
+    assert lines[0].startswith(f"{fl.namespace}/{NAME} phase=Running round=2/3 clients=2/3")
+    assert "condition=ClientsReady status=False reason=ClusterNoData" in lines[1]
+    row1 = next(line for line in lines if line.startswith("cluster=cluster1 "))
+    assert "data-path=/data/one" in row1 and "samples=1078" in row1 and "loss=0.2500" in row1
+    assert 's ago"' in row1
+    assert any(line.startswith("cluster=cluster3 phase=NoData") for line in lines)
 
 
 def test_namespace_defaults_to_the_kubeconfig_context(fl: FL, tmp_path: Path) -> None:
@@ -156,7 +148,7 @@ def test_namespace_defaults_to_the_kubeconfig_context(fl: FL, tmp_path: Path) ->
         ctx["context"]["namespace"] = fl.namespace
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(config))
-    res = runner.invoke(cli.app, ["status", NAME, "--kubeconfig", str(kubeconfig), "--json"])
+    res = runner.invoke(cli.app, ["status", NAME, "--kubeconfig", str(kubeconfig), "-o", "json"])
     assert res.exit_code == 0, res.output
     assert len(yaml.safe_load(res.stdout)["clusters"]) == 3
 
@@ -187,7 +179,7 @@ def test_model_exits_one_until_status_has_one(fl: FL) -> None:
 
 def test_plot_writes_a_png_from_the_history(fl: FL, tmp_path: Path) -> None:
     out = tmp_path / "metrics.png"
-    res = fl.cli("plot", NAME, "-o", str(out))
+    res = fl.cli("plot", NAME, "-f", str(out))
     assert res.exit_code == 0, res.output
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     obj = fl.hub.get(fl.path)
@@ -196,7 +188,7 @@ def test_plot_writes_a_png_from_the_history(fl: FL, tmp_path: Path) -> None:
 
 def test_plot_without_history_exits_one(fl: FL, tmp_path: Path) -> None:
     fl.set_status({"history": None})
-    res = fl.cli("plot", NAME, "-o", str(tmp_path / "m.png"))
+    res = fl.cli("plot", NAME, "-f", str(tmp_path / "m.png"))
     assert res.exit_code == 1 and "no per-round metrics yet" in res.stderr
 
 

@@ -9,16 +9,16 @@ starts: these tests are about placement, cluster resolution, works and cleanup.
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from kopf.testing import KopfRunner
 
 from hack.controlplane.plane import ControlPlane
 from hack.localfed import install_crd
+from hack.testing import kopf_registry, wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired.works import work_name
 from ocmfl import constants, pki
@@ -26,22 +26,10 @@ from ocmfl.kube import Kube, KubeError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-T = TypeVar("T")
 CLUSTER = constants.CLUSTER_GROUP
 CLAIMS = f"/apis/{CLUSTER}/v1alpha1/clusterclaims"
 WORKS_ALL = f"/apis/{constants.WORK_GROUP}/v1/manifestworks"
 FL_NAME = "digits"
-
-
-def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
 
 
 def fl_path(namespace: str, name: str = "") -> str:
@@ -103,23 +91,24 @@ def set_claim(spoke: Kube, name: str, value: str) -> None:
 
 @pytest.fixture
 def operator(
-    control_plane: ControlPlane, hub: Kube, namespace: str, tmp_path_factory: pytest.TempPathFactory
+    control_plane: ControlPlane,
+    hub: Kube,
+    namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[KopfRunner]:
-    """kopf in-process against the hub; at the end the test's resources are deleted while
-    the operator still runs, so its finalizer can do its job."""
-    os.environ["KUBECONFIG"] = control_plane.hub_kubeconfig
+    """The operator alone, kopf in-process against the hub; at the end the test's resources
+    are deleted while the operator still runs, so its finalizer can do its job."""
+    monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
     # The hub CA the controller issues per-resource credentials from (ca_init on a real hub).
     ca_dir = tmp_path_factory.mktemp("hub-ca")
     pki.save_tls_dir(ca_dir, pki.create_ca("test-hub-ca"), None)
-    os.environ[constants.ENV_CA_DIR] = str(ca_dir)
-    from hub_controller.operator import handlers as op
-
-    op.STATE.kube = None  # a client for this plane
+    monkeypatch.setenv(constants.ENV_CA_DIR, str(ca_dir))
     # Only this test's namespace and the cluster namespaces (where the works live), so other
     # tests' resources on a shared plane are left to their own operators.
     watched = [f"--namespace={n}" for n in (namespace, *control_plane.clusters)]
-    args = ["run", "--standalone", *watched, "-m", "hub_controller.operator.handlers"]
-    with KopfRunner(args, timeout=60) as runner:
+    registry = kopf_registry("hub_controller.operator.handlers")
+    with KopfRunner(["run", "--standalone", *watched], registry=registry, timeout=60) as runner:
         time.sleep(2)  # indexes pre-populate before handlers run
         yield runner
         for item in (hub.get(fl_path(namespace)) or {}).get("items", []):
@@ -138,6 +127,7 @@ def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
                 "rounds": 1,
                 "minAvailableClients": 9,
                 "advertiseAddress": "127.0.0.1:9443",
+                "app": {"path": f"{constants.APPS_DIR}/digits"},
                 **server,
             },
             "client": {
@@ -274,7 +264,7 @@ def test_schema_refuses_what_it_can_say(hub: Kube, namespace: str) -> None:
     assert exc.value.status == 422
     assert "spec.server.rounds" in str(exc.value)
     body = fl_body(namespace, "x.data")
-    body["spec"]["server"]["strategy"] = {"name": "fedmagic"}
+    body["spec"]["server"]["storage"] = {"type": "Floppy"}
     with pytest.raises(KubeError):
         hub.create(fl_path(namespace), body)
 

@@ -12,13 +12,13 @@ import ipaddress
 import os
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
+from hack import testing
 from hack.controlplane import podnet
 from hack.controlplane.plane import ControlPlane
 from ocmfl.constants import CLUSTER_GROUP, WORK_GROUP, WORKLOAD_IMAGE
@@ -31,19 +31,17 @@ BUSYBOX = "registry.k8s.io/e2e-test-images/busybox:1.29-4"
 
 
 def wait_for(fn: Callable[[], T | None], timeout: float = 60.0, what: str = "condition") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
+    """hack.testing.wait_for, riding out the 404/409 of objects not there yet or in flux."""
+
+    def tolerant() -> T | None:
         try:
-            last = fn()
+            return fn()
         except KubeError as e:
-            last = e
             if e.status not in (404, 409):
                 raise
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+            return None
+
+    return testing.wait_for(tolerant, timeout, what)
 
 
 @pytest.fixture

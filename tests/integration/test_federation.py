@@ -1,4 +1,5 @@
-"""A real federation on 127.0.0.1: SuperLink + 2 SuperNodes as processes, TLS, node auth.
+"""A real federation on 127.0.0.1: SuperLink + 2 SuperNodes as processes, TLS, node auth,
+running the digits example app (examples/apps/digits) through the launchers.
 
 One federation is shared by the tests of this module (they run in file order; the last one
 breaks a client on purpose). Certificates come from ocmfl.pki, SuperNode keys from
@@ -11,10 +12,8 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,23 +21,19 @@ from typing import Any
 
 import pytest
 
+from hack.testing import free_port, wait_for
 from ocmfl import pki
 from ocmfl.nodekeys import write_keypair
 from workloads.client_launcher import EXIT_REFUSED
 from workloads.data import load_partition, partition
-from workloads.model_store import ModelStore
+from workloads.sdk import ModelStore
 
 pytestmark = [pytest.mark.federation, pytest.mark.timeout(900)]
 
 BIN = Path(sys.executable).parent
+DIGITS_APP = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 CLUSTERS = ("cluster1", "cluster2")
 ROUNDS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -57,14 +52,14 @@ def _kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> Non
 
 
 def _wait_for(predicate: Any, timeout: float, what: str, proc: Any = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
+    """wait_for `predicate`, failing at once when `proc` exits first."""
+
+    def check() -> bool:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"{what}: process exited early with {proc.returncode}")
-        time.sleep(1.0)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        return bool(predicate())
+
+    wait_for(check, timeout, what, interval=1.0)
 
 
 @dataclass
@@ -89,10 +84,10 @@ class Federation:
             "--min-clients", "2",
             "--wait-clients-timeout", "180",
             "--status-interval", "5",
+            "--app-dir", str(DIGITS_APP),
+            "--run-config", json.dumps({"test-dir": str(self.data / "test")}),
             "--rounds", str(rounds),
-            "--lr", "0.1",
-            "--storage-dir", str(storage),
-            "--test-dir", str(self.data / "test"),
+            "--storage", str(storage),
             *extra,
         ]  # fmt: skip
 
@@ -105,7 +100,7 @@ class Federation:
             "--cluster-name", name,
             "--data-dir", str(self.data / (name if name in CLUSTERS else CLUSTERS[0])),
             "--state-dir", str(self.root / f"client-{name}"),
-            "--port", str(_free_port()),
+            "--port", str(free_port()),
             "--connect-timeout", str(connect_timeout),
         ]  # fmt: skip
 
@@ -123,7 +118,7 @@ def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
         if name in CLUSTERS:  # the rogue key is never registered
             (pubs / f"{name}.pub").write_bytes(pub.read_bytes())
     partition(root / "data", list(CLUSTERS), split="label-skew", sizes="2,1", seed=0)
-    f = Federation(root, _free_port(), tls, keys, pubs, root / "data")
+    f = Federation(root, free_port(), tls, keys, pubs, root / "data")
     try:
         for name in CLUSTERS:
             f.clients[name] = _spawn(f.client_cmd(name, name), root / f"{name}.log")

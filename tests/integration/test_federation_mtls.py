@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from hack.testing import free_port
 from hub_controller.operator.desired import credentials as cr
 from ocmfl import pki
 from workloads.data import partition
@@ -28,12 +28,7 @@ pytestmark = [pytest.mark.federation, pytest.mark.timeout(600)]
 
 BIN = Path(sys.executable).parent
 CLUSTERS = ("cluster1", "cluster2")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+DIGITS_APP = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 
 
 def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -69,7 +64,7 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
     server_tls = _write(tmp_path / "server-tls", cr.server_tls_bundle(data))
     node_keys = _write(tmp_path / "node-keys", cr.server_node_keys(data))
     partition(tmp_path / "data", list(CLUSTERS), split="iid", sizes="1,1", seed=0)
-    superlink_port, gateway_port = _free_port(), _free_port()
+    superlink_port, gateway_port = free_port(), free_port()
     gateway = f"127.0.0.1:{gateway_port}"
     server_cmd = [
         str(BIN / "ocm-fl-server"),
@@ -86,8 +81,9 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         "--wait-clients-timeout", "240",
         "--status-interval", "3",
         "--rounds", "2",
-        "--storage-dir", str(tmp_path / "models"),
-        "--test-dir", str(tmp_path / "data" / "test"),
+        "--app-dir", str(DIGITS_APP),
+        "--run-config", json.dumps({"fraction-evaluate": 0.0}),
+        "--storage", str(tmp_path / "models"),
         "--result-file", str(tmp_path / "result.json"),
     ]  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from hack.testing import free_port
 from ocmfl import pki
 from workloads.fleet_proxy import (
     TLSFiles,
@@ -27,12 +28,6 @@ from workloads.fleet_proxy import (
     fleet_tunnel_conf,
     nginx_command,
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _write(path: Path, data: bytes) -> str:
@@ -122,7 +117,7 @@ def _start_nginx(conf: str, workdir: Path, port: int) -> subprocess.Popen[bytes]
 
 @pytest.fixture
 def gateway(certs: Pki, upstream: str, tmp_path: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     conf = fleet_gateway_conf(
         listen=f"127.0.0.1:{port}",
         server_tls=certs.server("gateway"),
@@ -193,7 +188,7 @@ def test_tunnel_carries_plain_fleet_calls_over_mtls_with_the_cluster_identity(
     certs: Pki, gateway: str, tmp_path: Path
 ) -> None:
     cert, key = certs.client("c2", "cluster2")
-    port = _free_port()
+    port = free_port()
     conf = fleet_tunnel_conf(
         listen=f"127.0.0.1:{port}",
         gateway_address=gateway,
@@ -220,7 +215,7 @@ def test_tunnel_fails_closed_when_the_gateway_certificate_is_not_trusted(
     other = pki.create_ca("impostor-trust")
     other_ca = _write(tmp_path / "other-ca.crt", other.cert_pem)
     cert, key = certs.client("c3", "cluster3")
-    port = _free_port()
+    port = free_port()
     conf = fleet_tunnel_conf(
         listen=f"127.0.0.1:{port}",
         gateway_address=gateway,

@@ -1,78 +1,53 @@
-"""The status path on the real local control plane (hub kube-apiserver with OCM CRDs).
+"""The status path on the real local control plane, through the hub process as it runs.
 
-A cluster's agent posts metrics -> mTLS report -> aggregator (kubernetes-backed registry:
-accepted ManagedCluster + ManagedClusterAddOn) -> StatusWriter -> FederatedLearning
-status.clusters. The CSR signer issues the agent's identity on the same hub: a CSR created
-by cluster1's addon-agent identity is approved and signed; one for a cluster without the
-addon is denied; a CSR for a foreign signer is left alone.
+kopf runs the hub's three parts in-process (operator, aggregator, CSR signer) against the real
+hub apiserver. A cluster's agent posts metrics -> mTLS report -> aggregator (member clusters
+only: accepted ManagedCluster with the addon's ManagedClusterAddOn, from the hub's indexes) ->
+report store -> the operator's status fold -> FederatedLearning status.clusters. The CSR signer
+issues the agent's identity on the same hub: a CSR created by cluster1's addon-agent identity
+is approved and signed; one for a cluster without the addon is denied; a CSR for a foreign
+signer is left alone.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import datetime as dt
-import threading
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import pytest
-import yaml
+from kopf.testing import KopfRunner
 
 from agent_addon.agent import Agent, AgentConfig
 from agent_addon.csr import RenewalError, request_certificate
-from hack.controlplane.plane import ControlPlane
 from hack.localfed import (
     CSR_RBAC_NAME,
     addon_agent_kubeconfig,
     ensure_agent_csr_rbac,
     install_crd,
 )
-from hack.testing import TestPKI
-from hub_controller.aggregator import (
-    AggregatorServer,
-    KubernetesClusterRegistry,
-    KubernetesStatusClient,
-    ReloadingServerCredentials,
-    ReportStore,
-    StatusWriter,
-)
-from hub_controller.signer.handlers import CSRSigner, registered_clusters
-from ocmfl import constants, pki
-from ocmfl.kube import Kube, api_client
+from hack.testing import TestPKI, await_for, free_port, kopf_registry, wait_for
+from ocmfl import constants, pki, reports
+from ocmfl.kube import Kube
+
+if TYPE_CHECKING:
+    from hack.controlplane.plane import ControlPlane
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "federatedlearning.yaml"
+CLUSTER = constants.CLUSTER_GROUP
 MCA_PATH = f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{{ns}}/managedclusteraddons"
+CLAIMS = f"/apis/{CLUSTER}/v1alpha1/clusterclaims"
 CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
-
-
-def wait_for(fn: Callable[[], T | None], timeout: float = 30.0, what: str = "it") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = fn()
-        if last:
-            return last  # type: ignore[no-any-return]
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
-
-
-async def await_for(fn: Callable[[], T | None], timeout: float = 30.0, what: str = "it") -> T:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = await asyncio.to_thread(fn)
-        if last:
-            return last  # type: ignore[no-any-return]
-        await asyncio.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+HUB_PARTS = (
+    "hub_controller.operator.handlers",
+    "hub_controller.aggregator.handlers",
+    "hub_controller.signer.handlers",
+)
 
 
 @pytest.fixture
@@ -101,38 +76,123 @@ def addon_on_cluster1(hub: Kube, control_plane: ControlPlane) -> Iterator[str]:
 
 
 @pytest.fixture
-def fl(hub: Kube, namespace: str) -> dict[str, Any]:
-    body = yaml.safe_load(EXAMPLE.read_text())
-    body["metadata"] = {"name": "digits", "namespace": namespace}
-    path = f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}"
-    return hub.request("POST", path, body)
+def tpki(tmp_path: Path) -> TestPKI:
+    """The hub CA (the hub process issues from it) and the agents' certificates."""
+    return TestPKI(tmp_path / "pki")
 
 
-def fl_status(hub: Kube, namespace: str) -> dict[str, Any]:
-    path = f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}/digits"
-    return (hub.get(path) or {}).get("status") or {}
+class HubProcess:
+    """Where the in-process hub listens."""
+
+    def __init__(self, aggregator_port: int, metrics_port: int) -> None:
+        self.aggregator_port = aggregator_port
+        self.metrics_port = metrics_port
+
+    def metric(self, name: str, labels: dict[str, str]) -> float | None:
+        """A sample from the hub's /metrics, or None (also while /metrics is not up)."""
+        want = f"{{{','.join(f'{k}={v!r}' for k, v in sorted(labels.items()))}}}".replace("'", '"')
+        url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if line.startswith(f"{name}{want if labels else ''} "):
+                return float(line.rsplit(" ", 1)[1])
+        return None
 
 
 @pytest.fixture
-async def aggregator(
-    control_plane: ControlPlane, tmp_path: Path
-) -> AsyncIterator[tuple[AggregatorServer, StatusWriter, TestPKI]]:
-    tpki = TestPKI(tmp_path / "pki")
-    custom = __import__("kubernetes").client.CustomObjectsApi(
-        api_client(control_plane.hub_kubeconfig)
+def hub_process(
+    control_plane: ControlPlane,
+    hub: Kube,
+    namespace: str,
+    tpki: TestPKI,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[HubProcess]:
+    """`ocm-fl-hub` in-process (kopf), with its CA, watching this test's namespace and the
+    cluster namespaces; at the end the test's resources are deleted while it still runs."""
+    ca_dir = pki.save_tls_dir(tmp_path / "hub-ca", tpki.ca, None)
+    process = HubProcess(free_port(), free_port())
+    monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
+    monkeypatch.setenv(constants.ENV_CA_DIR, str(ca_dir))
+    monkeypatch.setenv(constants.ENV_AGGREGATOR_LISTEN, f"127.0.0.1:{process.aggregator_port}")
+    monkeypatch.setenv(constants.ENV_METRICS_LISTEN, f"127.0.0.1:{process.metrics_port}")
+    watched = [f"--namespace={n}" for n in (namespace, *control_plane.clusters)]
+    with KopfRunner(["run", "--standalone", *watched], registry=kopf_registry(*HUB_PARTS)) as run:
+        wait_for(lambda: process.metric("ocmfl_agent_streams", {}) is not None, 60, "the hub")
+        yield process
+        hub.delete(f"{fl_path(namespace)}/digits")
+        wait_for(lambda: hub.get(f"{fl_path(namespace)}/digits") is None, 90, "FL gone")
+    assert run.exception is None, run.exception
+
+
+def fl_path(namespace: str) -> str:
+    return f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}"
+
+
+@pytest.fixture
+def fl(
+    hub: Kube, control_plane: ControlPlane, namespace: str, addon_on_cluster1: str
+) -> Iterator[dict[str, Any]]:
+    """A FederatedLearning that selects cluster1 (a data claim only it has). Its clients never
+    run (an image the local node refuses), minAvailableClients is out of reach: the rows are
+    about the reports."""
+    claim = f"{namespace}.data.ocmfl.io"
+    spoke = Kube(control_plane.cluster_kubeconfigs[addon_on_cluster1])
+    spoke.create(
+        CLAIMS,
+        {
+            "apiVersion": f"{CLUSTER}/v1alpha1",
+            "kind": "ClusterClaim",
+            "metadata": {"name": claim},
+            "spec": {"value": "/srv/data/cluster1"},
+        },
     )
-    store = ReportStore()
-    server = AggregatorServer(
-        store,
-        KubernetesClusterRegistry(custom, negative_ttl_s=0.5),
-        credentials=ReloadingServerCredentials.from_dir(tpki.server_dir()),
+    hub.create(
+        f"/apis/{CLUSTER}/v1beta2/namespaces/{namespace}/managedclustersetbindings",
+        {
+            "apiVersion": f"{CLUSTER}/v1beta2",
+            "kind": "ManagedClusterSetBinding",
+            "metadata": {"name": "global", "namespace": namespace},
+            "spec": {"clusterSet": "global"},
+        },
     )
-    await server.start()
-    writer = StatusWriter(store, KubernetesStatusClient(custom), interval_s=0.5)
-    await writer.start()
-    yield server, writer, tpki
-    await writer.stop()
-    await server.stop(None)
+    selector = {"claimSelector": {"matchExpressions": [{"key": claim, "operator": "Exists"}]}}
+    body = {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": "digits", "namespace": namespace},
+        "spec": {
+            "server": {
+                "rounds": 1,
+                "minAvailableClients": 9,
+                "app": {"path": f"{constants.APPS_DIR}/digits"},
+            },
+            "client": {
+                "image": "example.invalid/not-run:0",
+                "dataClaim": claim,
+                "placement": {
+                    "clusterSets": ["global"],
+                    "predicates": [{"requiredClusterSelector": selector}],
+                },
+            },
+        },
+    }
+    yield hub.request("POST", fl_path(namespace), body)
+    spoke.delete(f"{CLAIMS}/{claim}")
+    spoke.close()
+
+
+def fl_status(hub: Kube, namespace: str) -> dict[str, Any]:
+    return (hub.get(f"{fl_path(namespace)}/digits") or {}).get("status") or {}
+
+
+def cluster_row(hub: Kube, namespace: str, cluster: str) -> dict[str, Any] | None:
+    rows = fl_status(hub, namespace).get("clusters") or []
+    return next((r for r in rows if r["name"] == cluster), None)
 
 
 def agent_for(cluster: str, port: int, cert_dir: Path) -> Agent:
@@ -164,13 +224,14 @@ async def test_report_reaches_federatedlearning_status(
     hub: Kube,
     control_plane: ControlPlane,
     namespace: str,
+    tpki: TestPKI,
+    hub_process: HubProcess,
     fl: dict[str, Any],
-    addon_on_cluster1: str,
-    aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
 ) -> None:
-    server, writer, tpki = aggregator
     cluster1, cluster2 = control_plane.clusters[0], control_plane.clusters[1]
-    agents = [agent_for(c, server.port, tpki.client_dir(c)) for c in (cluster1, cluster2)]
+    await await_for(lambda: cluster_row(hub, namespace, cluster1), 60, "cluster1's row")
+    port = hub_process.aggregator_port
+    agents = [agent_for(c, port, tpki.client_dir(c)) for c in (cluster1, cluster2)]
     for a in agents:
         await a.start()
     try:
@@ -188,30 +249,24 @@ async def test_report_reaches_federatedlearning_status(
             }
             assert await post(a, body) == 202
 
-        def row() -> dict[str, Any] | None:
-            rows = fl_status(hub, namespace).get("clusters") or []
-            return next((r for r in rows if r["name"] == cluster1), None)
+        def reported() -> dict[str, Any] | None:
+            row = cluster_row(hub, namespace, cluster1)
+            return row if row and row.get("round") == 2 else None
 
-        got = await await_for(row, 30, "cluster1's row in status.clusters")
-        assert (got["phase"], got["round"], got["accuracy"], got["loss"]) == (
-            "Running",
-            2,
-            0.91,
-            0.31,
-        )
+        got = await await_for(reported, 30, "cluster1's report in status.clusters")
+        assert (got["phase"], got["accuracy"], got["loss"]) == ("Running", 0.91, 0.31)
         assert got["lastReportTime"].endswith("Z")
+        assert fl_status(hub, namespace)["accuracy"] == 0.91
         # cluster2 has no ManagedClusterAddOn: refused, never in status
         await await_for(
-            lambda: server.metrics.registry.get_sample_value(
+            lambda: hub_process.metric(
                 "ocmfl_reports_rejected_total", {"reason": "not_registered"}
             ),
             15,
             "cluster2 refused",
         )
         assert agents[1].buffer.acked == 0 and len(agents[1].buffer) == 1
-        names = [r["name"] for r in fl_status(hub, namespace).get("clusters") or []]
-        assert cluster2 not in names
-        assert writer.patches >= 1
+        assert cluster_row(hub, namespace, cluster2) is None
     finally:
         for a in agents:
             await a.stop()
@@ -235,19 +290,10 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
     addon_on_cluster1: str,
     csr_rbac: None,
     tmp_path: Path,
-    aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
+    tpki: TestPKI,
+    hub_process: HubProcess,
 ) -> None:
-    from kubernetes import client as k8s
-
-    server, _writer, tpki = aggregator
     cluster1, cluster2 = control_plane.clusters[0], control_plane.clusters[1]
-    admin = api_client(control_plane.hub_kubeconfig)
-    custom = k8s.CustomObjectsApi(admin)
-    assert cluster1 in registered_clusters(custom)
-    assert cluster2 not in registered_clusters(custom)
-    signer = CSRSigner(admin, lambda: tpki.ca, lambda: registered_clusters(custom))
-    thread = threading.Thread(target=signer.run, daemon=True)
-    thread.start()
     foreign = hub.request(
         "POST",
         CSRS,
@@ -263,41 +309,33 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
         },
     )
     try:
-        as_agent1 = k8s.CertificatesV1Api(
-            api_client(addon_agent_kubeconfig(control_plane, cluster1, tmp_path / "a1"))
-        )
+        as_agent1 = Kube(addon_agent_kubeconfig(control_plane, cluster1, tmp_path / "a1"))
         pair = await request_certificate(as_agent1, cluster1, expiration_seconds=3600, timeout_s=30)
         assert pki.cluster_from_certificate(pair.cert) == cluster1
         assert pki.verify_issued_by(pair.cert, tpki.ca.cert)
         life = pair.cert.not_valid_after_utc - pair.cert.not_valid_before_utc
         assert life <= pki.CLOCK_SKEW + dt.timedelta(hours=1)
 
-        as_agent2 = k8s.CertificatesV1Api(
-            api_client(addon_agent_kubeconfig(control_plane, cluster2, tmp_path / "a2"))
-        )
+        as_agent2 = Kube(addon_agent_kubeconfig(control_plane, cluster2, tmp_path / "a2"))
         with pytest.raises(RenewalError, match="UnknownCluster"):
             await request_certificate(as_agent2, cluster2, timeout_s=30)
 
         # the issued identity works end to end: it reports through the aggregator
         cert_dir = pki.save_tls_dir(tmp_path / "issued", pair, tpki.ca.cert)
-        agent = agent_for(cluster1, server.port, cert_dir)
+        agent = agent_for(cluster1, hub_process.aggregator_port, cert_dir)
         await agent.start()
         try:
-            assert (
-                await post(
-                    agent,
-                    {
-                        "round": 1,
-                        "phase": "fit",
-                        "loss": 0.5,
-                        "samples": 10,
-                        "duration_s": 0.1,
-                        "fl_namespace": "x",
-                        "fl_name": "y",
-                    },
-                )
-                == 202
-            )
+            body = {
+                "round": 1,
+                "phase": "fit",
+                "loss": 0.5,
+                "samples": 10,
+                "duration_s": 0.1,
+                "fl_namespace": "x",
+                "fl_name": "y",
+                "fl_uid": "0000-y",
+            }
+            assert await post(agent, body) == 202
             await await_for(lambda: agent.buffer.acked == 1, 15, "the report acked")
         finally:
             await agent.stop()
@@ -306,7 +344,6 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
         assert not (current.get("status") or {}).get("conditions")
         assert not (current.get("status") or {}).get("certificate")
     finally:
-        signer.stop()
         hub.delete(f"{CSRS}/{foreign['metadata']['name']}")
         for item in (hub.get(CSRS) or {}).get("items", []):
             if item["spec"].get("signerName") == constants.SIGNER_NAME:
@@ -317,12 +354,12 @@ async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
     hub: Kube,
     control_plane: ControlPlane,
     namespace: str,
+    tpki: TestPKI,
+    hub_process: HubProcess,
     fl: dict[str, Any],
-    addon_on_cluster1: str,
-    aggregator: tuple[AggregatorServer, StatusWriter, TestPKI],
 ) -> None:
-    """A client Job run by the cluster's local node: Pending -> Running -> Succeeded."""
-    server, _writer, tpki = aggregator
+    """A client Job run by the cluster's local node: Pending -> Running -> Succeeded, seen by
+    the agent's watch; its final report is acknowledged and its metrics reach status."""
     cluster = control_plane.clusters[0]
     spoke = Kube(control_plane.cluster_kubeconfigs[cluster])
     spoke.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
@@ -335,7 +372,7 @@ async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
     agent = Agent(
         AgentConfig(
             cluster=cluster,
-            hub_address=f"127.0.0.1:{server.port}",
+            hub_address=f"127.0.0.1:{hub_process.aggregator_port}",
             cert_dir=tpki.client_dir(cluster),
             watch=True,
             watch_namespace=namespace,
@@ -373,9 +410,11 @@ async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
             },
         )
 
+        key = (namespace, "digits")
+
         def phase() -> str | None:
-            row = server.store.snapshot(namespace, "digits").get(cluster)
-            return row.phase if row else None
+            run = agent.state.runs.get(key)
+            return reports.CLIENT_PHASE_NAMES[run.phase] if run else None
 
         await await_for(lambda: phase() in ("Running", "Succeeded"), 90, "the client started")
         body: dict[str, Any] = {
@@ -389,15 +428,19 @@ async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
             body.update(fl_namespace=namespace, fl_name="digits", fl_uid=fl["metadata"]["uid"])
         assert await post(agent, body) == 202
 
-        def final_row() -> dict[str, Any] | None:
-            rows = fl_status(hub, namespace).get("clusters") or []
-            row = next((r for r in rows if r["name"] == cluster), None)
-            return row if row and row.get("phase") == "Succeeded" else None
+        def delivered() -> bool:
+            run = agent.state.runs.get(key)
+            return bool(run and run.final_sent and len(agent.buffer) == 0)
 
-        row = await await_for(final_row, 90, "Succeeded in status.clusters")
-        assert row["round"] == 1 and row["samples"] == 50
-        state = server.store.snapshot(namespace, "digits")[cluster]
-        assert state.final and state.fl_uid == fl["metadata"]["uid"]
+        await await_for(delivered, 90, "the final report acknowledged by the hub")
+        assert agent.state.runs[key].uid == fl["metadata"]["uid"]
+
+        def row() -> dict[str, Any] | None:
+            found = cluster_row(hub, namespace, cluster)
+            return found if found and found.get("round") == 1 else None
+
+        got = await await_for(row, 30, "the client's metrics in status.clusters")
+        assert got["samples"] == 50 and got["loss"] == 0.4
     finally:
         await agent.stop()
         spoke.delete(f"/api/v1/namespaces/{namespace}")

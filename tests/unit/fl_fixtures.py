@@ -12,7 +12,12 @@ REF = FLRef(namespace="team-a", name="digits", uid="0000-uid")
 def spec_dict(**server: Any) -> dict[str, Any]:
     """A minimal valid spec as a user writes it (camelCase), with server fields overridden."""
     return {
-        "server": {"rounds": 3, "minAvailableClients": 2, **server},
+        "server": {
+            "rounds": 3,
+            "minAvailableClients": 2,
+            "app": {"path": "/opt/ocm-fl/apps/digits"},
+            **server,
+        },
         "client": {
             "dataClaim": "fl.data-path",
             "placement": {

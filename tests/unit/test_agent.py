@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,10 @@ from agent_addon.agent import Agent, AgentConfig
 from agent_addon.buffer import ReportBuffer
 from agent_addon.phase import derive_client_phase, phases_by_run, runs_by_pod_ip
 from agent_addon.state import AgentState, BadRequest, Forbidden, parse_metrics_post
-from hack.testing import TestPKI
-from hub_controller.aggregator import (
-    AggregatorServer,
-    InMemoryClusterRegistry,
-    ReloadingServerCredentials,
-    ReportStore,
-)
+from hack.testing import TestPKI, await_for, free_port
+from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
+from hub_controller.aggregator.store import ReportStore
+from hub_controller.membership import StaticMembers
 from ocmfl import constants, pki
 from ocmfl.status.v1 import report_pb2
 
@@ -42,12 +38,6 @@ POST = {
     "fl_name": "mnist",
     "fl_uid": "0a1b-2c3d",
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- pure parts ----------------------------------------------------------------------------
@@ -202,7 +192,7 @@ class Hub:
 
     def __init__(self, tpki: TestPKI) -> None:
         self.store = ReportStore()
-        self.registry = InMemoryClusterRegistry(["cluster-a"])
+        self.registry = StaticMembers(["cluster-a"])
         self.server_dir = tpki.server_dir()
         self.port = free_port()
         self.server: AggregatorServer | None = None
@@ -251,6 +241,10 @@ async def agent(tpki: TestPKI, hub: Hub) -> AsyncIterator[Agent]:
     await a.stop()
 
 
+async def _eventually(cond: Any, timeout: float = 10.0) -> None:
+    await await_for(cond, timeout, "the condition", interval=0.02)
+
+
 async def post(agent: Agent, body: Any) -> tuple[int, dict[str, Any]]:
     async with (
         aiohttp.ClientSession() as s,
@@ -259,22 +253,13 @@ async def post(agent: Agent, body: Any) -> tuple[int, dict[str, Any]]:
         return r.status, await r.json()
 
 
-async def eventually(cond: Any, timeout: float = 10.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not cond():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
-
-
 async def test_posted_metrics_reach_the_hub(agent: Agent, hub: Hub) -> None:
     status, body = await post(agent, POST)
     assert status == 202 and body["sequence"] == 1
-    await eventually(lambda: "cluster-a" in hub.store.snapshot(*RUN))
-    row = hub.store.snapshot(*RUN)["cluster-a"]
+    await _eventually(lambda: "cluster-a" in hub.store.snapshot(POST["fl_uid"]))
+    row = hub.store.snapshot(POST["fl_uid"])["cluster-a"]
     assert (row.phase, row.round, row.samples, row.loss) == ("Running", 1, 120, 0.7)
-    await eventually(lambda: len(agent.buffer) == 0)
+    await _eventually(lambda: len(agent.buffer) == 0)
     async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{agent.port}/healthz") as r:
         health = await r.json()
     assert health["hubConnected"] and health["delivered"] == 1
@@ -296,6 +281,9 @@ class _Watcher:
     def run_at(self, ip: str) -> tuple[tuple[str, str], str]:
         return ("fl", "other"), "u-other"
 
+    def stop(self) -> None:
+        pass
+
 
 async def test_a_client_pod_posting_for_another_run_gets_403(agent: Agent, hub: Hub) -> None:
     agent._watcher = _Watcher()  # type: ignore[assignment]
@@ -304,14 +292,13 @@ async def test_a_client_pod_posting_for_another_run_gets_403(agent: Agent, hub: 
     unnamed = {k: v for k, v in POST.items() if not k.startswith("fl_")}
     status, _ = await post(agent, unnamed)
     assert status == 202
-    await eventually(lambda: "cluster-a" in hub.store.snapshot("fl", "other"))
-    assert "cluster-a" not in hub.store.snapshot(*RUN)
-    agent._watcher = None
+    await _eventually(lambda: "cluster-a" in hub.store.snapshot("u-other"))
+    assert "cluster-a" not in hub.store.snapshot(POST["fl_uid"])
 
 
 async def test_hub_restart_mid_stream_loses_no_final_report(agent: Agent, hub: Hub) -> None:
     await post(agent, POST)
-    await eventually(lambda: agent.buffer.acked == 1)
+    await _eventually(lambda: agent.buffer.acked == 1)
     await hub.stop()
     # while the hub is down: more rounds than the buffer holds, then the final report
     for r in range(2, 80):
@@ -321,8 +308,8 @@ async def test_hub_restart_mid_stream_loses_no_final_report(agent: Agent, hub: H
     assert agent.buffer.has_final() and agent.buffer.dropped > 0
     hub.store = ReportStore()  # a restarted hub remembers nothing
     await hub.start()
-    await eventually(lambda: len(agent.buffer) == 0)
-    row = hub.store.snapshot(*RUN)["cluster-a"]
+    await _eventually(lambda: len(agent.buffer) == 0)
+    row = hub.store.snapshot(POST["fl_uid"])["cluster-a"]
     assert row.final and row.phase == "Succeeded" and row.round == 79
 
 
@@ -330,15 +317,15 @@ async def test_client_certificate_rotation_keeps_reports_flowing(
     agent: Agent, hub: Hub, tpki: TestPKI
 ) -> None:
     await post(agent, POST)
-    await eventually(lambda: agent.buffer.acked == 1)
+    await _eventually(lambda: agent.buffer.acked == 1)
     connects = agent.streamer.connects
     new = tpki.rotate_client(agent.config.cert_dir, "cluster-a")
-    await eventually(lambda: agent.streamer.rotations == 1)
+    await _eventually(lambda: agent.streamer.rotations == 1)
     for r in range(2, 6):
         await post(agent, {**POST, "round": r})
-    await eventually(lambda: agent.buffer.acked == 5)
+    await _eventually(lambda: agent.buffer.acked == 5)
     assert agent.streamer.connects == connects + 1
-    assert hub.store.snapshot(*RUN)["cluster-a"].round == 5
+    assert hub.store.snapshot(POST["fl_uid"])["cluster-a"].round == 5
     assert new.cert.not_valid_after_utc > dt.datetime.now(dt.UTC)
 
 
@@ -346,12 +333,12 @@ async def test_both_sides_rotating_keeps_reports_flowing(
     agent: Agent, hub: Hub, tpki: TestPKI
 ) -> None:
     await post(agent, POST)
-    await eventually(lambda: agent.buffer.acked == 1)
+    await _eventually(lambda: agent.buffer.acked == 1)
     tpki.rotate_server(hub.server_dir)
     tpki.rotate_client(agent.config.cert_dir, "cluster-a")
-    await eventually(lambda: agent.streamer.rotations == 1)
+    await _eventually(lambda: agent.streamer.rotations == 1)
     await post(agent, {**POST, "round": 2})
-    await eventually(lambda: agent.buffer.acked == 2)
+    await _eventually(lambda: agent.buffer.acked == 2)
     assert hub.server is not None and hub.server.credentials is not None
     assert hub.server.credentials.reloads == 1
 
@@ -379,13 +366,13 @@ async def test_agent_with_a_foreign_certificate_keeps_its_reports(
     await a.start()
     try:
         await post(a, POST)
-        await eventually(lambda: a.streamer.last_error is not None)
+        await _eventually(lambda: a.streamer.last_error is not None)
         await asyncio.sleep(0.3)
-        assert len(a.buffer) == 1 and hub.store.snapshot(*RUN) == {}
+        assert len(a.buffer) == 1 and hub.store.snapshot(POST["fl_uid"]) == {}
         # the cluster gets a certificate from the right CA: the report goes through
         tpki.rotate_client(cert_dir, "cluster-a")
-        await eventually(lambda: len(a.buffer) == 0)
-        assert "cluster-a" in hub.store.snapshot(*RUN)
+        await _eventually(lambda: len(a.buffer) == 0)
+        assert "cluster-a" in hub.store.snapshot(POST["fl_uid"])
     finally:
         await a.stop()
 
@@ -436,8 +423,8 @@ async def test_final_report_survives_an_agent_restart_while_the_hub_is_down(
     second = Agent(config)
     await second.start()
     try:
-        await eventually(lambda: len(second.buffer) == 0)
-        row = hub.store.snapshot(*RUN)["cluster-a"]
+        await _eventually(lambda: len(second.buffer) == 0)
+        row = hub.store.snapshot(POST["fl_uid"])["cluster-a"]
         assert row.final and row.phase == "Succeeded" and row.round == 1
     finally:
         await second.stop()

@@ -13,16 +13,14 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from hack.testing import TestPKI
-from hub_controller.aggregator import (
-    AggregatorServer,
-    InMemoryClusterRegistry,
-    ReloadingServerCredentials,
-    ReportStore,
-)
+from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
+from hub_controller.aggregator.store import ReportStore
+from hub_controller.membership import StaticMembers
 from ocmfl import pki
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
+UID = "1234-abcd"
 
 
 def make_report(cluster: str, seq: int = 1, **kw: object) -> report_pb2.Report:
@@ -32,7 +30,7 @@ def make_report(cluster: str, seq: int = 1, **kw: object) -> report_pb2.Report:
         cluster=cluster,
         fl_namespace="fl",
         fl_name="mnist",
-        fl_uid="1234-abcd",
+        fl_uid=UID,
         client_phase=report_pb2.CLIENT_PHASE_RUNNING,
         round=1,
         timestamp=ts,
@@ -70,12 +68,12 @@ def tpki(tmp_path: Path) -> TestPKI:
 
 
 @pytest.fixture
-def registry() -> InMemoryClusterRegistry:
-    return InMemoryClusterRegistry(["cluster-a", "cluster-b"])
+def registry() -> StaticMembers:
+    return StaticMembers(["cluster-a", "cluster-b"])
 
 
 @pytest.fixture
-async def hub(tpki: TestPKI, registry: InMemoryClusterRegistry) -> AsyncIterator[AggregatorServer]:
+async def hub(tpki: TestPKI, registry: StaticMembers) -> AsyncIterator[AggregatorServer]:
     creds = ReloadingServerCredentials.from_dir(tpki.server_dir())
     server = AggregatorServer(
         ReportStore(), registry, credentials=creds, max_message_bytes=16 * 1024
@@ -111,7 +109,7 @@ async def test_report_from_registered_cluster_is_stored_and_acked(
         make_report("cluster-a", 2, round=2),
     )
     assert acks == [1, 2]
-    snap = hub.store.snapshot("fl", "mnist")
+    snap = hub.store.snapshot(UID)
     assert snap["cluster-a"].phase == "Running"
     assert snap["cluster-a"].accuracy == 0.8
     assert snap["cluster-a"].round == 2
@@ -129,7 +127,7 @@ async def test_certificate_for_a_sending_as_b_is_refused(
         await send(hub, tpki, tpki.client_dir("cluster-a"), make_report("cluster-b"))
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "cluster-b" in (err.value.details() or "")
-    assert hub.store.snapshot("fl", "mnist") == {}
+    assert hub.store.snapshot(UID) == {}
     assert (
         hub.metrics.registry.get_sample_value(
             "ocmfl_reports_rejected_total", {"reason": "cluster_mismatch"}
@@ -146,7 +144,7 @@ async def test_unregistered_cluster_is_refused(hub: AggregatorServer, tpki: Test
 
 
 async def test_cluster_removed_from_registry_is_refused_mid_stream(
-    hub: AggregatorServer, tpki: TestPKI, registry: InMemoryClusterRegistry
+    hub: AggregatorServer, tpki: TestPKI, registry: StaticMembers
 ) -> None:
     ca = pki.cert_to_pem(tpki.ca.cert)
     async with channel_for(hub.port, tpki.client_dir("cluster-a"), ca) as channel:
@@ -194,7 +192,7 @@ async def test_bad_client_certificates_are_refused(
         grpc.StatusCode.UNAUTHENTICATED if case == "bad_subject" else grpc.StatusCode.UNAVAILABLE
     )  # refused in the TLS handshake
     assert err.value.code() == expected
-    assert hub.store.snapshot("fl", "mnist") == {}
+    assert hub.store.snapshot(UID) == {}
 
 
 @pytest.mark.parametrize(
@@ -255,8 +253,8 @@ async def test_bad_streams_do_not_harm_another_stream(hub: AggregatorServer, tpk
         await good.write(make_report("cluster-b", 2, round=2))
         assert (await good.read()).sequence == 2
         await good.done_writing()
-    assert hub.store.snapshot("fl", "mnist")["cluster-b"].round == 2
-    assert "cluster-a" not in hub.store.snapshot("fl", "mnist")
+    assert hub.store.snapshot(UID)["cluster-b"].round == 2
+    assert "cluster-a" not in hub.store.snapshot(UID)
 
 
 async def test_server_certificate_rotation_without_restart(
@@ -286,7 +284,7 @@ async def test_server_credentials_reload_only_a_consistent_pair(tpki: TestPKI) -
 
 
 async def test_concurrent_streams_from_many_clusters(
-    hub: AggregatorServer, tpki: TestPKI, registry: InMemoryClusterRegistry
+    hub: AggregatorServer, tpki: TestPKI, registry: StaticMembers
 ) -> None:
     names = [f"c{i}" for i in range(8)]
     for n in names:
@@ -296,7 +294,7 @@ async def test_concurrent_streams_from_many_clusters(
         *(send(hub, tpki, dirs[n], *(make_report(n, s) for s in range(1, 6))) for n in names)
     )
     assert all(r == [1, 2, 3, 4, 5] for r in results)
-    assert sorted(hub.store.snapshot("fl", "mnist")) == names
+    assert sorted(hub.store.snapshot(UID)) == names
 
 
 async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics(
@@ -305,17 +303,14 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
     import urllib.request
 
     from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
+    from hub_controller.ca import HubCA
 
     tpki = TestPKI(tmp_path, key_kind="rsa")
     ca_dir = pki.save_tls_dir(tmp_path / "ca", tpki.ca, None)
     service = AggregatorService(
-        AggregatorSettings(
-            listen="127.0.0.1:0",
-            ca_dir=ca_dir,
-            clusters=["cluster-a"],
-            metrics_port=0,
-            metrics_host="127.0.0.1",
-        )
+        AggregatorSettings(listen="127.0.0.1:0", metrics_port=0, metrics_host="127.0.0.1"),
+        StaticMembers(["cluster-a"]),
+        HubCA(ca_dir),
     )
     port = await service.start()
     try:
@@ -336,48 +331,17 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
         await service.stop()
 
 
-class FakeCustomObjects:
-    """CustomObjectsApi stand-in: ManagedClusters and ManagedClusterAddOns by name."""
+def test_addon_members_are_accepted_clusters_with_the_addon_from_the_indexes() -> None:
+    from hub_controller.membership import AddonMembers, ClusterInfo
 
-    def __init__(self, clusters: dict[str, bool], addons: set[str]) -> None:
-        self.clusters, self.addons, self.calls = clusters, addons, 0
-
-    def get_cluster_custom_object(
-        self, group: str, version: str, plural: str, name: str
-    ) -> dict[str, object]:
-        from kubernetes.client.exceptions import ApiException
-
-        self.calls += 1
-        if name not in self.clusters:
-            raise ApiException(status=404)
-        return {"metadata": {"name": name}, "spec": {"hubAcceptsClient": self.clusters[name]}}
-
-    def get_namespaced_custom_object(
-        self, group: str, version: str, namespace: str, plural: str, name: str
-    ) -> dict[str, object]:
-        from kubernetes.client.exceptions import ApiException
-
-        assert name == "federated-learning" and plural == "managedclusteraddons"
-        if namespace not in self.addons:
-            raise ApiException(status=404)
-        return {}
-
-
-async def test_kubernetes_registry_needs_acceptance_and_the_addon() -> None:
-    from hub_controller.aggregator import KubernetesClusterRegistry
-
-    api = FakeCustomObjects(
-        {"ok": True, "not-accepted": False, "no-addon": True}, {"ok", "not-accepted"}
-    )
-    now = [0.0]
-    reg = KubernetesClusterRegistry(api, ttl_s=30, negative_ttl_s=5, clock=lambda: now[0])
-    assert await reg.is_registered("ok")
-    assert not await reg.is_registered("not-accepted")
-    assert not await reg.is_registered("no-addon")
-    assert not await reg.is_registered("missing")
-    calls = api.calls
-    assert await reg.is_registered("ok") and api.calls == calls  # cached
-    api.addons.add("no-addon")
-    assert not await reg.is_registered("no-addon")  # negative answer still cached
-    now[0] = 6.0
-    assert await reg.is_registered("no-addon")
+    clusters = {
+        "ok": [ClusterInfo("ok", accepted=True)],
+        "not-accepted": [ClusterInfo("not-accepted")],
+        "no-addon": [ClusterInfo("no-addon", accepted=True)],
+    }
+    addons: dict[str, list[str]] = {"ok": ["federated-learning"], "not-accepted": ["x"]}
+    members = AddonMembers(clusters, addons)
+    assert members.registered() == {"ok"}
+    assert not members.is_registered("missing")
+    addons["no-addon"] = ["federated-learning"]  # the indexes are live: no caching
+    assert members.is_registered("no-addon")

@@ -242,11 +242,16 @@ def test_render_dashboard_is_usable_without_the_cli() -> None:
 # --- commands --------------------------------------------------------------------------------
 
 
-def test_status_prints_header_problem_conditions_and_cluster_rows(source: FakeSource) -> None:
+def test_status_on_a_terminal_prints_header_problem_conditions_and_a_cluster_table(
+    source: FakeSource, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=200, color_system=None)
+    monkeypatch.setattr(cli, "console", terminal)
     source.items.append(resource())
     res = runner.invoke(cli.app, ["status", "digits", "-n", "fl", "--context", "kind-hub"])
     assert res.exit_code == 0, res.output
-    out = res.output
+    out = screen.getvalue()
     for text in ("fl/digits", "Running", "round 2/3", "clients 2/3", "0.9100", "training"):
         assert text in out
     assert "ClientsReady=False ClusterNoData: cluster3 has no ClusterClaim fl-data" in out
@@ -255,6 +260,27 @@ def test_status_prints_header_problem_conditions_and_cluster_rows(source: FakeSo
     assert len(rows) == 2 and "1078" in rows[0] and "0.2500" in rows[0] and "ago" in rows[0]
     assert any("cluster3" in line and "NoData" in line for line in out.splitlines())
     assert source.calls == [("connect", None, "kind-hub"), ("get", "digits", "fl")]
+
+
+def test_status_off_a_terminal_prints_one_key_value_line_per_fact(source: FakeSource) -> None:
+    source.items.append(resource())
+    res = runner.invoke(cli.app, ["status", "digits", "-n", "fl"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].startswith("fl/digits phase=Running round=2/3 clients=2/3 accuracy=0.9100")
+    assert lines[1] == (
+        'condition=ClientsReady status=False reason=ClusterNoData message="cluster3 has no '
+        'ClusterClaim fl-data"'
+    )
+    rows = [line for line in lines if line.startswith("cluster=")]
+    assert [r.split()[0] for r in rows] == [
+        "cluster=cluster1",
+        "cluster=cluster2",
+        "cluster=cluster3",
+    ]
+    assert "samples=1078" in rows[0] and "loss=0.2500" in rows[0] and "last-report=" in rows[0]
+    assert "reason=" not in rows[0] and 'reason="no ClusterClaim' in rows[2]
+    assert "phase=NoData" in rows[2]
 
 
 def test_namespace_defaults_to_the_contexts(source: FakeSource) -> None:
@@ -277,7 +303,7 @@ def test_piped_output_is_wide_enough_that_rows_do_not_fold(source: FakeSource) -
 
 def test_status_json_is_machine_readable(source: FakeSource) -> None:
     source.items.append(resource())
-    res = runner.invoke(cli.app, ["status", "digits", "--json"])
+    res = runner.invoke(cli.app, ["status", "digits", "-o", "json"])
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["phase"] == "Running" and len(data["clusters"]) == 3
@@ -297,6 +323,24 @@ def test_watch_stops_at_completed_with_exit_zero(source: FakeSource) -> None:
     assert "Completed" in res.output and "cluster1" in res.output
     assert "2/3" in res.output  # the round progress bar
     assert source.calls[-1] == ("watch", "digits", "fl", 30.0)
+
+
+def test_watch_off_a_terminal_logs_one_line_per_change(source: FakeSource) -> None:
+    source.items += [resource("Running"), resource("Running"), resource("Completed")]
+    res = runner.invoke(cli.app, ["watch", "digits"])
+    assert res.exit_code == 0, res.output
+    summaries = [line for line in res.output.splitlines() if line.startswith("fl/digits ")]
+    assert [line.split()[1] for line in summaries] == ["phase=Running", "phase=Completed"]
+    assert any(line.startswith("cluster=cluster1 ") for line in res.output.splitlines())
+
+
+def test_watch_json_is_one_object_per_change(source: FakeSource) -> None:
+    source.items += [resource("Running"), resource("Completed", model=True)]
+    res = runner.invoke(cli.app, ["watch", "digits", "-o", "json"])
+    assert res.exit_code == 0, res.output
+    objects = [json.loads(line) for line in res.stdout.splitlines()]
+    assert [o["phase"] for o in objects] == ["Running", "Completed"]
+    assert len(objects[-1]["clusters"]) == 3
 
 
 def test_watch_on_a_terminal_draws_live(
@@ -336,7 +380,7 @@ def test_watch_exits_two_when_the_resource_is_deleted(source: FakeSource) -> Non
 
 def test_model_prints_the_artifact(source: FakeSource) -> None:
     source.items.append(resource("Completed", model=True))
-    res = runner.invoke(cli.app, ["model", "digits", "--json"])
+    res = runner.invoke(cli.app, ["model", "digits", "-o", "json"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.stdout)
     assert info["round"] == 3 and info["metrics"]["accuracy"] == 0.93
@@ -361,7 +405,7 @@ def _png_size(data: bytes) -> tuple[int, int]:
 def test_plot_writes_a_png_of_the_history(source: FakeSource, tmp_path: Path) -> None:
     source.items.append(resource("Completed", model=True))
     out = tmp_path / "metrics.png"
-    res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
+    res = runner.invoke(cli.app, ["plot", "digits", "-f", str(out)])
     assert res.exit_code == 0, res.output
     width, height = _png_size(out.read_bytes())
     assert width > height > 100  # two subplots side by side
@@ -373,12 +417,42 @@ def test_plot_history_writes_svg_for_the_demo(tmp_path: Path) -> None:
     assert "<svg" in out.read_text()
 
 
+def test_plot_json_gives_the_series_and_needs_no_file(source: FakeSource) -> None:
+    source.items.append(resource())
+    res = runner.invoke(cli.app, ["plot", "digits", "-o", "json"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["file"] is None and "global" in data["series"]["accuracy"]
+
+
+def test_plot_needs_a_file_or_json(source: FakeSource) -> None:
+    source.items.append(resource())
+    res = runner.invoke(cli.app, ["plot", "digits"])
+    assert res.exit_code == 2 and "--file" in res.stderr
+
+
 def test_plot_without_history_exits_one(source: FakeSource, tmp_path: Path) -> None:
     source.items.append(resource(history=False))
     out = tmp_path / "metrics.png"
-    res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
+    res = runner.invoke(cli.app, ["plot", "digits", "-f", str(out)])
     assert res.exit_code == 1
     assert "no per-round metrics yet" in res.stderr and not out.exists()
+
+
+def test_plot_without_matplotlib_says_which_extra_to_install(
+    source: FakeSource, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An install without matplotlib (e.g. `pip install ocm-federated-learning` alone)."""
+    import sys
+
+    source.items.append(resource("Completed", model=True))
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    out = tmp_path / "metrics.png"
+    res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
+    assert res.exit_code == cli.EXIT_UNREACHABLE
+    assert "pip install 'ocm-federated-learning[cli]'" in res.stderr and not out.exists()
 
 
 # --- the real client, without a cluster ------------------------------------------------------

@@ -13,11 +13,7 @@ from cryptography import x509
 
 from hack.controlplane import certs, podplan
 from hack.controlplane.claims_mirror import claims_for_status
-from ocmfl.constants import ADDON_IMAGE, PROXY_IMAGE, WORKLOAD_IMAGE
-
-
-def _no_nginx(program: str, path: str) -> str | None:
-    return None
+from ocmfl.constants import ADDON_IMAGE, APPS_DIR, WORKLOAD_IMAGE
 
 
 def test_certificates_chain_to_the_ca_and_carry_subject_and_sans() -> None:
@@ -40,18 +36,29 @@ def test_certificates_chain_to_the_ca_and_carry_subject_and_sans() -> None:
 
 
 def test_project_images_run_from_the_venv_and_unknown_images_are_refused() -> None:
-    assert podplan.resolve_image(WORKLOAD_IMAGE, _no_nginx).path.startswith(str(podplan.VENV_BIN))
-    assert podplan.resolve_image(ADDON_IMAGE.replace("0.1.0", "9.9"), _no_nginx).path.startswith(
+    assert podplan.resolve_image(WORKLOAD_IMAGE).path.startswith(str(podplan.VENV_BIN))
+    assert podplan.resolve_image(ADDON_IMAGE.replace("0.1.0", "9.9")).path.startswith(
         str(podplan.VENV_BIN)
     )
     assert podplan.resolve_image(
-        "registry.k8s.io/e2e-test-images/busybox:1.29-4", _no_nginx
+        "registry.k8s.io/e2e-test-images/busybox:1.29-4"
     ).default_command == ("sh",)
     with pytest.raises(podplan.NotRunnable) as e:
-        podplan.resolve_image("docker.io/library/redis:7", _no_nginx)
+        podplan.resolve_image("docker.io/library/redis:7")
     assert e.value.reason == "ImageNotRunnableLocally"
-    with pytest.raises(podplan.NotRunnable, match="nginx"):
-        podplan.resolve_image(PROXY_IMAGE, _no_nginx)
+
+
+def test_project_images_carry_the_example_apps_and_test_images_their_own(tmp_path: Path) -> None:
+    [apps] = podplan.resolve_image(WORKLOAD_IMAGE).mounts
+    assert apps == podplan.Mount(str(podplan.PROJECT_APPS), APPS_DIR, read_only=True)
+    assert (podplan.PROJECT_APPS / "digits" / "pyproject.toml").is_file()
+    image = "localhost/my-app:test"
+    with pytest.raises(podplan.NotRunnable):
+        podplan.resolve_image(image, podplan.read_local_images(tmp_path))
+    podplan.register_local_image(tmp_path, image, tmp_path / "mine")
+    runtime = podplan.resolve_image(image, podplan.read_local_images(tmp_path))
+    assert runtime.path.startswith(str(podplan.VENV_BIN))
+    assert runtime.mounts == (podplan.Mount(str(tmp_path / "mine"), APPS_DIR, read_only=True),)
 
 
 def _pod(**spec: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from hub_controller.api import (
     Phase,
     SpecError,
     StorageType,
+    data_claim_of,
     parse_spec,
 )
 from ocmfl import constants
@@ -22,7 +23,8 @@ def test_minimal_spec_gets_defaults() -> None:
     assert s.client.image == constants.WORKLOAD_IMAGE
     assert s.client.data_mount.mount_path == "/data"
     assert s.client.data_mount.read_only is True
-    assert s.server.strategy.name.value == "fedavg"
+    assert s.server.app is not None and s.server.app.run_config == {}
+    assert s.server.app.install_dependencies is False
     assert s.server.storage.type == StorageType.HOST_PATH
     assert s.server.timeouts.clients_ready_seconds > 0
 
@@ -46,12 +48,18 @@ def test_min_clients_above_number_of_clusters_names_both_fields_and_the_fix() ->
     )
 
 
-def test_missing_data_claim_is_reported_with_its_path() -> None:
+def test_missing_data_claim_comes_from_the_one_exists_claim_key_or_is_asked_for() -> None:
     raw = spec_dict()
     del raw["client"]["dataClaim"]
+    # The incumbent controller's rule: one claimSelector key with Exists names the claim.
+    assert data_claim_of(parse_spec(raw)) == ("fl.data-path", True)
+    assert data_claim_of(spec()) == ("fl.data-path", False)
+    selector = raw["client"]["placement"]["predicates"][0]["requiredClusterSelector"]
+    selector["claimSelector"]["matchExpressions"].append({"key": "gpu", "operator": "Exists"})
     with pytest.raises(SpecError) as exc:
         parse_spec(raw)
-    assert "spec.client.dataClaim" in str(exc.value)
+    assert "spec.client.dataClaim is required" in str(exc.value)
+    assert "it selects 2: fl.data-path, gpu" in str(exc.value)
 
 
 def test_zero_rounds_is_refused() -> None:
@@ -59,21 +67,56 @@ def test_zero_rounds_is_refused() -> None:
         parse_spec(spec_dict(rounds=0))
 
 
-def test_unknown_strategy_is_refused() -> None:
-    with pytest.raises(SpecError, match=r"spec\.server\.strategy\.name"):
-        parse_spec(spec_dict(strategy={"name": "fedmagic"}))
+def test_an_app_is_required() -> None:
+    raw = spec_dict()
+    del raw["server"]["app"]
+    with pytest.raises(SpecError, match=r"spec\.server\.app\.path is required.*/opt/ocm-fl/apps/"):
+        parse_spec(raw)
+    with pytest.raises(SpecError, match=r"spec\.server\.app\.path"):
+        parse_spec(spec_dict(app={"path": "relative/app"}))
 
 
-def test_fedprox_without_mu_asks_for_proximal_mu() -> None:
-    with pytest.raises(SpecError, match="proximalMu must be set"):
-        parse_spec(spec_dict(strategy={"name": "fedprox"}))
-    ok = parse_spec(spec_dict(strategy={"name": "fedprox", "params": {"proximalMu": 0.1}}))
-    assert ok.server.strategy.params.proximal_mu == 0.1
+def test_the_incumbent_controllers_spellings_are_accepted() -> None:
+    s = parse_spec(spec_dict(storage={"type": "PersistentVolumeClaim", "name": "models"}))
+    assert s.server.storage.is_pvc and s.server.storage.claim == "models"
+    bucket = {"bucketName": "fl", "prefix": "runs"}
+    s = parse_spec(spec_dict(storage={"type": "S3Bucket", "s3": bucket}))
+    assert s.server.storage.is_s3 and s.server.storage.s3 is not None
+    assert s.server.storage.s3.uri() == "s3://fl/runs"
 
 
-def test_unknown_strategy_params_are_refused() -> None:
-    with pytest.raises(SpecError, match=r"spec\.server\.strategy\.params\.serverLearningRate"):
-        parse_spec(spec_dict(strategy={"params": {"serverLearningRate": 0.5}}))
+def test_other_fields_get_an_error_naming_their_new_form() -> None:
+    raw = spec_dict(
+        task="digits",
+        strategy={"name": "fedavg"},
+        listeners=[{"name": "l", "port": 8080, "type": "NodePort"}],
+        superlink="superlink.flower-system:9091",
+    )
+    raw["client"]["supernode"] = "flower-supernode:9094"
+    with pytest.raises(SpecError) as exc:
+        parse_spec(raw)
+    problems = exc.value.problems
+    assert any(p.startswith("spec.server.task (digits) was removed") and
+               "spec.server.app.path: /opt/ocm-fl/apps/digits" in p for p in problems)  # fmt: skip
+    assert any("spec.server.strategy was removed" in p and "app.runConfig" in p for p in problems)
+    assert any("spec.server.listeners" in p and "advertiseAddress" in p for p in problems)
+    assert any(p.startswith("spec.server.superlink is not used") for p in problems)
+    assert any(p.startswith("spec.client.supernode is not used") for p in problems)
+
+
+def test_pod_settings_are_validated() -> None:
+    pod = {"labels": {"federated-learning.open-cluster-management.io/name": "x"}}
+    with pytest.raises(SpecError, match=r"spec\.server\.pod\.labels .* belongs to the controller"):
+        parse_spec(spec_dict(pod=pod))
+    with pytest.raises(SpecError, match=r"tolerations\[0\]\.operator"):
+        parse_spec(spec_dict(pod={"tolerations": [{"operator": "Maybe"}]}))
+
+
+def test_s3_storage_needs_a_bucket() -> None:
+    with pytest.raises(SpecError, match=r"type S3 needs s3\.bucketName"):
+        parse_spec(spec_dict(storage={"type": "S3"}))
+    with pytest.raises(SpecError, match="set type S3"):
+        parse_spec(spec_dict(storage={"s3": {"bucketName": "b"}}))
 
 
 def test_override_needs_exactly_one_of_name_or_selector() -> None:

@@ -19,13 +19,15 @@ client_launcher = pytest.importorskip("workloads.client_launcher")
 
 
 def test_server_args_parse_with_the_server_launcher() -> None:
-    s = spec(rounds=4, strategy={"name": "fedprox", "params": {"proximalMu": 0.1}})
+    app = {"path": "/opt/ocm-fl/apps/digits", "runConfig": {"strategy": "fedprox"}}
+    s = spec(rounds=4, app=app, initModel="base.pth")
     args = server_launcher.build_parser().parse_args(server_args(REF, s))
     assert args.rounds == 4
     assert args.min_clients == 2
-    assert args.strategy == "fedprox"
-    assert json.loads(args.strategy_params)["proximalMu"] == 0.1
-    assert args.task == "digits"
+    assert str(args.app_dir) == "/opt/ocm-fl/apps/digits"
+    assert json.loads(args.run_config) == {"strategy": "fedprox"}
+    assert args.storage == "/var/lib/ocm-fl/models" and args.init_model == "base.pth"
+    assert args.install_dependencies is False
     assert args.wait_clients_timeout == s.server.timeouts.clients_ready_seconds
     assert args.gateway_listen.endswith(":9443")
     assert str(args.gateway_certfile).endswith("gateway.crt")
@@ -42,3 +44,8 @@ def test_client_args_parse_with_the_client_launcher() -> None:
     assert args.cluster_name == "c1"
     assert str(args.data_dir) == "/data"
     assert str(args.run_config) == "/etc/ocm-fl/run-config.json"
+    assert args.install_dependencies is False
+    app = {"path": "/opt/ocm-fl/apps/x", "installDependencies": True}
+    argv = client_args(spec(app=app), c.name, "127.0.0.1:9443", "fl-x-server.team.svc")
+    args = client_launcher.build_parser().parse_args(argv)
+    assert args.install_dependencies is True

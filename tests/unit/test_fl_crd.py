@@ -58,10 +58,14 @@ def test_schema_carries_defaults_enums_bounds_and_required() -> None:
     assert spec["required"] == ["client"]
     assert server["properties"]["rounds"]["minimum"] == 1
     assert server["properties"]["minAvailableClients"]["minimum"] == 1
-    assert server["properties"]["strategy"]["properties"]["name"]["enum"] == ["fedavg", "fedprox"]
+    assert server["properties"]["app"]["required"] == ["path"]
+    assert "PersistentVolumeClaim" in server["properties"]["storage"]["properties"]["type"]["enum"]
     assert server["default"] == {}
     client = spec["properties"]["client"]
-    assert "dataClaim" in client["required"]
+    assert "dataClaim" not in client.get("required", [])  # inferred from the placement
+    # Fields of the incumbent controller are kept (not pruned) so the controller can say
+    # what to write instead.
+    assert server["properties"]["listeners"]["type"] == "array"
     assert client["properties"]["dataMount"]["properties"]["mountPath"]["default"] == "/data"
     assert client["properties"]["placement"]["x-kubernetes-preserve-unknown-fields"] is True
     limits = client["properties"]["resources"]["properties"]["limits"]

@@ -1,4 +1,5 @@
-"""kopf handlers, driven directly with in-memory indexes and a recording fake API."""
+"""One reconcile pass and the cleanup handler, driven with in-memory indexes and a recording
+fake of the Kubernetes layer."""
 
 from __future__ import annotations
 
@@ -10,70 +11,69 @@ import kopf
 import pytest
 from fl_fixtures import REF, spec_dict
 
-from hub_controller.api import parse_spec
+from hub_controller.ca import HubCA
 from hub_controller.membership import ClusterInfo
-from hub_controller.operator import handlers as operator
-from hub_controller.operator import indexes as idx_mod
+from hub_controller.operator import handlers
 from hub_controller.operator.desired.works import work_name
+from hub_controller.operator.indexes import Indexes, Owned
 from hub_controller.operator.observed import JobState, WorkState
+from hub_controller.reports import ClusterReport, NoReports
 from ocmfl import constants, pki
+from ocmfl.kube import object_path
 
 LOG = logging.getLogger("test")
 # kopf's decorators type the handlers as its callback protocols; tests call them directly.
-RECONCILE: Any = operator.reconcile
-CLEANUP: Any = operator.cleanup
+CLEANUP: Any = handlers.cleanup
 
 
 class FakeKube:
-    """Records writes; `objects` answers list()."""
+    """Records writes; `objects` answers list_objects() by kind."""
 
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []
         self.created: list[dict[str, Any]] = []
-        self.deleted: list[tuple[str, str | None, str]] = []
-        self.patched: list[tuple[str, str | None, str, Any]] = []
+        self.deleted: list[str] = []
+        self.patched: list[tuple[str, Any]] = []
         self.objects: dict[str, list[dict[str, Any]]] = {}
 
-    def apply(self, obj: dict[str, Any]) -> None:
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(obj)
+        return obj
 
-    def create(self, obj: dict[str, Any]) -> bool:
-        self.created.append(obj)
-        return True
+    def create(self, path: str, body: dict[str, Any], exist_ok: bool = True) -> dict[str, Any]:
+        self.created.append(body)
+        return body
 
-    def get(
-        self, api_version: str, kind: str, namespace: str | None, name: str
-    ) -> dict[str, Any] | None:
+    def get(self, path: str) -> dict[str, Any] | None:
         for obj in reversed(self.applied):
-            meta = obj["metadata"]
-            if (obj["kind"], meta.get("namespace"), meta["name"]) == (kind, namespace, name):
+            if object_path(obj) == path:
                 return obj
         return None
 
-    def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> bool:
-        self.deleted.append((kind, namespace, name))
-        return True
+    def delete(self, path: str, query: Any = None, body: Any = None) -> None:
+        self.deleted.append(path)
 
-    def list(
-        self, api_version: str, kind: str, namespace: str | None, selector: str
-    ) -> list[dict[str, Any]]:
-        return self.objects.get(kind, [])
+    def list_objects(self, path: str, label_selector: str | None = None) -> list[dict[str, Any]]:
+        return [o for kind, objs in self.objects.items() if f"/{kind}" in path for o in objs]
 
-    def merge_patch(
-        self, api_version: str, kind: str, namespace: str | None, name: str, patch: Any
-    ) -> None:
-        self.patched.append((kind, namespace, name, patch))
+    def patch(self, path: str, body: Any, content_type: str = "") -> dict[str, Any]:
+        self.patched.append((path, body))
+        return {}
 
     def kinds(self, objs: Sequence[dict[str, Any]]) -> Sequence[str]:
         return [o["kind"] for o in objs]
 
+    def status(self) -> dict[str, Any]:
+        """The last status patch."""
+        [(path, body)] = [p for p in self.patched if p[0].endswith("/status")][-1:]
+        assert path.endswith(f"/{REF.name}/status")
+        patch: dict[str, Any] = body["status"]
+        return patch
+
 
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[FakeKube]:
-    pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
-    monkeypatch.setenv(constants.ENV_CA_DIR, str(tmp_path / "hub-ca"))
+def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
     fake = FakeKube()
-    monkeypatch.setattr(operator.STATE, "kube", fake)
     events: list[tuple[str, str]] = []
     monkeypatch.setattr(
         kopf, "warn", lambda body, reason, message: events.append((reason, message))
@@ -81,6 +81,12 @@ def kube(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Iterator[FakeKube]:
     monkeypatch.setattr(kopf, "info", lambda body, reason, message: None)
     fake.events = events  # type: ignore[attr-defined]
     yield fake
+
+
+@pytest.fixture
+def op(kube: FakeKube, tmp_path: Any) -> handlers.Operator:
+    pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
+    return handlers.Operator(kube=kube, ca=HubCA(tmp_path / "hub-ca"))  # type: ignore[arg-type]
 
 
 KEY = (REF.namespace, REF.name)
@@ -92,55 +98,75 @@ def indexes(
     claims: dict[str, str] | None = None,
     works: list[WorkState] | None = None,
     job: JobState | None = None,
-    inputs: str = "",
-) -> dict[str, Any]:
+) -> Indexes:
     claims = {"c1": "/srv/a", "c2": "/srv/b"} if claims is None else claims
-    spec = parse_spec(spec_dict(advertiseAddress="127.0.0.1:9443"))
+    return Indexes.of(
+        {
+            "placement_idx": {},
+            "decision_idx": {KEY: [decided]},
+            "cluster_idx": {
+                c: [ClusterInfo(c, {"fl.data-path": claims[c]} if c in claims else {})]
+                for c in decided
+            },
+            "addon_idx": {},
+            "work_idx": {KEY: works or []},
+            "server_job_idx": {KEY: [Owned(REF.uid, job)]} if job else {},
+            "server_service_idx": {},
+            "server_pod_idx": {},
+        }
+    )
+
+
+def body(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
     return {
-        "fl_idx": {KEY: [idx_mod.FLEntry(uid=REF.uid, spec=spec, inputs=inputs)]},
-        "placement_idx": {},
-        "decision_idx": {KEY: [decided]},
-        "cluster_idx": {
-            c: [ClusterInfo(c, {"fl.data-path": claims[c]} if c in claims else {})] for c in decided
-        },
-        "work_idx": {KEY: works or []},
-        "server_job_idx": {KEY: [idx_mod.Owned(REF.uid, job)]} if job else {},
-        "server_service_idx": {},
-        "server_pod_idx": {},
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": META,
+        "spec": spec,
+        "status": status or {},
     }
 
 
-def run(spec: dict[str, Any], idx: dict[str, Any], status: dict[str, Any] | None = None) -> Any:
-    patch = kopf.Patch()
-    RECONCILE(
-        body={"metadata": META},
-        meta=META,
-        spec=spec,
-        status=status or {},
-        patch=patch,
-        logger=LOG,
-        **idx,
-    )
-    return patch
+class Reports(NoReports):
+    def __init__(self, reports: dict[str, ClusterReport]) -> None:
+        self.reports = reports
+
+    def snapshot(self, uid: str) -> dict[str, ClusterReport]:
+        return self.reports if uid == REF.uid else {}
 
 
-def test_invalid_spec_fails_with_condition_and_event_and_applies_nothing(kube: FakeKube) -> None:
+def run(
+    op: handlers.Operator,
+    spec: dict[str, Any],
+    idx: Indexes,
+    state: handlers.Run | None = None,
+    reports: NoReports | None = None,
+) -> handlers.Run:
+    state = state or handlers.Run(REF, status={})
+    handlers.reconcile(op, reports or NoReports(), body(spec, state.status), idx, state, LOG)
+    return state
+
+
+def test_invalid_spec_fails_with_condition_and_event_and_applies_nothing(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
     raw = spec_dict(minAvailableClients=5)
     raw["client"]["placement"]["numberOfClusters"] = 2
-    patch = run(raw, indexes())
-    assert patch["status"]["phase"] == "Failed"
-    [cond] = patch["status"]["conditions"]
+    run(op, raw, indexes())
+    status = kube.status()
+    assert status["phase"] == "Failed"
+    [cond] = status["conditions"]
     assert (cond["type"], cond["status"]) == ("Validated", "False")
-    assert "lower minAvailableClients" in patch["status"]["message"]
+    assert "lower minAvailableClients" in status["message"]
     assert kube.events[0][0] == "InvalidSpec"  # type: ignore[attr-defined]
     assert not kube.applied and not kube.created and not kube.deleted
 
 
 def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
-    kube: FakeKube,
+    op: handlers.Operator, kube: FakeKube
 ) -> None:
     stale = WorkState(cluster="c9", name=work_name(REF), applied=True)
-    patch = run(spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=[stale]))
+    run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=[stale]))
     kinds = kube.kinds(kube.applied)
     assert kinds == ["Placement", "Service", "Secret", "Secret", "ManifestWork", "ManifestWork"]
     works = [o for o in kube.applied if o["kind"] == "ManifestWork"]
@@ -148,16 +174,32 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
     # The credentials are issued once on the hub, owned by the resource.
     secrets = [o for o in kube.applied if o["kind"] == "Secret"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == REF.uid for o in secrets)
-    assert kube.deleted == [("ManifestWork", "c9", work_name(REF))]
+    assert kube.deleted == [
+        f"/apis/{constants.WORK_GROUP}/v1/namespaces/c9/manifestworks/{work_name(REF)}"
+    ]
     assert not kube.created  # no server before clusters are ready
-    assert patch["status"]["phase"] == "Waiting"
-    rows = {r["name"]: r for r in patch["status"]["clusters"]}
+    status = kube.status()
+    assert status["phase"] == "Waiting"
+    rows = {r["name"]: r for r in status["clusters"]}
     assert rows["c3"]["phase"] == "NoData"
     assert rows["c1"]["dataPath"] == "/srv/a"
 
 
-def test_unchanged_works_are_not_reapplied(kube: FakeKube) -> None:
-    run(spec_dict(advertiseAddress="127.0.0.1:9443"), indexes())
+def test_unchanged_inputs_apply_nothing_and_an_unchanged_status_is_not_written(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
+    spec = spec_dict(advertiseAddress="127.0.0.1:9443")
+    state = run(op, spec, indexes())
+    writes, patches = len(kube.applied), len(kube.patched)
+    run(op, spec, indexes(), state)
+    assert len(kube.applied) == writes and len(kube.patched) == patches
+
+
+def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gate(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
+    spec = spec_dict(advertiseAddress="127.0.0.1:9443")
+    state = run(op, spec, indexes())
     hashes = {
         w["metadata"]["namespace"]: w["metadata"]["annotations"]
         for w in kube.applied
@@ -173,68 +215,57 @@ def test_unchanged_works_are_not_reapplied(kube: FakeKube) -> None:
         for c in ("c1", "c2")
     ]
     before = len(kube.applied)
-    run(spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=works))
+    run(op, spec, indexes(works=works), state)
     # Credentials still good and works unchanged: nothing but the idempotent Placement/Service.
     assert kube.kinds(kube.applied[before:]) == ["Placement", "Service"]
     assert kube.kinds(kube.created) == ["Job"]  # both applied: the gate opens
 
 
-def test_no_address_means_no_works_and_no_deletions(kube: FakeKube) -> None:
+def test_no_address_means_no_works_and_no_deletions(op: handlers.Operator, kube: FakeKube) -> None:
     stale = WorkState(cluster="c1", name=work_name(REF), applied=True)
-    patch = run(spec_dict(), indexes(works=[stale]))
+    run(op, spec_dict(), indexes(works=[stale]))
     assert kube.kinds(kube.applied) == ["Placement", "Service"]
     assert not kube.deleted
-    conds = {c["type"]: c for c in patch["status"]["conditions"]}
+    conds = {c["type"]: c for c in kube.status()["conditions"]}
     assert conds["ServerReady"]["reason"] == "NoAddress"
 
 
-def test_touch_patches_the_inputs_annotation_only_when_inputs_changed(kube: FakeKube) -> None:
-    idx = idx_mod.Indexes.of(indexes())
-    operator.touch([KEY], idx, LOG)
-    [(kind, ns, name, body)] = kube.patched
-    assert (kind, ns, name) == (constants.KIND, REF.namespace, REF.name)
-    digest = body["metadata"]["annotations"][idx_mod.INPUTS_ANNOTATION]
-    kube.patched.clear()
-    operator.touch([KEY], idx_mod.Indexes.of(indexes(inputs=digest)), LOG)
-    assert kube.patched == []
+def test_a_report_refolds_status_without_applying_anything(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
+    spec = spec_dict(advertiseAddress="127.0.0.1:9443")
+    works = [WorkState(cluster=c, name=work_name(REF), applied=True) for c in ("c1", "c2")]
+    idx = indexes(works=works, job=JobState(exists=True, active=1))
+    state = run(op, spec, idx)
+    assert kube.status()["phase"] == "Running"
+    writes = len(kube.applied) + len(kube.created) + len(kube.deleted)
+    report = ClusterReport("c1", REF.uid, handlers._now(), phase="Running", round=2)
+    run(op, spec, idx, state, Reports({"c1": report}))
+    assert len(kube.applied) + len(kube.created) + len(kube.deleted) == writes
+    assert kube.status()["clusters"][0]["round"] == 2
 
 
-def test_delete_removes_owned_objects_and_waits_for_works(kube: FakeKube) -> None:
-    work = {"metadata": {"namespace": "c1", "name": work_name(REF)}}
+def test_delete_removes_owned_objects_forgets_reports_and_waits_for_works(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
+    forgotten: list[str] = []
+
+    class Forgetful(NoReports):
+        def forget(self, uid: str) -> None:
+            forgotten.append(uid)
+
+    memo = kopf.Memo(operator=op, reports=Forgetful())
     kube.objects = {
-        "ManifestWork": [work],
-        "Placement": [{"metadata": {"name": REF.name}}],
-        "Job": [{"metadata": {"name": "digits-server"}}],
-        "Service": [{"metadata": {"name": "digits-server"}}],
+        "manifestworks": [{"metadata": {"namespace": "c1", "name": work_name(REF)}}],
+        "placements": [{"metadata": {"name": REF.name}}],
+        "jobs": [{"metadata": {"name": "digits-server"}}],
+        "services": [{"metadata": {"name": "digits-server"}}],
     }
     with pytest.raises(kopf.TemporaryError):
-        CLEANUP(meta=META, retry=0, logger=LOG)
-    assert ("ManifestWork", "c1", work_name(REF)) in kube.deleted
-    assert ("Placement", REF.namespace, REF.name) in kube.deleted
-    assert ("Job", REF.namespace, "digits-server") in kube.deleted
-    kube.objects["ManifestWork"] = []
-    CLEANUP(meta=META, retry=1, logger=LOG)
-
-
-REFOLD: Any = operator.refold
-
-
-def test_refold_timer_writes_status_from_indexes_without_api_calls(kube: FakeKube) -> None:
-    works = [WorkState(cluster=c, name=work_name(REF), applied=True) for c in ("c1", "c2")]
-    patch = kopf.Patch()
-    REFOLD(
-        meta=META,
-        spec=spec_dict(advertiseAddress="127.0.0.1:9443"),
-        status={},
-        patch=patch,
-        **indexes(works=works, job=JobState(exists=True, active=1)),
-    )
-    assert patch["status"]["phase"] == "Running"
-    assert patch["status"]["clients"] == "2/3"
-    assert not (kube.applied or kube.created or kube.deleted or kube.patched)
-
-
-def test_refold_leaves_an_invalid_resource_alone(kube: FakeKube) -> None:
-    patch = kopf.Patch()
-    REFOLD(meta=META, spec={"client": {}}, status={}, patch=patch, **indexes())
-    assert not patch
+        CLEANUP(meta=META, memo=memo, retry=0, logger=LOG)
+    assert any(p.endswith(f"/c1/manifestworks/{work_name(REF)}") for p in kube.deleted)
+    assert any(p.endswith(f"/placements/{REF.name}") for p in kube.deleted)
+    assert any(p.endswith("/jobs/digits-server") for p in kube.deleted)
+    assert forgotten == [REF.uid]
+    kube.objects["manifestworks"] = []
+    CLEANUP(meta=META, memo=memo, retry=1, logger=LOG)

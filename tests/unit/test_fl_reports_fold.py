@@ -54,7 +54,7 @@ def test_aggregator_reports_fill_cluster_rows_and_accuracy() -> None:
         works=works,
         server_job=JobState(exists=True, active=1),
         server_address="127.0.0.1:9443",
-        reports=source.snapshot(REF.namespace, REF.name),
+        reports=source.snapshot(REF.uid),
     )
     status = fold(spec(), 1, obs, None, T0)
     assert status.round == 2
@@ -83,7 +83,7 @@ def test_folded_status_renders_in_the_cli_dashboard() -> None:
         works={"a": WorkState(cluster="a", name="w", applied=True)},
         server_job=JobState(exists=True, active=1),
         server_address="127.0.0.1:9443",
-        reports=store.snapshot(REF.namespace, REF.name),
+        reports=store.snapshot(REF.uid),
     )
     fl = {
         "metadata": {"name": REF.name, "namespace": REF.namespace},

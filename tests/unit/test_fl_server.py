@@ -15,6 +15,7 @@ from hub_controller.operator.desired.server import (
 from hub_controller.operator.observed import (
     job_state,
     model_from_termination_message,
+    outcome_from_termination_message,
     server_address,
 )
 from ocmfl import constants
@@ -43,15 +44,47 @@ def test_server_job_runs_ocm_fl_server_once_with_the_rounds_and_min_clients() ->
     assert "--init-model" not in args
 
 
-def test_strategy_params_and_init_model_reach_the_server() -> None:
-    s = spec(
-        strategy={"name": "fedprox", "params": {"proximalMu": 0.01}},
-        initModel="/models/start.pt",
-    )
-    args = server_args(REF, s)
-    assert args[args.index("--strategy") + 1] == "fedprox"
-    assert json.loads(args[args.index("--strategy-params") + 1])["proximalMu"] == 0.01
-    assert args[args.index("--init-model") + 1] == "/models/start.pt"
+def test_the_app_its_run_config_and_init_model_reach_the_server() -> None:
+    app = {"path": "/opt/ocm-fl/apps/mine", "runConfig": {"lr": 0.01}, "installDependencies": True}
+    args = server_args(REF, spec(app=app, initModel="base.pth"))
+    assert args[args.index("--app-dir") + 1] == "/opt/ocm-fl/apps/mine"
+    assert json.loads(args[args.index("--run-config") + 1]) == {"lr": 0.01}
+    assert args[args.index("--init-model") + 1] == "base.pth"
+    assert "--install-dependencies" in args
+    assert "--install-dependencies" not in server_args(REF, spec())
+
+
+def test_pod_settings_reach_the_server_pod_and_our_labels_win() -> None:
+    pod = {
+        "labels": {"kueue.x-k8s.io/queue-name": "team-a"},
+        "annotations": {"note": "x"},
+        "schedulerName": "volcano",
+        "priorityClassName": "high",
+        "nodeSelector": {"gpu": "true"},
+        "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    template = desired_job(REF, spec(pod=pod))["spec"]["template"]
+    assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert template["metadata"]["labels"][constants.LABEL_OWNER_UID] == REF.uid
+    assert template["metadata"]["annotations"] == {"note": "x"}
+    pod_spec = template["spec"]
+    assert (pod_spec["schedulerName"], pod_spec["priorityClassName"]) == ("volcano", "high")
+    assert pod_spec["nodeSelector"] == {"gpu": "true"}
+    assert pod_spec["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "schedulerName" not in desired_job(REF, spec())["spec"]["template"]["spec"]
+
+
+def test_s3_storage_gives_the_server_the_bucket_and_the_secret() -> None:
+    s3 = {"bucketName": "fl", "prefix": "runs", "endpoint": "http://127.0.0.1:9000",
+          "credentialsSecret": "s3-creds", "region": "eu-1"}  # fmt: skip
+    job = desired_job(REF, spec(storage={"type": "S3", "s3": s3}))
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[args.index("--storage") + 1] == "s3://fl/runs"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9000" and env["AWS_REGION"] == "eu-1"
+    assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert desired_model_claim(REF, spec(storage={"type": "S3", "s3": s3})) is None
 
 
 def test_pvc_is_created_only_without_claim_name() -> None:
@@ -86,6 +119,20 @@ def test_job_state_reads_terminal_conditions() -> None:
     assert not job_state(None).exists
 
 
+def test_a_failed_servers_own_reason_comes_from_the_termination_message() -> None:
+    msg = json.dumps({"ok": False, "reason": "run 1 finished:failed: ValueError: bad column"})
+    pod = {
+        "status": {
+            "containerStatuses": [
+                {"name": "server", "state": {"terminated": {"exitCode": 1, "message": msg}}}
+            ]
+        }
+    }
+    outcome = outcome_from_termination_message(pod)
+    assert outcome is not None and outcome.ok is False and outcome.model is None
+    assert outcome.reason == "run 1 finished:failed: ValueError: bad column"
+
+
 def test_model_artifact_comes_from_the_termination_message() -> None:
     msg = json.dumps(
         {"path": "/m/final.pt", "round": 3, "sha256": "ab", "metrics": {"acc": 0.9, "note": "x"}}
@@ -117,3 +164,6 @@ def test_model_location_names_the_host_directory_or_the_claim_not_the_container_
     assert model_location(REF, host, inside) == "/srv/models/final/model.npz"
     pvc = spec(storage={"type": "PVC", "claimName": "mine"})
     assert model_location(REF, pvc, inside) == "pvc://mine/final/model.npz"
+    incumbent = spec(storage={"type": "PersistentVolumeClaim", "name": "theirs"})
+    assert model_location(REF, incumbent, inside) == "pvc://theirs/final/model.npz"
+    assert model_location(REF, spec(), "s3://fl/runs/final/model.npz").startswith("s3://")

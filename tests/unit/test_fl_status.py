@@ -24,7 +24,7 @@ from hub_controller.operator.observed import (
     observation_digest,
     work_state,
 )
-from hub_controller.reports import Report
+from hub_controller.reports import ClusterReport, RoundRow
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 SATISFIED = PlacementState(exists=True, satisfied="True", reason="AllDecisionsScheduled")
@@ -49,6 +49,26 @@ def _obs(**kw: object) -> Observations:
     return Observations(**base)  # type: ignore[arg-type]
 
 
+def Report(
+    cluster: str,
+    when: datetime,
+    phase: str = "Running",
+    *,
+    round: int = 0,
+    samples: int | None = None,
+    loss: float | None = None,
+    accuracy: float | None = None,
+    rounds: dict[tuple[int, str], RoundRow] | None = None,
+) -> ClusterReport:
+    """A cluster's report state as the aggregator's store would hold it."""
+    report = ClusterReport(cluster, "uid", when, phase=phase, round=round, sample_count=samples)
+    if loss is not None or accuracy is not None:
+        report.add_row(RoundRow(round, "evaluate", loss=loss, accuracy=accuracy))
+    for row in (rounds or {}).values():
+        report.add_row(row)
+    return report
+
+
 def _cond(status: FederatedLearningStatus, type_: str) -> tuple[str, str]:
     [c] = [c for c in status.conditions if c.type == type_]
     return c.status.value, c.reason
@@ -66,12 +86,12 @@ def test_waiting_until_enough_clusters_have_data_and_applied_works() -> None:
     assert st.clients == "1/3"
     assert _cond(st, "ClientsReady") == ("False", "WaitingForClients")
     assert "without data: c" in st.message
-    assert not should_start_server(spec(), _obs(works=_applied("a")), None)
+    assert not should_start_server(spec(), _obs(works=_applied("a")), None, 1)
 
 
 def test_gate_opens_when_min_clusters_are_applied() -> None:
     obs = _obs(works=_applied("a", "b"))
-    assert should_start_server(spec(), obs, None)
+    assert should_start_server(spec(), obs, None, 1)
     st = fold(spec(), 1, obs, None, T0)
     assert _cond(st, "ClientsReady") == ("True", "EnoughClients")
     assert _cond(st, "ServerReady") == ("False", "NotStarted")
@@ -79,7 +99,7 @@ def test_gate_opens_when_min_clusters_are_applied() -> None:
 
 def test_server_does_not_start_without_an_address() -> None:
     obs = _obs(works=_applied("a", "b"), server_address=None)
-    assert not should_start_server(spec(), obs, None)
+    assert not should_start_server(spec(), obs, None, 1)
     st = fold(spec(), 1, obs, None, T0)
     assert _cond(st, "ServerReady") == ("False", "NoAddress")
 
@@ -96,7 +116,7 @@ def test_running_once_the_server_job_exists() -> None:
     ]
     assert st.clusters[2].reason == "no claim"
     assert st.clusters[0].work_applied and st.clusters[0].data_path == "/srv/a"
-    assert not should_start_server(spec(), obs, None)
+    assert not should_start_server(spec(), obs, None, 1)
 
 
 def test_completed_and_failed_follow_the_server_job() -> None:
@@ -104,6 +124,12 @@ def test_completed_and_failed_follow_the_server_job() -> None:
     st = fold(spec(), 1, done, None, T0)
     assert st.phase == Phase.COMPLETED
     assert _cond(st, "TrainingComplete") == ("True", "Succeeded")
+    # the clients' Job feedback lags behind: a completed run's clients took part to the end
+    assert [r.phase for r in st.clusters] == [
+        ClusterPhase.SUCCEEDED,
+        ClusterPhase.SUCCEEDED,
+        ClusterPhase.NO_DATA,
+    ]
     failed = _obs(
         works=_applied("a", "b"),
         server_job=JobState(exists=True, failed_condition=True, message="exit 1"),
@@ -130,7 +156,7 @@ def test_terminal_phase_sticks_for_the_generation() -> None:
     done = fold(spec(), 4, _obs(server_job=JobState(exists=True, complete=True)), None, T0)
     after = fold(spec(), 4, _obs(), done, T0 + timedelta(seconds=5))
     assert after.phase == Phase.COMPLETED
-    assert not should_start_server(spec(), _obs(works=_applied("a", "b")), after)
+    assert not should_start_server(spec(), _obs(works=_applied("a", "b")), after, 4)
 
 
 def test_condition_keeps_its_transition_time_while_unchanged() -> None:
@@ -217,8 +243,6 @@ def test_digest_changes_with_inputs_but_not_with_reports() -> None:
 
 
 def test_history_has_per_cluster_rounds_and_a_global_weighted_row() -> None:
-    from hub_controller.reports import RoundRow
-
     reports = {
         "a": Report(
             "a",
@@ -242,3 +266,12 @@ def test_history_has_per_cluster_rounds_and_a_global_weighted_row() -> None:
     # a restarted aggregator (no reports) keeps what the status already recorded
     again = fold(spec(), 1, _obs(works=_applied("a", "b")), st, T0)
     assert again.history == st.history
+
+
+def test_the_run_ended_rule_is_terminal_phase_for_the_current_generation() -> None:
+    from hub_controller.api import run_finished
+
+    assert run_finished("Completed", 3, 3) and run_finished("Failed", 3, 3)
+    assert not run_finished("Running", 3, 3)
+    assert not run_finished("Completed", 2, 3)  # a new spec generation: not decided yet
+    assert run_finished("Completed", None, 3)  # a status that names no generation

@@ -234,3 +234,28 @@ def test_client_job_is_server_side_applied_so_resyncs_never_touch_its_selector()
     [config] = work["spec"]["manifestConfigs"]
     assert config["resourceIdentifier"]["resource"] == "jobs"
     assert config["updateStrategy"] == {"type": "ServerSideApply"}
+
+
+def test_client_pods_get_the_pod_settings_and_cluster_values_as_node_config() -> None:
+    raw = spec_dict()
+    raw["client"]["pod"] = {
+        "labels": {"kueue.x-k8s.io/queue-name": "edge"},
+        "schedulerName": "volcano",
+        "priorityClassName": "fl-low",
+        "nodeSelector": {"zone": "a"},
+        "tolerations": [{"key": "edge", "operator": "Exists"}],
+        "annotations": {"a": "b"},
+    }
+    raw["client"]["runConfig"] = {"tokenizer": "bpe", "lr": 0.1}
+    raw["client"]["overrides"] = [{"clusterName": "c1", "runConfig": {"lr": 0.01}}]
+    work = desired_work(REF, parse_spec(raw), C1, ADDR, tls=TLS, server_name=SNI)
+    template = _manifest(work, "Job")["spec"]["template"]
+    assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "edge"
+    assert template["metadata"]["labels"][constants.LABEL_CLUSTER] == "c1"
+    assert template["metadata"]["annotations"] == {"a": "b"}
+    pod = template["spec"]
+    assert (pod["schedulerName"], pod["priorityClassName"]) == ("volcano", "fl-low")
+    assert pod["nodeSelector"] == {"zone": "a"}
+    assert pod["tolerations"] == [{"key": "edge", "operator": "Exists"}]
+    config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
+    assert config == {"tokenizer": "bpe", "lr": 0.01}  # node config for the ClientApp

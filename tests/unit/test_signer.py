@@ -161,21 +161,14 @@ def test_ocm_default_subject_maps_to_its_cluster() -> None:
     assert pki.cluster_from_subject(name) == "cluster-a"
 
 
-class FakeCertsAPI:
-    """CertificatesV1Api stand-in whose CSRs the signer's policy decides at once."""
+class FakeHub:
+    """The agent's hub client (ocmfl.kube.Kube) whose CSRs the signer's policy decides at once."""
 
     def __init__(self, ca: pki.CertAndKey, known: set[str]) -> None:
         self.ca, self.known = ca, known
         self.csrs: dict[str, dict[str, Any]] = {}
-        self.api_client = self
 
-    @staticmethod
-    def sanitize_for_serialization(obj: Any) -> Any:
-        return obj
-
-    def create_certificate_signing_request(self, body: dict[str, Any]) -> Any:
-        from types import SimpleNamespace
-
+    def create(self, path: str, body: dict[str, Any], exist_ok: bool = True) -> dict[str, Any]:
         name = f"csr-{len(self.csrs)}"
         cluster = body["metadata"]["labels"]["open-cluster-management.io/cluster-name"]
         csr = {**body, "metadata": {**body["metadata"], "name": name}}
@@ -186,17 +179,17 @@ class FakeCertsAPI:
         elif isinstance(decision, Deny):
             csr["status"] = {"conditions": [{"type": "Denied", "reason": decision.reason}]}
         self.csrs[name] = csr
-        return SimpleNamespace(metadata=SimpleNamespace(name=name))
+        return csr
 
-    def read_certificate_signing_request(self, name: str) -> dict[str, Any]:
-        return self.csrs[name]
+    def get(self, path: str) -> dict[str, Any] | None:
+        return self.csrs.get(path.rsplit("/", 1)[-1])
 
 
 async def test_agent_renews_its_certificate_when_due(tmp_path: Any) -> None:
     from agent_addon.csr import renew_if_due
 
     ca = pki.create_ca(key_kind="ec")
-    api = FakeCertsAPI(ca, KNOWN)
+    api: Any = FakeHub(ca, KNOWN)
     old = pki.issue_client_cert(
         "cluster-a", ca, lifetime=dt.timedelta(hours=1), now=pki.utcnow() - dt.timedelta(minutes=55)
     )

@@ -1,4 +1,4 @@
-"""Launcher pieces that need no processes: flags -> run config, node config, parsing."""
+"""Launcher pieces that need no processes: flags -> run config and platform env, node config."""
 
 from __future__ import annotations
 
@@ -7,43 +7,60 @@ from pathlib import Path
 
 import pytest
 
+from ocmfl.constants import ENV_FL_UID as OCMFL_FL_UID
 from workloads import client_launcher, server_launcher
 from workloads.flower_env import flower_env, write_connection
 
+DIGITS = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 BASE = ["--state-dir", "st", "--ssl-ca-certfile", "ca", "--ssl-certfile", "c",
-        "--ssl-keyfile", "k", "--supernode-keys", "keys", "--storage-dir", "store"]  # fmt: skip
+        "--ssl-keyfile", "k", "--supernode-keys", "keys", "--storage", "store",
+        "--app-dir", str(DIGITS)]  # fmt: skip
 
 
-def test_server_flags_become_run_config_with_absolute_paths() -> None:
+def test_server_flags_become_run_config_and_the_apps_platform_env(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(OCMFL_FL_UID, "uid-7")
     args = server_launcher.build_parser().parse_args(
-        [*BASE, "--rounds", "5", "--strategy", "fedprox", "--min-clients", "3",
-         "--strategy-params", '{"proximalMu": 0.5, "fractionTrain": 0.5}', "--test-dir", "t"]
+        [*BASE, "--rounds", "5", "--min-clients", "3", "--run-config", '{"lr": 0.05}',
+         "--init-model", "base.pth", "--round-timeout", "60"]
     )  # fmt: skip
     settings = server_launcher.settings_from_args(args)
-    config = settings.to_run_config()
-    assert config["num-server-rounds"] == 5 and config["strategy"] == "fedprox"
-    assert config["proximal-mu"] == 0.5 and config["fraction-train"] == 0.5
-    assert config["min-clients"] == 3
-    assert Path(str(config["storage-dir"])).is_absolute()
-    assert Path(str(config["test-dir"])).is_absolute() and config["init-model"] == ""
+    assert settings.run_config == {"lr": 0.05, "num-server-rounds": 5}
+    env = settings.platform.to_env()
+    assert Path(env["OCMFL_STORAGE"]).is_absolute() and env["OCMFL_INIT_MODEL"] == "base.pth"
+    assert (env["OCMFL_ROUNDS"], env["OCMFL_MIN_CLIENTS"]) == ("5", "3")
+    assert env["OCMFL_FL_UID"] == "uid-7" and env["OCMFL_NODE_NAMES"].endswith("nodes.json")
+    assert not settings.install_dependencies
 
 
 def test_controller_style_aliases_are_accepted() -> None:
     args = server_launcher.build_parser().parse_args(
-        [*BASE[:-2], "--model-dir", "/models", "--clients-ready-timeout", "30"]
+        [*BASE, "--model-dir", "s3://bucket/fl", "--clients-ready-timeout", "30"]
     )
-    assert str(args.storage_dir) == "/models" and args.wait_clients_timeout == 30.0
+    assert args.storage == "s3://bucket/fl" and args.wait_clients_timeout == 30.0
+    assert server_launcher.settings_from_args(args).platform.storage == "s3://bucket/fl"
 
 
-def test_unknown_strategy_params_are_rejected() -> None:
-    with pytest.raises(ValueError, match="unknown keys"):
-        server_launcher.strategy_params('{"momentum": 1}')
+def test_a_missing_app_fails_fast_naming_the_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = [*BASE[:-1], str(tmp_path / "no-app"), "--termination-log", str(tmp_path / "t")]
+    (tmp_path / "t").write_text("")
+    assert server_launcher.main(argv) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [
+        f"ocm-fl-server: failed: invalid app or settings: app directory {tmp_path / 'no-app'} "
+        "does not exist in the server image"
+    ]
+    message = json.loads((tmp_path / "t").read_text())
+    assert message["ok"] is False and str(tmp_path / "no-app") in message["reason"]
 
 
 def test_bad_settings_fail_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
-    assert server_launcher.main([*BASE, "--rounds", "0"]) == 1
-    out = capsys.readouterr().out.strip().splitlines()
-    assert out == ["ocm-fl-server: failed: invalid settings: num-server-rounds must be >= 1"]
+    assert server_launcher.main([*BASE, "--run-config", '{"nope": 1}']) == 1
+    out = capsys.readouterr().out.strip()
+    assert "run config keys ['nope'] are not declared" in out
 
 
 def test_online_count_only_counts_our_online_nodes() -> None:
@@ -64,14 +81,17 @@ def test_flower_env_is_absolute_and_quiet(tmp_path: Path, monkeypatch: pytest.Mo
     assert 'address = "127.0.0.1:9092"' in text and str(tmp_path / "ca.crt") in text
 
 
-def test_client_node_config_carries_cluster_data_and_overrides(tmp_path: Path) -> None:
-    overrides_file = tmp_path / "rc.json"
-    overrides_file.write_text(json.dumps({"lr": 0.01, "local-epochs": 2, "num-server-rounds": 9}))
-    overrides = client_launcher.read_overrides(overrides_file)
-    assert overrides == {"lr": 0.01, "local-epochs": 2}
-    config = client_launcher.node_config("c1", Path("d"), "http://127.0.0.1:8088", overrides)
+def test_client_node_config_carries_cluster_data_and_the_clusters_values(tmp_path: Path) -> None:
+    values_file = tmp_path / "rc.json"
+    values_file.write_text(json.dumps({"lr": 0.01, "tokenizer": "bpe", "augment": True}))
+    values = client_launcher.read_values(values_file)
+    assert values == {"lr": 0.01, "tokenizer": "bpe", "augment": True}
+    config = client_launcher.node_config("c1", Path("d"), "http://127.0.0.1:8088", values)
     assert config["cluster-name"] == "c1" and Path(str(config["data-dir"])).is_absolute()
-    assert config["agent-endpoint"] == "http://127.0.0.1:8088" and config["lr"] == 0.01
+    assert config["agent-endpoint"] == "http://127.0.0.1:8088" and config["tokenizer"] == "bpe"
+    values_file.write_text(json.dumps({"data-dir": "/elsewhere"}))
+    with pytest.raises(ValueError, match="data-dir is set by the platform"):
+        client_launcher.read_values(values_file)
 
 
 def test_client_fails_fast_naming_a_missing_data_dir(
@@ -82,7 +102,14 @@ def test_client_fails_fast_naming_a_missing_data_dir(
          "--data-dir", str(tmp_path / "missing")]
     )  # fmt: skip
     assert code == client_launcher.EXIT_BAD_INPUT
-    assert str(tmp_path / "missing") in capsys.readouterr().out
+    assert f"data directory {tmp_path / 'missing'} does not exist" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    code = client_launcher.main(
+        ["--root-certificates", "ca", "--auth-key", "k", "--cluster", "c1",
+         "--data-dir", str(tmp_path / "empty")]
+    )  # fmt: skip
+    assert code == client_launcher.EXIT_BAD_INPUT
+    assert f"data directory {tmp_path / 'empty'} is empty" in capsys.readouterr().out
 
 
 def test_flower_exit_code_is_read_from_its_log_line() -> None:

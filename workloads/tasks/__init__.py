@@ -1,4 +1,4 @@
-"""Learning tasks: one module per task (model, data, train, evaluate), looked up by name."""
+"""Demo data sets (digits, breast-cancer) for `python -m workloads.data partition`."""
 
 from __future__ import annotations
 

@@ -7,18 +7,11 @@ deviation when the data is prepared (a demo data-preparation step, not a federat
 from __future__ import annotations
 
 import numpy as np
-from torch import nn
 
-from workloads.data import load_partition
-from workloads.tasks.common import FloatArray, IntArray, Task, evaluate, train
+from workloads.tasks.common import FloatArray, IntArray, Task
 
 NUM_FEATURES = 30
 NUM_CLASSES = 2
-
-
-def build_model() -> nn.Module:
-    """A 30 -> 16 -> 2 MLP."""
-    return nn.Sequential(nn.Linear(NUM_FEATURES, 16), nn.ReLU(), nn.Linear(16, NUM_CLASSES))
 
 
 def load_dataset() -> tuple[FloatArray, IntArray]:
@@ -38,8 +31,7 @@ TASK = Task(
     name="breast-cancer",
     num_features=NUM_FEATURES,
     num_classes=NUM_CLASSES,
-    build_model=build_model,
     load_dataset=load_dataset,
 )
 
-__all__ = ["TASK", "build_model", "evaluate", "load_dataset", "load_partition", "train"]
+__all__ = ["TASK", "load_dataset"]

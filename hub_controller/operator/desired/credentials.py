@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from cryptography import x509
 
-from ocmfl import constants, nodekeys, pki
+from ocmfl import nodekeys, pki
 
 CA = "ca.crt"
 SUPERLINK_CERT, SUPERLINK_KEY = "superlink.crt", "superlink.key"
@@ -187,29 +185,3 @@ def secret_data(secret: Mapping[str, Any] | None) -> dict[str, bytes]:
     if not secret:
         return {}
     return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-
-
-class HubCAUnavailable(RuntimeError):
-    """The hub CA directory is missing or unreadable; the message names the path and fix."""
-
-
-_CA_CACHE: dict[Path, tuple[float, pki.CertAndKey]] = {}
-
-
-def load_hub_ca(directory: Path | None = None) -> pki.CertAndKey:
-    """The hub CA (tls.crt + tls.key) from `directory` or $OCMFL_CA_DIR, re-read on change."""
-    d = Path(directory or os.environ.get(constants.ENV_CA_DIR) or constants.HUB_CA_DIR)
-    cert, key = d / pki.CERT_FILE, d / pki.KEY_FILE
-    try:
-        mtime = max(cert.stat().st_mtime, key.stat().st_mtime)
-        cached = _CA_CACHE.get(d)
-        if cached and cached[0] == mtime:
-            return cached[1]
-        pair = pki.load_cert_and_key(cert.read_bytes(), key.read_bytes())
-    except (OSError, ValueError) as exc:
-        raise HubCAUnavailable(
-            f"hub CA not usable at {d} ({exc}): mount the CA Secret there or set "
-            f"{constants.ENV_CA_DIR} (the Helm chart's ca-init hook creates it)"
-        ) from exc
-    _CA_CACHE[d] = (mtime, pair)
-    return pair

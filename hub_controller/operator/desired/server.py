@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from hub_controller.api import FederatedLearningSpec, FLRef, StorageType
+from hub_controller.api import FederatedLearningSpec, FLRef
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired.works import safe_name
 from ocmfl import constants
@@ -30,46 +30,52 @@ def server_name(ref: FLRef) -> str:
 
 
 def model_claim_name(ref: FLRef, spec: FederatedLearningSpec) -> str | None:
-    """PVC the server writes the model to (None for HostPath storage)."""
+    """PVC the server writes the model to (None for HostPath and S3 storage)."""
     storage = spec.server.storage
-    if storage.type != StorageType.PVC:
+    if not storage.is_pvc:
         return None
-    return storage.claim_name or safe_name(ref.name, "model")
+    return storage.claim or safe_name(ref.name, "model")
+
+
+def storage_location(spec: FederatedLearningSpec) -> str:
+    """What the server launcher gets as --storage: the mounted directory or s3://bucket/prefix."""
+    s3 = spec.server.storage.s3
+    return s3.uri() if spec.server.storage.is_s3 and s3 is not None else MODEL_DIR
 
 
 def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
-    """Arguments for `ocm-fl-server` (workloads.server_launcher).
+    """Arguments for `ocm-fl-server` (workloads.server_launcher, the Flower adapter).
 
     Expected flags:
+      --app-dir PATH                the Flower app directory in the server image
+      --run-config JSON             the run config (keys the app declares)
       --rounds N                    rounds to run
-      --min-clients N               wait for this many connected clients, then start
-      --strategy NAME               fedavg | fedprox
-      --strategy-params JSON        strategy parameters (proximalMu, fractionTrain, ...)
-      --task NAME                   workload task, e.g. digits
-      --model-dir PATH              checkpoints and the final model go here
-      --init-model PATH|URI         optional pretrained start
+      --min-clients N               wait for this many connected clients, then start; also
+                                    the successful results a round needs
+      --storage DIR|s3://B/P        model store (checkpoints, manifest, final model)
+      --init-model REF              optional starting model (inside the store, absolute, s3://)
+      --install-dependencies        Flower installs the app's dependencies at run time
       --clients-ready-timeout SECS  give up (exit 1) when min clients do not connect in time
       --round-timeout SECS          per-round timeout
-      --run-id NAMESPACE/NAME       label for logs and the model store
+      --run-id NAMESPACE/NAME       label for logs
     The launcher exits 0 when training completed, non-zero otherwise, and writes a JSON
-    {"path", "round", "sha256", "metrics"} describing the final model to
-    /dev/termination-log (read by `model_from_termination_message`).
+    {"ok", "reason", "round", "path", "sha256", "metrics"} outcome to /dev/termination-log
+    (read by `outcome_from_termination_message`).
     """
     server = spec.server
-    params = server.strategy.params.model_dump(by_alias=True, exclude_none=True, mode="json")
+    if server.app is None:
+        raise ValueError("spec.server.app is required")
     args = [
+        "--app-dir",
+        server.app.path,
+        "--run-config",
+        json.dumps(server.app.run_config, sort_keys=True),
         "--rounds",
         str(server.rounds),
         "--min-clients",
         str(server.min_available_clients),
-        "--strategy",
-        server.strategy.name.value,
-        "--strategy-params",
-        json.dumps(params, sort_keys=True),
-        "--task",
-        server.task.value,
-        "--model-dir",
-        MODEL_DIR,
+        "--storage",
+        storage_location(spec),
         "--clients-ready-timeout",
         str(server.timeouts.clients_ready_seconds),
         "--round-timeout",
@@ -96,7 +102,23 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
     ]
     if server.init_model:
         args += ["--init-model", server.init_model]
+    if server.app.install_dependencies:
+        args.append("--install-dependencies")
     return args
+
+
+def storage_env(spec: FederatedLearningSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(env, envFrom) giving the server its S3 endpoint, region and credentials."""
+    s3 = spec.server.storage.s3
+    if not spec.server.storage.is_s3 or s3 is None:
+        return [], []
+    env = []
+    if s3.endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL_S3", "value": s3.endpoint})
+    if s3.region:
+        env.append({"name": "AWS_REGION", "value": s3.region})
+    env_from = [{"secretRef": {"name": s3.credentials_secret}}] if s3.credentials_secret else []
+    return env, env_from
 
 
 def _meta(ref: FLRef, name: str) -> dict[str, Any]:
@@ -136,7 +158,7 @@ def desired_service(ref: FLRef) -> dict[str, Any]:
 def desired_model_claim(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any] | None:
     """The PVC the controller creates (PVC storage without claimName), else None."""
     storage = spec.server.storage
-    if storage.type != StorageType.PVC or storage.claim_name:
+    if not storage.is_pvc or storage.claim:
         return None
     return {
         "apiVersion": "v1",
@@ -154,14 +176,17 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
     server = spec.server
     labels = {**ref.labels(COMPONENT)}
     claim = model_claim_name(ref, spec)
-    volume: dict[str, Any] = (
-        {"name": "models", "persistentVolumeClaim": {"claimName": claim}}
-        if claim
-        else {
+    volume: dict[str, Any]
+    if claim:
+        volume = {"name": "models", "persistentVolumeClaim": {"claimName": claim}}
+    elif server.storage.is_s3:
+        volume = {"name": "models", "emptyDir": {}}  # models go to the bucket
+    else:
+        volume = {
             "name": "models",
             "hostPath": {"path": server.storage.path, "type": "DirectoryOrCreate"},
         }
-    )
+    extra_env, env_from = storage_env(spec)
     container: dict[str, Any] = {
         "name": "server",
         "image": server.image,
@@ -172,6 +197,7 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
             {"name": constants.ENV_FL_NAME, "value": ref.name},
             {"name": constants.ENV_FL_NAMESPACE, "value": ref.namespace},
             {"name": constants.ENV_FL_UID, "value": ref.uid},
+            *extra_env,
         ],
         "ports": [{"name": FLEET_PORT_NAME, "containerPort": constants.FLEET_PROXY_PORT}],
         "volumeMounts": [
@@ -182,8 +208,13 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
         ],
         "terminationMessagePolicy": "File",
     }
+    if env_from:
+        container["envFrom"] = env_from
     if server.resources is not None and server.resources.to_k8s():
         container["resources"] = server.resources.to_k8s()
+    template_meta: dict[str, Any] = {"labels": labels}
+    pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
+    server.pod.apply(pod_spec, template_meta)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -191,9 +222,9 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
         "spec": {
             "backoffLimit": 0,
             "template": {
-                "metadata": {"labels": labels},
+                "metadata": template_meta,
                 "spec": {
-                    "restartPolicy": "Never",
+                    **pod_spec,
                     "containers": [container],
                     "volumes": [
                         volume,

@@ -142,12 +142,16 @@ def client_args(
                              the hub CA, this cluster's identity and SuperNode key (TLS_DIR)
       --cluster NAME         this managed cluster's name (also in OCMFL_CLUSTER_NAME)
       --data-dir PATH        the mounted data directory (also in OCMFL_DATA_DIR)
-      --task NAME            the workload task (model + data loader), e.g. digits
-      --run-config FILE      JSON object of run-config values (merged overrides)
+      --run-config FILE      JSON object of this cluster's values, given to the ClientApp as
+                             node config (spec.client.runConfig + matching overrides)
       --port 0               any free loopback port for the SuperNode's local API
+      --install-dependencies Flower installs the app's dependencies (spec.server.app)
     The agent endpoint, FL name/namespace/uid come as env vars (ocmfl.constants.ENV_*).
     """
+    app = spec.server.app
+    extra = ["--install-dependencies"] if app is not None and app.install_dependencies else []
     return [
+        *extra,
         "--server",
         server_address,
         "--server-name",
@@ -167,8 +171,6 @@ def client_args(
         cluster,
         "--data-dir",
         spec.client.data_mount.mount_path,
-        "--task",
-        spec.server.task.value,
         "--run-config",
         f"{CONFIG_DIR}/{RUN_CONFIG_FILE}",
     ]
@@ -221,7 +223,8 @@ def _client_job(
     }
     if effective.resources is not None and effective.resources.to_k8s():
         container["resources"] = effective.resources.to_k8s()
-    pod_spec = {
+    template_meta: dict[str, Any] = {"labels": labels}
+    pod_spec: dict[str, Any] = {
         "serviceAccountName": SERVICE_ACCOUNT,
         "restartPolicy": "Never",
         "containers": [container],
@@ -235,9 +238,11 @@ def _client_job(
             {"name": "state", "emptyDir": {}},
         ],
     }
+    spec.client.pod.apply(pod_spec, template_meta)
     # Job pod templates are immutable: a changed template gets a new Job name, and the work
     # agent deletes the old Job when it leaves the manifest list.
-    digest = hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:8]
+    template = {"metadata": template_meta, "spec": pod_spec}
+    digest = hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:8]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -248,7 +253,7 @@ def _client_job(
         },
         "spec": {
             "backoffLimit": 3,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": template,
         },
     }
 

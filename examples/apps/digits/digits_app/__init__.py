@@ -1,0 +1,1 @@
+"""Digits MLP: a Flower app for the ocm-fl platform."""

@@ -1,0 +1,50 @@
+"""ServerApp: FedAvg (or FedProx) through the platform's strategy loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flwr.app import ArrayRecord, Context, MetricRecord
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg, FedProx
+
+from workloads.sdk import run_strategy
+
+from .task import build_model, evaluate, load_data, number
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Train for num-server-rounds; the platform checkpoints, resumes and stores the model."""
+    config = context.run_config
+    model = build_model(int(number(config["seed"])))
+    fraction_train = number(config["fraction-train"])
+    fraction_evaluate = number(config["fraction-evaluate"])
+    strategy = (
+        FedProx(
+            fraction_train=fraction_train,
+            fraction_evaluate=fraction_evaluate,
+            proximal_mu=number(config["proximal-mu"]),
+        )
+        if config["strategy"] == "fedprox"
+        else FedAvg(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate)
+    )
+    test_dir = str(config["test-dir"])
+
+    def held_out(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        """Accuracy on the server's held-out data, when the run config names it."""
+        if not test_dir:
+            return None
+        model.load_state_dict(arrays.to_torch_state_dict())
+        scores = evaluate(model, *load_data(Path(test_dir)))
+        return MetricRecord({"test-loss": scores.loss, "test-accuracy": scores.accuracy})
+
+    run_strategy(
+        strategy,
+        grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=int(number(config["num-server-rounds"])),
+        evaluate_fn=held_out,
+    )

@@ -1,0 +1,1 @@
+"""Logistic regression on tabular data: a Flower app for the ocm-fl platform."""

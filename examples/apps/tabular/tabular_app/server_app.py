@@ -1,0 +1,25 @@
+"""ServerApp: FedAvg of the logistic regression through the platform's strategy loop."""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp.strategy import FedAvg
+
+from workloads.sdk import run_strategy
+
+from .task import build_model, number
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run num-server-rounds of FedAvg; the platform stores checkpoints and the model."""
+    model = build_model(int(number(context.run_config["features"])))
+    run_strategy(
+        FedAvg(),
+        grid,
+        initial_arrays=ArrayRecord(model.state_dict()),
+        num_rounds=int(number(context.run_config["num-server-rounds"])),
+    )

@@ -1,0 +1,178 @@
+"""The addon part of OCM's registration agent, for kubelet nodes (TEST INFRASTRUCTURE).
+
+On a real managed cluster OCM's registration agent makes a key for each addon registration
+(`CustomSigner` here), sends a CSR with the subject the hub wrote into the
+ManagedClusterAddOn's status, and stores the signed certificate and the key in the Secret the
+addon manager mounts into the agent. The hub's registration controller labels the
+ManagedCluster `feature.open-cluster-management.io/addon-<addon>` from the addon's
+Available condition. The plane runs neither, so this does both, the same way: the key is made
+here on the cluster side and never goes to the hub; the CSR is approved and signed by OCM's
+real addon manager with the chart's CA.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import logging
+import threading
+import time
+import warnings
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
+from cryptography.x509.oid import NameOID
+
+from ocmfl import constants, pki
+from ocmfl.kube import Kube, KubeError, Obj
+
+log = logging.getLogger(__name__)
+
+ADDON_API = f"/apis/{constants.ADDON_GROUP}/v1alpha1"
+KUBE_SIGNERS = ("kubernetes.io/kube-apiserver-client", "kubernetes.io/kubelet-serving")
+FEATURE_LABEL = "feature.open-cluster-management.io/addon-{}"
+RENEW_FRACTION = 0.2  # renew when less than this part of the lifetime is left
+
+
+def secret_name(addon: str, signer: str) -> str:
+    """The Secret the addon manager mounts for a custom-signer registration (OCM's rule)."""
+    return f"{addon}-{signer.replace('/', '-')}-client-cert"
+
+
+def _csr_pem(user: str, groups: list[str]) -> tuple[bytes, bytes]:
+    key = pki.generate_key("ec")
+    # OCM's default user is longer than X.509's 64-character CN bound; Go does not enforce it.
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Attribute's length", category=UserWarning)
+        name = x509.Name(
+            [x509.NameAttribute(NameOID.COMMON_NAME, user, _validate=False)]
+            + [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g, _validate=False) for g in groups]
+        )
+    csr = x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
+    return pki.csr_to_pem(csr), pki.key_to_pem(key)
+
+
+class AddonRegistration:
+    """One thread per cluster: certificates for its addons, and the hub's feature labels."""
+
+    def __init__(self, cluster: str, cluster_kube: Kube, hub: Kube, stop: threading.Event) -> None:
+        self.cluster = cluster
+        self.kube = cluster_kube
+        self.hub = hub
+        self.stop = stop
+        self.thread = threading.Thread(target=self._run, name=f"addon-reg-{cluster}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(2.0):
+            try:
+                self.sync()
+            except (KubeError, OSError, ValueError) as e:
+                log.warning("addon registration %s: %s; retrying", self.cluster, e)
+            except Exception:  # keep going whatever happens; the log says why
+                log.exception("addon registration %s crashed; retrying", self.cluster)
+
+    def sync(self) -> None:
+        got = self.hub.get(f"{ADDON_API}/namespaces/{self.cluster}/managedclusteraddons") or {}
+        labels: dict[str, str | None] = {}
+        for mca in got.get("items") or []:
+            addon = mca["metadata"]["name"]
+            status = mca.get("status") or {}
+            namespace = status.get("namespace") or (mca.get("spec") or {}).get(
+                "installNamespace", constants.AGENT_NAMESPACE
+            )
+            for reg in status.get("registrations") or []:
+                if reg.get("signerName") and reg["signerName"] not in KUBE_SIGNERS:
+                    self._certificate(addon, namespace, reg)
+            available = next(
+                (c for c in status.get("conditions") or [] if c["type"] == "Available"), None
+            )
+            state = None
+            if available is not None:
+                state = "available" if available["status"] == "True" else "unhealthy"
+            labels[FEATURE_LABEL.format(addon)] = state
+        self._label(labels)
+
+    def _label(self, want: dict[str, str | None]) -> None:
+        mc = self.hub.get(f"/apis/{constants.CLUSTER_GROUP}/v1/managedclusters/{self.cluster}")
+        if mc is None:
+            return
+        have = mc["metadata"].get("labels") or {}
+        prefix = FEATURE_LABEL.format("")
+        gone = {k: None for k in have if k.startswith(prefix) and k not in want}
+        patch = {k: v for k, v in {**want, **gone}.items() if have.get(k) != v}
+        if patch:
+            self.hub.patch(
+                f"/apis/{constants.CLUSTER_GROUP}/v1/managedclusters/{self.cluster}",
+                {"metadata": {"labels": patch}},
+            )
+
+    def _certificate(self, addon: str, namespace: str, reg: dict[str, Any]) -> None:
+        signer = reg["signerName"]
+        name = secret_name(addon, signer)
+        path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
+        secret = self.kube.get(path)
+        if secret is not None:
+            cert = base64.b64decode((secret.get("data") or {}).get("tls.crt", ""))
+            with contextlib.suppress(ValueError):
+                if cert and pki.remaining_fraction(pki.load_cert_pem(cert)) > RENEW_FRACTION:
+                    return
+        subject = reg.get("subject") or {}
+        csr_pem, key_pem = _csr_pem(subject.get("user", ""), list(subject.get("groups") or []))
+        made = self.hub.request(
+            "POST",
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            {
+                "apiVersion": "certificates.k8s.io/v1",
+                "kind": "CertificateSigningRequest",
+                "metadata": {
+                    "generateName": f"addon-{self.cluster}-{addon}-",
+                    "labels": {
+                        "open-cluster-management.io/cluster-name": self.cluster,
+                        "open-cluster-management.io/addon-name": addon,
+                    },
+                },
+                "spec": {
+                    "request": base64.b64encode(csr_pem).decode(),
+                    "signerName": signer,
+                    "usages": ["digital signature", "key encipherment", "client auth"],
+                },
+            },
+        )
+        csr_path = (
+            f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{made['metadata']['name']}"
+        )
+        deadline = time.monotonic() + 60
+        signed = ""
+        while not signed and time.monotonic() < deadline and not self.stop.is_set():
+            signed = ((self.hub.get(csr_path) or {}).get("status") or {}).get("certificate", "")
+            if not signed:
+                time.sleep(1.0)
+        if not signed:
+            log.warning("addon %s on %s: CSR %s not signed in 60 s", addon, self.cluster, csr_path)
+            return
+        if self.kube.get(f"/api/v1/namespaces/{namespace}") is None:
+            self.kube.create(
+                "/api/v1/namespaces",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+            )
+        body: Obj = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "type": "Opaque",
+            "data": {
+                "tls.crt": signed,
+                "tls.key": base64.b64encode(key_pem).decode(),
+            },
+        }
+        if secret is None:
+            self.kube.create(f"/api/v1/namespaces/{namespace}/secrets", body)
+        else:
+            self.kube.request("PUT", path, body)
+        log.info(
+            "addon %s on %s: certificate from %s stored in %s", addon, self.cluster, signer, name
+        )

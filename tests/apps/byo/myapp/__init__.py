@@ -1,0 +1,1 @@
+"""My first app on the ocm-fl platform."""

@@ -1,0 +1,103 @@
+"""The federation in real containers: real kubelets, the Helm chart, the images hack/images built.
+
+A private local control plane whose hub and clusters each have a real kubelet + containerd node
+(`up(kubelet=True)`, hack/controlplane/kubelet.py), with OCM's addon manager. Then
+examples/kind/demo.sh's own steps after the clusters exist, through hack/demo-local.sh: helm
+installs the chart (the hub Deployment and the CA hook Jobs run from the addon image), the
+addon is enabled and OCM deploys the agent from the chart's AddOnTemplate, each cluster gets a
+data partition and its ClusterClaim, examples/federatedlearning.yaml is applied and the server
+and client Jobs run from the workload image until the resource is Completed.
+
+Opt-in (OCMFL_E2E_CONTAINERS=1) for now: the kubelet nodes start and run pods (measured), but
+this whole run has not completed here yet, and importing the 1.5 GB workload image into each
+node's containerd took about 4 minutes per node on the loaded shared machine.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hack import controlplane as cp
+from hack.controlplane import kubelet
+from hack.images import deploy, podman
+from ocmfl import constants
+from ocmfl.kube import Kube
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.images,
+    pytest.mark.timeout(2400),
+    # Not yet part of `make test`: see the module docstring's last paragraph.
+    pytest.mark.skipif(
+        os.environ.get("OCMFL_E2E_CONTAINERS") != "1",
+        reason="container e2e is opt-in (OCMFL_E2E_CONTAINERS=1) until its run is verified and "
+        "the node image import is fast enough for CI",
+    ),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def plane() -> Iterator[cp.State]:
+    for img in deploy.IMAGES:
+        assert podman.cache_key(img.tag) == deploy.content_key(img), (
+            f"{img.tag} is missing or stale: run `make images`"
+        )
+    base = os.environ.get("OCMFL_CP_DIR") or "/dev/shm/ocm-fl-cp"
+    d = Path(f"{base}-kubelet")
+    start = time.monotonic()
+    state = cp.up(2, state_dir=d, addon_manager=True, kubelet=True, timeout=300.0)
+    print(f"kubelet plane up in {time.monotonic() - start:.0f}s")
+    try:
+        yield state
+    finally:
+        cp.down(d)
+        assert not kubelet.nodes_dir(state.slot).exists()
+
+
+def test_demo_steps_run_the_federation_in_containers_to_completed(plane: cp.State) -> None:
+    env = {**os.environ, "OCMFL_CP_DIR": plane.dir, "TIMEOUT_SECONDS": "1500"}
+    start = time.monotonic()
+    res = subprocess.run(
+        ["bash", str(ROOT / "hack" / "demo-local.sh")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2100,
+        check=False,
+    )
+    print(f"demo steps took {time.monotonic() - start:.0f}s")
+    assert res.returncode == 0, res.stdout[-6000:] + res.stderr[-6000:]
+    assert "phase: Completed" in res.stdout
+
+    # Everything ran as containers under the real kubelets, from the images built here.
+    hub = Kube(plane.kubeconfigs["hub"])
+    pods = hub.get("/api/v1/pods")
+    assert pods is not None
+    images = {
+        c["image"]: c.get("containerID", "")
+        for p in pods["items"]
+        for c in (p.get("status") or {}).get("containerStatuses") or []
+    }
+    hub.close()
+    assert images.get(constants.ADDON_IMAGE, "").startswith("containerd://"), images
+    assert images.get(constants.WORKLOAD_IMAGE, "").startswith("containerd://"), images
+    for cluster in plane.clusters:
+        kube = Kube(plane.kubeconfigs[cluster])
+        got = kube.get(f"/api/v1/namespaces/{constants.AGENT_NAMESPACE}/pods")
+        kube.close()
+        assert got is not None
+        statuses = [
+            c for p in got["items"] for c in (p.get("status") or {}).get("containerStatuses") or []
+        ]
+        assert any(c["image"] == constants.ADDON_IMAGE and c.get("ready") for c in statuses), (
+            statuses
+        )

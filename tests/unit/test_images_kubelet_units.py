@@ -1,0 +1,116 @@
+"""Pure parts of the image builder (hack/images) and of the kubelet nodes (hack/controlplane)."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hack.controlplane import addon_registration, kubelet
+from hack.images import deploy, podman
+from ocmfl import constants
+
+
+def test_copy_sources_are_what_the_dockerfiles_copy_from_the_context() -> None:
+    srcs = deploy.copy_sources(deploy.by_name("addon").dockerfile)
+    assert {"pyproject.toml", "deploy/images/pyproject_deps.py", "ocmfl", "hub_controller"} <= set(
+        srcs
+    )
+    assert "/src/requirements.txt" not in srcs  # COPY --from=<stage> reads no context file
+
+
+def test_context_files_skip_what_dockerignore_excludes() -> None:
+    files = deploy.context_files(deploy.by_name("workload").dockerfile)
+    rels = [str(f.relative_to(deploy.ROOT)) for f in files]
+    assert any(r.startswith("workloads/") for r in rels)
+    assert not [r for r in rels if "__pycache__" in r or r.endswith(".pyc")]
+
+
+def test_content_key_follows_the_files_the_build_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "deploy" / "images").mkdir(parents=True)
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "a.py").write_text("x = 1\n")
+    (tmp_path / "other.py").write_text("y = 1\n")
+    (tmp_path / "deploy" / "images" / "t.Dockerfile").write_text(
+        "ARG PYTHON_IMAGE=python:3.11-slim\nFROM ${PYTHON_IMAGE}\nCOPY app app\n"
+    )
+    monkeypatch.setattr(deploy, "ROOT", tmp_path)
+    monkeypatch.setattr(deploy, "DOCKERFILES", tmp_path / "deploy" / "images")
+    monkeypatch.setattr(podman, "image_id", lambda image: "sha256:base")
+    img = deploy.DeployImage("t", "example/t:1", {"PYTHON_IMAGE": "base"})
+    first = deploy.content_key(img)
+    (tmp_path / "other.py").write_text("y = 2\n")  # not copied: same key
+    assert deploy.content_key(img) == first
+    (tmp_path / "app" / "a.py").write_text("x = 2\n")
+    assert deploy.content_key(img) != first
+    monkeypatch.setattr(podman, "image_id", lambda image: "sha256:other-base")
+    assert deploy.content_key(img) != first
+
+
+def test_every_built_image_is_one_the_chart_and_controller_use() -> None:
+    assert {i.tag for i in deploy.IMAGES} == {constants.ADDON_IMAGE, constants.WORKLOAD_IMAGE}
+    assert all(p.is_file() for p in (i.dockerfile for i in deploy.IMAGES))
+
+
+@pytest.mark.parametrize("slot", [0, 7])
+def test_kubelet_addresses_are_private_distinct_and_never_loopback(slot: int) -> None:
+    n = 10
+    nodes = [ipaddress.ip_address(kubelet.node_ip(slot, i)) for i in range(n)]
+    services = [ipaddress.ip_network(kubelet.service_cidr(slot, i)) for i in range(n)]
+    pods = [ipaddress.ip_network(kubelet.pod_cidr(slot, i)) for i in range(n)]
+    assert len(set(nodes)) == n and len(set(services)) == n and len(set(pods)) == n
+    for net in services + pods:
+        assert net.is_private and not net.is_loopback
+        assert not any(net.overlaps(o) for o in (services + pods) if o != net)
+    bridge = ipaddress.ip_network(f"{kubelet.bridge_ip(slot)}/24", strict=False)
+    assert all(ip in bridge for ip in nodes)
+    ips = kubelet.apiserver_ips(slot, 3)
+    assert kubelet.kubernetes_service_ip(slot, 2) in ips and kubelet.bridge_ip(slot) in ips
+
+
+def _spec(cluster: str = "cluster1", i: int = 1) -> kubelet.NodeSpec:
+    return kubelet.NodeSpec(cluster, i, 3, 41234, 3)
+
+
+def test_kubelet_config_keeps_the_node_to_itself() -> None:
+    spec = _spec()
+    cfg = yaml.safe_load(kubelet._kubelet_config(spec))
+    assert cfg["cgroupRoot"] == "/ocmfl-3-cluster1" and cfg["cgroupDriver"] == "cgroupfs"
+    assert cfg["failCgroupV1"] is False and cfg["maxOpenFiles"] < 20000
+    assert cfg["address"] == spec.ip and cfg["clusterDNS"] == [spec.ip]
+    assert cfg["containerRuntimeEndpoint"] == f"unix://{spec.socket}"
+    assert cfg["podLogsDirectory"].startswith(str(spec.dir))
+
+
+def test_containerd_config_has_its_own_state_and_restricts_oom_score_adj() -> None:
+    spec = _spec()
+    text = kubelet._containerd_config(spec)
+    assert f'root = "{spec.dir}/containerd/root"' in text
+    assert f'address = "{spec.socket}"' in text
+    assert "restrict_oom_score_adj = true" in text and "SystemdCgroup = false" in text
+    assert f'sandbox_image = "{kubelet.PAUSE_IMAGE}"' in text
+
+
+def test_node_namespace_binds_every_kernel_tunable_kubelet_writes() -> None:
+    script = kubelet._holder_script(_spec())
+    for key in kubelet.KERNEL_TUNABLES:
+        assert f"/proc/sys/{key}" in script
+    assert "mount --make-rprivate /" in script and "tmpfs /run" in script
+
+
+def test_cni_config_gives_pods_the_nodes_range() -> None:
+    spec = _spec()
+    conf = yaml.safe_load(kubelet._cni_config(spec))
+    ipam = conf["plugins"][0]["ipam"]
+    assert ipam["ranges"][0][0]["subnet"] == kubelet.pod_cidr(spec.slot, spec.i)
+
+
+def test_addon_certificate_secret_is_named_as_ocm_names_it() -> None:
+    assert (
+        addon_registration.secret_name("federated-learning", constants.SIGNER_NAME)
+        == "federated-learning-federated-learning.open-cluster-management.io-agent-client-cert"
+    )

@@ -1,0 +1,54 @@
+"""The ocm-fl app SDK: everything a Flower app needs from the platform, and nothing else.
+
+An ordinary Flower 1.42 app (``pyproject.toml`` with ``[tool.flwr.app]``, a ServerApp and a
+ClientApp) trains on the platform as it is. These functions give it the platform's features:
+
+ClientApp side
+- ``data_dir(context)``: this cluster's data directory (from its ClusterClaim), with an error
+  naming the path when it is missing or empty.
+- ``cluster_name(context)``: the managed cluster's name.
+- ``agent_metrics``: a ClientApp mod (``ClientApp(mods=[agent_metrics])``) that reports each
+  reply's loss/accuracy/samples to the cluster's addon agent (shown in the resource's status);
+  never blocks, never fails training.
+
+ServerApp side
+- ``run_strategy(strategy, grid, initial_arrays=..., num_rounds=...)``: Flower's strategy loop
+  with the starting model (``initModel``: .npz, Flower ArrayRecord, torch .pt/.pth,
+  safetensors), a checkpoint and manifest every round, the final model, resume from this
+  resource's newest checkpoint, and the minimum-results rule.
+- ``ModelStore``, ``load_model``: the store itself (directory/PVC or S3-compatible) and model
+  files, for apps that write their own loop or evaluate a stored model.
+"""
+
+from workloads.sdk.formats import ModelFormatError, read_model, to_numpy, to_record
+from workloads.sdk.loop import (
+    PlatformGrid,
+    StartModelError,
+    TooFewResultsError,
+    run_strategy,
+)
+from workloads.sdk.metrics import agent_metrics
+from workloads.sdk.node import DataDirError, agent_endpoint, cluster_name, data_dir
+from workloads.sdk.platform import ServerPlatform
+from workloads.sdk.store import Checkpoint, ModelStore, ModelStoreError, load_model
+
+__all__ = [
+    "Checkpoint",
+    "DataDirError",
+    "ModelFormatError",
+    "ModelStore",
+    "ModelStoreError",
+    "PlatformGrid",
+    "ServerPlatform",
+    "StartModelError",
+    "TooFewResultsError",
+    "agent_endpoint",
+    "agent_metrics",
+    "cluster_name",
+    "data_dir",
+    "load_model",
+    "read_model",
+    "run_strategy",
+    "to_numpy",
+    "to_record",
+]

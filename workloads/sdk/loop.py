@@ -1,0 +1,307 @@
+"""Flower's strategy loop with the platform around it, in one call: ``run_strategy``.
+
+    result = run_strategy(strategy, grid, initial_arrays=ArrayRecord(model.state_dict()),
+                          num_rounds=context.run_config["num-server-rounds"])
+
+What the call adds to ``strategy.start``:
+- the starting model: this resource's newest checkpoint (a restarted server resumes and runs
+  only the remaining rounds), else the resource's ``initModel`` (.npz, Flower ArrayRecord,
+  torch .pt/.pth state_dict or safetensors; names and shapes must fit ``initial_arrays``),
+  else ``initial_arrays``;
+- a checkpoint and a manifest entry every round (round, metrics per cluster, sha256, time,
+  the resource uid) and the final model;
+- a round fails the run when fewer than the platform's minimum of clients reply without error
+  (Flower itself carries on and ends "completed"); the message carries the clients' errors;
+- clients see the global round in ``config["server-round"]`` also after a resume.
+
+All of it goes through ``PlatformGrid``, a wrapper of Flower's Grid: the place where further
+transport-level behaviour (e.g. faster reply polling) belongs.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore.run import Run
+
+from workloads.sdk.formats import ModelFormatError, check_compatible, reorder
+from workloads.sdk.metrics import CLIENT_RECORD
+from workloads.sdk.platform import ServerPlatform
+from workloads.sdk.store import ModelStore, ModelStoreError
+
+log = logging.getLogger("flwr")
+
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+PHASES = ("train", "evaluate")
+
+
+class TooFewResultsError(RuntimeError):
+    """A round ended with fewer successful client replies than the platform's minimum."""
+
+
+class StartModelError(RuntimeError):
+    """The starting model (checkpoint or initModel) cannot be used; the message says why."""
+
+
+_FLOWER_REASON = re.compile(r"^<class '(?:[\w.]+\.)?(\w+)'>:<'(.*)'>$", re.S)
+
+
+def error_text(reason: str) -> str:
+    """Flower's "<class 'x.ValueError'>:<'message'>" as "ValueError: message"."""
+    m = _FLOWER_REASON.match(reason.strip())
+    return f"{m.group(1)}: {m.group(2)}" if m else reason.strip()
+
+
+def _plain(value: Any) -> Any:
+    """Record values (and nested mappings/lists of them) as JSON-able Python values."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+class PlatformGrid(Grid):
+    """Flower's Grid with the platform's rules: global round numbers, per-cluster reply
+    metrics, and a minimum of successful results per phase of a round."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        min_results: int = 1,
+        round_offset: int = 0,
+        node_names: Mapping[int, str] | None = None,
+    ) -> None:
+        self.inner = grid
+        self.min_results = min_results
+        self.round_offset = round_offset
+        self.node_names = dict(node_names or {})
+        # (global round, phase) -> cluster -> the reply's metrics
+        self.replies: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
+
+    # --- delegation ------------------------------------------------------------------------
+    def set_run(self, run: Run) -> None:
+        """Delegated to Flower's grid."""
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        """Delegated to Flower's grid."""
+        return self.inner.run
+
+    def create_message(
+        self,
+        content: Any,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        """Delegated to Flower's grid."""
+        return self.inner.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        """Delegated to Flower's grid."""
+        return self.inner.get_node_ids()
+
+    def get_nodes(self) -> Iterable[Any]:
+        """Delegated to Flower's grid."""
+        return self.inner.get_nodes()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        """Global round numbers, then Flower's push."""
+        return self.inner.push_messages(self._globalise(messages))
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        """Delegated to Flower's grid (positional: the keyword changes in Flower 1.43)."""
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Flower's send_and_receive, then the minimum-results rule and metrics per cluster."""
+        sent = self._globalise(messages)
+        replies = list(self.inner.send_and_receive(sent, timeout=timeout))
+        if sent:
+            self._check(sent, replies)
+        return replies
+
+    # --- the platform's part ---------------------------------------------------------------
+    def _globalise(self, messages: Iterable[Message]) -> list[Message]:
+        """Add the resumed rounds to config["server-round"] (strategies share one config
+        record between a round's messages: each record is shifted once)."""
+        out = list(messages)
+        if not self.round_offset:
+            return out
+        shifted: set[int] = set()
+        for msg in out:
+            config = msg.content.config_records.get("config") if msg.has_content() else None
+            if config is None or id(config) in shifted:
+                continue
+            shifted.add(id(config))
+            value = config.get("server-round")
+            if isinstance(value, int) and not isinstance(value, bool):
+                config["server-round"] = value + self.round_offset
+        return out
+
+    def cluster_of(self, msg: Message) -> str:
+        """The cluster a reply came from: the mark the SDK's ClientApp mod sets, else the
+        name the node was registered under, else the node id."""
+        if msg.has_content():
+            record = msg.content.config_records.get(CLIENT_RECORD)
+            if record is not None and record.get("cluster"):
+                return str(record["cluster"])
+        node = msg.metadata.src_node_id
+        return self.node_names.get(node, f"node-{node}")
+
+    def _check(self, sent: list[Message], replies: list[Message]) -> None:
+        phase = str(sent[0].metadata.message_type).split(".")[0]
+        config = sent[0].content.config_records.get("config") if sent[0].has_content() else None
+        raw_round = config.get("server-round") if config is not None else None
+        rnd = raw_round if isinstance(raw_round, int) else 0
+        errors = [
+            f"{self.cluster_of(r)}: {error_text(r.error.reason or '')}"
+            for r in replies
+            if r.has_error()
+        ]
+        valid = [r for r in replies if not r.has_error()]
+        need = min(self.min_results, len(sent))
+        if len(valid) < need:
+            detail = "; ".join(errors) if errors else "no reply before the round timeout"
+            raise TooFewResultsError(
+                f"round {rnd} {phase}: {len(valid)} successful client results, minimum is "
+                f"{need} ({detail})"
+            )
+        per_cluster = self.replies.setdefault((rnd, phase), {})
+        for reply in valid:
+            records = list(reply.content.metric_records.values())
+            per_cluster[self.cluster_of(reply)] = _plain(records[0]) if records else {}
+
+    def metrics_of_round(self, rnd: int) -> dict[str, dict[str, dict[str, Any]]]:
+        """{"train": {cluster: metrics}, "evaluate": {...}} of a global round."""
+        return {p: self.replies.get((rnd, p), {}) for p in PHASES}
+
+
+def _start_point(
+    store: ModelStore | None, platform: ServerPlatform, initial: ArrayRecord
+) -> tuple[int, ArrayRecord, str]:
+    """(rounds already done, starting arrays, where they came from)."""
+    if store is not None:
+        try:
+            checkpoint = store.latest()
+        except ModelStoreError as exc:
+            raise StartModelError(f"reading checkpoints in {store.location}: {exc}") from None
+        if checkpoint is not None:
+            source = f"checkpoint of round {checkpoint.round} ({store.url(checkpoint.entry)})"
+            _fit(checkpoint.arrays, initial, source)
+            return checkpoint.round, reorder(checkpoint.arrays, initial), source
+    if platform.init_model:
+        if store is None:
+            raise StartModelError(
+                f"initModel {platform.init_model!r} is set but the platform gave no model store"
+            )
+        try:
+            start = store.read_model(platform.init_model)
+        except ModelStoreError as exc:
+            raise StartModelError(str(exc)) from None
+        source = f"initModel {platform.init_model}"
+        _fit(start, initial, source)
+        return 0, reorder(start, initial), source
+    return 0, initial, "the app's initial arrays"
+
+
+def _fit(start: ArrayRecord, initial: ArrayRecord, source: str) -> None:
+    try:
+        check_compatible(start, initial, source)
+    except ModelFormatError as exc:
+        raise StartModelError(str(exc)) from None
+
+
+def run_strategy(
+    strategy: Strategy,
+    grid: Grid,
+    *,
+    initial_arrays: ArrayRecord,
+    num_rounds: int | None = None,
+    timeout: float | None = None,
+    train_config: ConfigRecord | None = None,
+    evaluate_config: ConfigRecord | None = None,
+    evaluate_fn: EvaluateFn | None = None,
+    store: ModelStore | None = None,
+    platform: ServerPlatform | None = None,
+) -> Result:
+    """Run ``strategy`` like ``strategy.start`` with the platform's start model, checkpoints,
+    final model, resume and minimum-results rule (see the module docstring).
+
+    ``num_rounds`` and ``timeout`` are the app's defaults; on the platform its own rounds
+    (``spec.server.rounds``) and round timeout win. ``store`` defaults to the platform's
+    store (none outside the platform: then nothing is stored). Returns Flower's Result;
+    ``result.arrays`` is the final model.
+    """
+    platform = platform or ServerPlatform.from_env()
+    total = platform.rounds or num_rounds
+    if total is None or total < 1:
+        raise ValueError("num_rounds must be >= 1 (or run on the platform, which sets it)")
+    if platform.rounds and num_rounds and num_rounds != platform.rounds:
+        log.warning("the platform asks for %d rounds (the app default is %d)", total, num_rounds)
+    store = store if store is not None else ModelStore.from_platform(platform)
+    done, start, source = _start_point(store, platform, initial_arrays)
+    remaining = total - done
+    log.info("starting from %s; %d of %d rounds to run", source, max(remaining, 0), total)
+    if remaining <= 0:
+        assert store is not None  # done > 0 only comes from a stored checkpoint
+        if store.final() is None:
+            last = store.latest()
+            store.save_final(done, start, last.entry["metrics"] if last else {})
+        result = Result()
+        result.arrays = start
+        return result
+
+    wrapped = PlatformGrid(
+        grid,
+        min_results=platform.min_results,
+        round_offset=done,
+        node_names=platform.node_names(),
+    )
+
+    def on_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+        server = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
+        metrics = {"server": _plain(server) if server is not None else {}}
+        if store is None:
+            return server
+        if server_round == 0:
+            store.append_info(
+                "starts",
+                {"round": done, "rounds_to_run": remaining, "from": source, **metrics},
+            )
+            return server
+        global_round = done + server_round
+        wrapped.node_names.update(platform.node_names())
+        metrics.update(wrapped.metrics_of_round(global_round))
+        entry = store.save_checkpoint(global_round, arrays, metrics)
+        log.info("round %d/%d checkpointed to %s", global_round, total, store.url(entry))
+        return server
+
+    round_timeout = platform.round_timeout or timeout or 3600.0
+    result = strategy.start(
+        grid=wrapped,
+        initial_arrays=start,
+        num_rounds=remaining,
+        timeout=round_timeout,
+        train_config=train_config,
+        evaluate_config=evaluate_config,
+        evaluate_fn=on_round,
+    )
+    if store is not None:
+        final_arrays = result.arrays if result.arrays is not None else start
+        last = store.latest()
+        entry = store.save_final(total, final_arrays, last.entry["metrics"] if last else {})
+        log.info("final model stored at %s (sha256 %s)", store.url(entry), entry["sha256"])
+    return result
