@@ -450,7 +450,7 @@ def test_plot_without_matplotlib_says_which_extra_to_install(
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
     out = tmp_path / "metrics.png"
-    res = runner.invoke(cli.app, ["plot", "digits", "-o", str(out)])
+    res = runner.invoke(cli.app, ["plot", "digits", "-f", str(out)])
     assert res.exit_code == cli.EXIT_UNREACHABLE
     assert "pip install 'ocm-federated-learning[cli]'" in res.stderr and not out.exists()
 
