@@ -144,7 +144,7 @@ def client_args(
       --data-dir PATH        the mounted data directory (also in OCMFL_DATA_DIR)
       --run-config FILE      JSON object of this cluster's values, given to the ClientApp as
                              node config (spec.client.runConfig + matching overrides)
-      --port 0               any free loopback port for the SuperNode's local API
+      (no --port: the SuperNode's local API keeps its default 9094 on the pod's own loopback)
       --install-dependencies Flower installs the app's dependencies (spec.server.app)
     The agent endpoint, FL name/namespace/uid come as env vars (ocmfl.constants.ENV_*).
     """
