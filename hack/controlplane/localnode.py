@@ -571,6 +571,9 @@ class LocalNode:
                             c.popen.wait(2)
             for c in run.all():
                 self._poll(run, c)
+            # Like kubelet: the sandbox (what still runs in the pod's network namespace, the
+            # namespace, its veth) goes before the pod object, so a deleted pod has no network.
+            self._teardown_net(run)
         meta = pod["metadata"]
         try:
             self.kube.delete(
