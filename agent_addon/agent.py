@@ -16,6 +16,7 @@ from aiohttp import web
 from agent_addon.buffer import ReportBuffer
 from agent_addon.hub_client import ClientTLSFiles, HubStreamer
 from agent_addon.local_api import make_app
+from agent_addon.phase import RunKey
 from agent_addon.state import AgentState
 from agent_addon.watcher import ClientWatcher, PhaseView
 from ocmfl import constants
@@ -190,6 +191,10 @@ class Agent:
             "lastError": self.streamer.last_error,
         }
 
+    def client_at(self, address: str) -> tuple[RunKey, str] | None:
+        """The run of the client pod at `address` (attribution of local metrics posts)."""
+        return None if self._watcher is None else self._watcher.run_at(address)
+
     def on_phases(self, view: PhaseView) -> None:
         reports = self.state.on_phases(view)
         if any(r.final for r in reports):
@@ -201,7 +206,7 @@ class Agent:
             if loaded:
                 log.info("re-queued %d unsent reports from %s", loaded, self.pending_file)
             self._saver = asyncio.create_task(self._save_loop(), name="save-reports")
-        self._runner = web.AppRunner(make_app(self.state, self.health))
+        self._runner = web.AppRunner(make_app(self.state, self.health, self.client_at))
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.listen_host, self.config.port)
         await site.start()

@@ -9,7 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from agent_addon.state import AgentState, BadRequest, parse_metrics_post
+from agent_addon.phase import RunKey
+from agent_addon.state import AgentState, BadRequest, Forbidden, parse_metrics_post
 from ocmfl.reports import ROUND_PHASE_NAMES
 
 log = logging.getLogger(__name__)
@@ -17,8 +18,13 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 
 
-def make_app(state: AgentState, health: Callable[[], dict[str, Any]]) -> web.Application:
-    """aiohttp app; `health()` returns the JSON shown on /healthz."""
+def make_app(
+    state: AgentState,
+    health: Callable[[], dict[str, Any]],
+    sender: Callable[[str], tuple[RunKey, str] | None] | None = None,
+) -> web.Application:
+    """aiohttp app; `health()` returns the JSON shown on /healthz; `sender(address)` names
+    the run of the client pod at a peer address (None: not a known client pod)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
 
     async def post_metrics(request: web.Request) -> web.Response:
@@ -26,9 +32,15 @@ def make_app(state: AgentState, health: Callable[[], dict[str, Any]]) -> web.App
             body = json.loads(await request.read())
         except (ValueError, UnicodeDecodeError) as e:
             return web.json_response({"error": f"body is not JSON: {e}"}, status=400)
+        who = sender(request.remote) if sender is not None and request.remote else None
         try:
-            post = parse_metrics_post(body, cluster=state.cluster, runs=state.active_runs())
+            post = parse_metrics_post(
+                body, cluster=state.cluster, runs=state.active_runs(), sender=who
+            )
             report = state.on_metrics(post)
+        except Forbidden as e:
+            log.warning("refused metrics from %s: %s", request.remote, e)
+            return web.json_response({"error": str(e)}, status=403)
         except BadRequest as e:
             return web.json_response({"error": str(e)}, status=400)
         return web.json_response(

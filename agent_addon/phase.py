@@ -77,3 +77,26 @@ def phases_by_run(
         if phase is not None:
             out[key] = (uid, phase)
     return out
+
+
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+
+def runs_by_pod_ip(pods: Iterable[Mapping[str, Any]]) -> dict[str, tuple[RunKey, str]]:
+    """Address of each live client pod -> the run (and uid) it belongs to.
+
+    An address two live pods of different runs share (hostNetwork) is left out: it does not
+    say who is talking.
+    """
+    out: dict[str, tuple[RunKey, str]] = {}
+    shared: set[str] = set()
+    for pod in pods:
+        status = pod.get("status") or {}
+        ip = status.get("podIP")
+        owner = run_of(pod)
+        if not ip or owner is None or status.get("phase") in TERMINAL_POD_PHASES:
+            continue
+        if ip in out and out[ip][0] != owner[0]:
+            shared.add(ip)
+        out[ip] = owner
+    return {ip: run for ip, run in out.items() if ip not in shared}

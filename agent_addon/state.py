@@ -34,6 +34,10 @@ class BadRequest(ValueError):
     """A POST /v1/metrics body the agent refuses (HTTP 400 with this message)."""
 
 
+class Forbidden(BadRequest):
+    """A client pod posting for a run it does not belong to (HTTP 403 with this message)."""
+
+
 @dataclass(frozen=True)
 class MetricsPost:
     """One local fit/evaluate result posted by the FL client on this cluster."""
@@ -77,11 +81,20 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     return value
 
 
-def parse_metrics_post(body: Any, *, cluster: str, runs: Mapping[RunKey, str]) -> MetricsPost:
+def parse_metrics_post(
+    body: Any,
+    *,
+    cluster: str,
+    runs: Mapping[RunKey, str],
+    sender: tuple[RunKey, str] | None = None,
+) -> MetricsPost:
     """Validate a POST /v1/metrics JSON body; BadRequest names the bad field.
 
+    `sender` is the run (and uid) of the client pod the post came from, when the watcher
+    knows its address: the post then counts for that run only, and naming another is
+    Forbidden (one tenant's client cannot write another tenant's status). Otherwise
     `fl_namespace`/`fl_name` may be left out when exactly one run is active here (`runs`:
-    run -> uid, from the watcher); `cluster`, when sent, must be this agent's cluster.
+    run -> uid, from the watcher). `cluster`, when sent, must be this agent's cluster.
     """
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")
@@ -98,7 +111,17 @@ def parse_metrics_post(body: Any, *, cluster: str, runs: Mapping[RunKey, str]) -
     if duration < 0:
         raise BadRequest("duration_s: must not be negative")
     ns, name, uid = body.get("fl_namespace"), body.get("fl_name"), body.get("fl_uid") or ""
-    if ns is None and name is None:
+    if sender is not None:
+        (own_ns, own_name), own_uid = sender
+        if (ns is not None and ns != own_ns) or (name is not None and name != own_name):
+            raise Forbidden(
+                f"fl_namespace, fl_name: this client pod belongs to {own_ns}/{own_name}, "
+                f"not {ns}/{name}"
+            )
+        if uid and own_uid and uid != own_uid:
+            raise Forbidden(f"fl_uid: this client pod belongs to {own_ns}/{own_name} {own_uid}")
+        ns, name, uid = own_ns, own_name, own_uid or uid
+    elif ns is None and name is None:
         if len(runs) != 1:
             raise BadRequest(
                 "fl_namespace, fl_name: required when this cluster does not run exactly one "

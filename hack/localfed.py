@@ -13,9 +13,9 @@ done by this module instead:
 * each agent then obtains its mTLS client certificate through the project's own CSR signer
   (`ocm-fl-agent --csr-hub-kubeconfig`): no certificate is made by hand for it.
 
-Every process gets its own loopback address (127.77.<i>.1), so nothing collides with pods the
-local nodes run; $OCMFL_LOCALFED_NET (default 127.77) moves them, so that two local federations
-on one machine do not collide either.
+Every process listens on its own host address of the plane (`ControlPlane.host_address`: the
+hub on the first, cluster i's agent on the i-th), which pods in their own network namespaces
+reach and which no other plane on the machine uses.
 """
 
 from __future__ import annotations
@@ -55,15 +55,8 @@ BINDINGS_PATH = (
 )
 FL_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{constants.PLURAL}"
 CSR_RBAC_NAME = "ocm-fl-local-addon-agents"
-LOCAL_NET = os.environ.get("OCMFL_LOCALFED_NET", "127.77")  # first two octets (loopback)
-HUB_HOST = f"{LOCAL_NET}.0.1"
 ADDON_AVAILABLE_LABEL = f"feature.open-cluster-management.io/addon-{constants.ADDON_NAME}"
 T = TypeVar("T")
-
-
-def agent_host(index: int) -> str:
-    """Loopback address of the agent of the `index`-th cluster (1-based)."""
-    return f"{LOCAL_NET}.{index}.1"
 
 
 class FederationError(RuntimeError):
@@ -239,19 +232,26 @@ class LocalFederation:
         return self.workdir / "hub-ca"
 
     @property
+    def hub_host(self) -> str:
+        """Where the hub controller, aggregator and metrics listen."""
+        return self.plane.host_address(0)
+
+    def agent_host(self, cluster: str) -> str:
+        """Where `cluster`'s agent listens (reached by that cluster's FL client pods)."""
+        return self.plane.host_address(self.plane.clusters.index(cluster) + 1)
+
+    @property
     def aggregator_address(self) -> str:
-        return f"{HUB_HOST}:{constants.AGGREGATOR_PORT}"
+        return f"{self.hub_host}:{constants.AGGREGATOR_PORT}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://{HUB_HOST}:{constants.HUB_METRICS_PORT}/metrics"
+        return f"http://{self.hub_host}:{constants.HUB_METRICS_PORT}/metrics"
 
     def agent_endpoints(self) -> dict[str, str]:
         """Where each cluster's FL client posts its metrics (the cluster's agent)."""
         return {
-            c: f"http://{agent_host(i)}:{constants.AGENT_LOCAL_PORT}"
-            for i, c in enumerate(self.plane.clusters, start=1)
-            if c in self.clusters
+            c: f"http://{self.agent_host(c)}:{constants.AGENT_LOCAL_PORT}" for c in self.clusters
         }
 
     def log_file(self, name: str) -> Path:
@@ -300,7 +300,9 @@ class LocalFederation:
         }
         with log.open("ab") as fh:
             popen = subprocess.Popen(
-                argv,
+                # Dies with this process even when it is killed before `stop` (a test run's
+                # timeout): an orphan would keep this plane's host addresses and ports.
+                ["setpriv", "--pdeathsig", "TERM", "--", *argv],
                 stdout=fh,
                 stderr=subprocess.STDOUT,
                 env=full_env,
@@ -330,21 +332,20 @@ class LocalFederation:
             constants.ENV_CA_DIR: str(self.ca_dir),
             constants.ENV_HUB_AGGREGATOR_ADDRESS: self.aggregator_address,
             constants.ENV_AGGREGATOR_LISTEN: self.aggregator_address,
-            constants.ENV_METRICS_LISTEN: f"{HUB_HOST}:{constants.HUB_METRICS_PORT}",
+            constants.ENV_METRICS_LISTEN: f"{self.hub_host}:{constants.HUB_METRICS_PORT}",
             constants.ENV_RUN_CSR_SIGNER: "true",
             constants.ENV_AGENT_ENDPOINTS: json.dumps(self.agent_endpoints()),
         }
         argv = [
             str(VENV_BIN / "ocm-fl-hub"),
             "--liveness",
-            f"http://{HUB_HOST}:{constants.HUB_HEALTH_PORT}/healthz",
+            f"http://{self.hub_host}:{constants.HUB_HEALTH_PORT}/healthz",
         ]
         proc = self._spawn("hub", argv, env)
-        self._wait_port(proc, HUB_HOST, constants.AGGREGATOR_PORT, 90)
+        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
 
     def _start_agent(self, cluster: str) -> None:
-        index = self.plane.clusters.index(cluster) + 1
-        host = agent_host(index)
+        host = self.agent_host(cluster)
         cdir = self.workdir / "agents" / cluster
         bootstrap = addon_agent_kubeconfig(self.plane, cluster, cdir / "hub-bootstrap.kubeconfig")
         (cdir / "state").mkdir(parents=True, exist_ok=True)

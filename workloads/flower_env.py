@@ -95,15 +95,22 @@ class FlwrCliError(RuntimeError):
     """A `flwr` CLI call failed."""
 
 
-def flwr_json(args: Sequence[str], env: Mapping[str, str], timeout: float = 180.0) -> Any:
-    """Run ``flwr <args> --format json`` and return its parsed JSON output.
+# Each call is a fresh Python process that imports Flower: about 2.5 s idle, over a minute
+# seen on a 2-core hub running several servers at once. A hang is still bounded.
+FLWR_CLI_TIMEOUT = 300.0
 
-    Each call starts a Python process (about 2.5 s idle; over a minute was seen on a 2-core
-    machine running several federations), hence the generous timeout."""
+
+def flwr_json(
+    args: Sequence[str], env: Mapping[str, str], timeout: float = FLWR_CLI_TIMEOUT
+) -> Any:
+    """Run ``flwr <args> --format json`` and return its parsed JSON output."""
     cmd = [executable("flwr"), *args, "--format", "json"]
-    done = subprocess.run(
-        cmd, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
-    )
+    try:
+        done = subprocess.run(
+            cmd, env=dict(env), capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise FlwrCliError(f"flwr {' '.join(args[:2])}: no answer within {timeout:.0f}s") from None
     try:
         data = json.loads(done.stdout)
     except ValueError:

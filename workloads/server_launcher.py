@@ -42,10 +42,11 @@ from workloads.outcome import Outcome, RunLog, decide, one_line
 from workloads.sdk.platform import ServerPlatform
 from workloads.sdk.store import ModelStore, ModelStoreError
 
-PREFIX = "ocm-fl-server"
 # The SuperLink answers /health in ~3.5 s on an idle 2-core machine; a loaded one (several
-# federations side by side) has been seen to need over a minute.
-HEALTH_TIMEOUT_S = 240.0
+# servers starting at once) has been seen to need over a minute. wait_health fails at once if
+# the process dies, so a long bound costs nothing.
+SUPERLINK_START_TIMEOUT = 300.0
+PREFIX = "ocm-fl-server"
 
 
 class LaunchError(Exception):
@@ -294,9 +295,13 @@ class Launcher:
             else "--disable-runtime-dependency-installation"
         )
         log = (self.state / "superlink.log").open("ab")
+        started = time.monotonic()
         self.superlink = fe.start(cmd, self.env, log)
-        self.wait_health(HEALTH_TIMEOUT_S)
-        self.log(f"SuperLink up on {self.host}:{self.port} (log {self.state / 'superlink.log'})")
+        self.wait_health(SUPERLINK_START_TIMEOUT)
+        self.log(
+            f"SuperLink up on {self.host}:{self.port} after {time.monotonic() - started:.0f}s "
+            f"(log {self.state / 'superlink.log'})"
+        )
 
     def start_gateway(self) -> None:
         """The mTLS gateway clusters connect to (nginx; Control/Runtime APIs stay local)."""

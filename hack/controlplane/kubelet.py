@@ -17,7 +17,7 @@ planes (and engineers) on it:
   its values;
 - a cgroup root of its own (`/ocmfl-<slot>-<node>`), removed on teardown.
 
-Addresses (index = podplan.node_index(slot, i)): node IP 10.215.<slot>.<10+i>, pods
+Addresses (index = node_index(slot, i)): node IP 10.215.<slot>.<10+i>, pods
 10.216.<index>.0/24, Services 10.217.<index>.0/24 (the apiserver's --service-cluster-ip-range; a
 loopback range cannot work, inside a pod 127.x is the pod's own). Every node routes the other
 nodes' Service ranges to them, so a cluster's pod reaches the hub's LoadBalancer address; a
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from hack.controlplane import build, certs, podplan, processes
+from hack.controlplane import build, certs, podnet, processes
 from hack.controlplane.processes import Proc, State
 from ocmfl.kube import Informer, Kube, KubeError, Obj
 
@@ -87,6 +87,11 @@ class NodeError(RuntimeError):
 # --- addresses ---------------------------------------------------------------------------------
 
 
+def node_index(slot: int, i: int) -> int:
+    """Address index of apiserver `i` (hub 0) of the plane in address slot `slot`."""
+    return slot * podnet.NODES + i
+
+
 def bridge_name(slot: int) -> str:
     return f"ocmflkb{slot}"
 
@@ -100,16 +105,16 @@ def node_ip(slot: int, i: int) -> str:
 
 
 def pod_cidr(slot: int, i: int) -> str:
-    return f"10.216.{podplan.node_index(slot, i)}.0/24"
+    return f"10.216.{node_index(slot, i)}.0/24"
 
 
 def service_cidr(slot: int, i: int) -> str:
-    return f"10.217.{podplan.node_index(slot, i)}.0/24"
+    return f"10.217.{node_index(slot, i)}.0/24"
 
 
 def kubernetes_service_ip(slot: int, i: int) -> str:
     """The first address of the Service range: the `kubernetes` Service's ClusterIP."""
-    return f"10.217.{podplan.node_index(slot, i)}.1"
+    return f"10.217.{node_index(slot, i)}.1"
 
 
 def apiserver_ips(slot: int, n_apiservers: int) -> list[str]:

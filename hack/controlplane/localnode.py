@@ -2,8 +2,10 @@
 
 One per apiserver, inside the supervisor. It registers a Ready Node, binds pending pods to it,
 runs each container as a local process (see podplan for the image mapping) in a private mount
-namespace, gives every pod its own loopback address, reports pod status back, and acts as a
-LoadBalancer controller (ingress IP = the Service's loopback ClusterIP, forwarded to a ready pod).
+namespace and in its pod's own network namespace (podnet: a veth on the node's bridge, an
+address from the node's pod range), reports pod status back, and acts as kube-proxy (ClusterIP
+forwarding) and LoadBalancer controller (ingress IP = the Service's ClusterIP, forwarded to a
+ready pod).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from hack.controlplane import podplan, podstate
+from hack.controlplane import podnet, podplan, podstate
 from hack.controlplane.bootstrap import now
 from hack.controlplane.forwarder import Forwarder
 from hack.controlplane.podstate import Ctr, PodRun
@@ -43,14 +45,17 @@ class LocalNode:
     def __init__(
         self,
         cluster: str,
-        index: int,
+        slot: int,
+        node: int,
         kube: Kube,
         apiserver_port: int,
         state_dir: Path,
         stop: threading.Event,
     ) -> None:
         self.cluster = cluster
-        self.index = index
+        self.slot, self.node = slot, node
+        self.host_ip = podnet.gateway(slot, node)  # the node's address, as pods see it
+        self.addresses = podnet.PodAddresses(slot, node)
         self.kube = kube
         self.port = apiserver_port
         self.name = node_name(cluster)
@@ -64,8 +69,7 @@ class LocalNode:
         self.pods = Informer(kube, "/api/v1/pods", self.wake, stop, f"pods-{cluster}")
         self.services = Informer(kube, "/api/v1/services", self.wake, stop, f"svc-{cluster}")
         self.runs: dict[str, PodRun] = {}
-        self.next_ip = 0
-        self.tools = {t: shutil.which(t) or t for t in ("setpriv", "unshare")}
+        self.tools = {t: shutil.which(t) or t for t in ("setpriv", "nsenter", "unshare")}
         self.forwarder: Forwarder | None = None
         self.thread = threading.Thread(target=self._loop, name=f"node-{cluster}", daemon=True)
         self.ready = threading.Event()
@@ -74,6 +78,7 @@ class LocalNode:
     def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         self.pid_dir.mkdir(parents=True, exist_ok=True)
+        podnet.ensure_bridge(self.slot, self.node)
         self.register_node()
         self.forwarder = Forwarder(self.cluster)
         self.pods.start()
@@ -89,7 +94,12 @@ class LocalNode:
         }
         self.kube.create(
             "/api/v1/nodes",
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.name, "labels": labels}},
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": self.name, "labels": labels},
+                "spec": {"podCIDR": str(podnet.pod_cidr(self.slot, self.node))},
+            },
         )
         self.kube.patch(
             f"/api/v1/nodes/{self.name}/status",
@@ -106,7 +116,7 @@ class LocalNode:
                         }
                     ],
                     "addresses": [
-                        {"type": "InternalIP", "address": "127.0.0.1"},
+                        {"type": "InternalIP", "address": self.host_ip},
                         {"type": "Hostname", "address": self.name},
                     ],
                     "capacity": {"cpu": "2", "memory": "8Gi", "pods": "250"},
@@ -144,6 +154,8 @@ class LocalNode:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     c.popen.wait(2)
                 self._forget_pid(c.popen.pid)
+        for run in self.runs.values():
+            self._teardown_net(run)
 
     # --- reconcile ---------------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -203,8 +215,8 @@ class LocalNode:
 
     def _new_run(self, pod: Obj) -> PodRun:
         meta, spec = pod["metadata"], pod["spec"]
-        ip = podplan.pod_ip(self.index, self.next_ip)
-        self.next_ip += 1
+        host_network = bool(spec.get("hostNetwork"))
+        ip = self.host_ip if host_network else self.addresses.allocate()
         d = self.root / f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
         (d / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -223,6 +235,8 @@ class LocalNode:
             ctrs("initContainers"),
             ctrs("containers"),
             spec.get("restartPolicy", "Always"),
+            host_ip=self.host_ip,
+            host_network=host_network,
         )
         self.runs[run.uid] = run
         log.info("pod %s/%s -> %s (%s)", run.ns, run.name, ip, d)
@@ -281,6 +295,11 @@ class LocalNode:
         """Materialise volumes and plan every container; NotYet retries, NotRunnable sticks."""
         spec = pod["spec"]
         ns = run.ns
+        if run.netns is None and not run.host_network:
+            try:  # the pod sandbox: its own network namespace, like a CNI ADD
+                run.netns = podnet.create_pod_net(self.slot, self.node, run.ip)
+            except podnet.NetError as e:
+                raise podplan.NotYet("FailedCreatePodSandBox", str(e)) from e
         svc_here = [s for s in services if s["metadata"]["namespace"] == ns]
 
         def resolve(svc: Obj) -> tuple[str, dict[str, int]] | None:
@@ -292,26 +311,33 @@ class LocalNode:
             "HOSTNAME": run.name,
             "POD_IP": run.ip,
             "LANG": "C.UTF-8",
-            "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-            "KUBERNETES_SERVICE_PORT": str(self.port),
+            # In-cluster clients reach the apiserver through its `kubernetes` Service.
+            "KUBERNETES_SERVICE_HOST": podnet.kubernetes_service_ip(self.slot, self.node),
+            "KUBERNETES_SERVICE_PORT": "443",
         }
         if spec.get("enableServiceLinks", True):
             base.update(podplan.service_env(svc_here, resolve))
         names: dict[str, str] = {}
         for s in services:
-            got = self._ready_ip(s, pods)
-            if got:
-                sname, sns = s["metadata"]["name"], s["metadata"]["namespace"]
-                # Names resolve to the ClusterIP (forwarded to the pod) like cluster DNS does;
-                # headless services resolve to the pod itself.
-                cip = s.get("spec", {}).get("clusterIP")
-                addr = cip if cip and cip != "None" else got[0]
-                for suffix in ("", ".svc", ".svc.cluster.local"):
-                    names[f"{sname}.{sns}{suffix}"] = addr
-                if sns == ns:
-                    names[sname] = addr
+            sname, sns = s["metadata"]["name"], s["metadata"]["namespace"]
+            # Names resolve to the ClusterIP (forwarded to a ready pod) like cluster DNS does;
+            # headless services resolve to a ready pod itself.
+            cip = s.get("spec", {}).get("clusterIP")
+            if cip and cip != "None":
+                addr = cip
+            else:
+                got = self._ready_ip(s, pods)
+                if got is None:
+                    continue
+                addr = got[0]
+            for suffix in ("", ".svc", ".svc.cluster.local"):
+                names[f"{sname}.{sns}{suffix}"] = addr
+            if sns == ns:
+                names[sname] = addr
         (run.dir / "hosts").write_text(podplan.hosts_file_text(run.name, run.ip, names))
-        volumes = podplan.materialise_volumes(pod, run.dir, self._lookup, run.ip, self._token)
+        volumes = podplan.materialise_volumes(
+            pod, run.dir, self._lookup, run.ip, self.host_ip, self._token
+        )
         sa_dir = self._service_account_dir(pod, run)
         by_name = {c["name"]: c for c in (spec.get("initContainers") or []) + spec["containers"]}
         for ctr in run.all():
@@ -319,7 +345,9 @@ class LocalNode:
             try:
                 local_images = podplan.read_local_images(self.state_dir)
                 rt = podplan.resolve_image(c.get("image", ""), local_images)
-                env = podplan.container_env(pod, c, {**base, "PATH": rt.path}, self._lookup, run.ip)
+                env = podplan.container_env(
+                    pod, c, {**base, "PATH": rt.path}, self._lookup, run.ip, self.host_ip
+                )
                 argv = podplan.argv_for(c, rt, env)
                 # The image's own files first, volumes on top (as a container runtime does).
                 mounts = [*rt.mounts, *podplan.container_mounts(c, volumes)]
@@ -412,6 +440,9 @@ class LocalNode:
                 return
         for c in run.all():
             self._poll(run, c)
+        if run.netns is not None and podstate.pod_phase(run) in ("Succeeded", "Failed"):
+            self._teardown_net(run)  # as kubelet stops a finished pod's sandbox
+            return
         if not run.init_done:
             for c in run.init:
                 if c.done and c.terminated and c.terminated["exitCode"] == 0:
@@ -476,9 +507,10 @@ class LocalNode:
             c.last_state = {"terminated": c.terminated}
             c.terminated = None
             c.restart_count += 1
-        argv = podplan.launcher_argv(c.plan, str(run.dir / "hosts"))
-        argv[0] = self.tools["setpriv"]
-        argv[argv.index("unshare")] = self.tools["unshare"]
+        netns = None if run.netns is None else str(podnet.netns_path(run.netns))
+        argv = podplan.launcher_argv(c.plan, str(run.dir / "hosts"), netns)
+        head = argv.index("/bin/sh")  # the tools before the container's shell: full paths
+        argv[:head] = [self.tools.get(a, a) for a in argv[:head]]
         with c.log.open("ab") as fh:
             try:
                 c.popen = subprocess.Popen(
@@ -502,6 +534,16 @@ class LocalNode:
         if c.popen is not None and c.popen.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(c.popen.pid, sig)
+
+    def _teardown_net(self, run: PodRun) -> None:
+        """Kill whatever still runs in the pod's network namespace and remove it."""
+        if run.netns is None:
+            return
+        try:
+            podnet.delete_pod_net(run.netns)
+        except podnet.NetError:
+            log.exception("pod %s/%s: removing netns %s", run.ns, run.name, run.netns)
+        run.netns = None
 
     def _forget_pid(self, pid: int) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -529,6 +571,9 @@ class LocalNode:
                             c.popen.wait(2)
             for c in run.all():
                 self._poll(run, c)
+            # Like kubelet: the sandbox (what still runs in the pod's network namespace, the
+            # namespace, its veth) goes before the pod object, so a deleted pod has no network.
+            self._teardown_net(run)
         meta = pod["metadata"]
         try:
             self.kube.delete(
@@ -551,6 +596,9 @@ class LocalNode:
         for c in run.all():
             if c.popen is not None:
                 self._forget_pid(c.popen.pid)
+        self._teardown_net(run)
+        if not run.host_network:
+            self.addresses.release(run.ip)
         # Keep the pod directory (logs) until the plane goes down; volumes may be large, though.
         shutil.rmtree(run.dir / "volumes", ignore_errors=True)
 
@@ -577,24 +625,26 @@ class LocalNode:
         for svc in services:
             spec = svc.get("spec", {})
             cip = spec.get("clusterIP")
+            meta = svc["metadata"]
+            if (meta["namespace"], meta["name"]) == ("default", "kubernetes") and cip:
+                # The apiserver's own Service (no endpoints here: --endpoint-reconciler=none).
+                for p in spec.get("ports") or []:
+                    routes[(cip, int(p["port"]))] = ("127.0.0.1", self.port)
+                continue
             got = self._ready_ip(svc, pods)
-            if got is not None:
+            if got is not None and cip and cip != "None":
                 ip, pod = got
                 targets = podplan.target_ports(svc, pod)
                 for p in spec.get("ports") or []:
                     if p.get("protocol", "TCP") != "TCP" or str(p["port"]) not in targets:
                         continue
-                    dst = (ip, targets[str(p["port"])])
-                    if cip and cip != "None":
-                        routes[(cip, int(p["port"]))] = dst
-                    if spec.get("type") == "LoadBalancer" and int(p["port"]) != dst[1]:
-                        routes[(ip, int(p["port"]))] = dst
+                    routes[(cip, int(p["port"]))] = (ip, targets[str(p["port"])])
             if spec.get("type") == "LoadBalancer":
                 # Like a cloud or MetalLB load balancer: the address exists as soon as the
-                # Service does (here its loopback ClusterIP), whether or not a backend is ready
-                # yet; connections reach a ready pod through the forwarder routes above.
-                vip = cip if cip and cip != "None" else (got[0] if got else None)
-                self._set_lb(svc, vip)
+                # Service does (here its ClusterIP, which every pod of every cluster and the
+                # host reach), whether or not a backend is ready yet; connections reach a
+                # ready pod through the forwarder routes above.
+                self._set_lb(svc, cip if cip and cip != "None" else None)
         if self.forwarder is not None:
             self.forwarder.sync(routes)
 

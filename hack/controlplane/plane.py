@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-from hack.controlplane import bootstrap, build, certs, podplan, processes
+from hack.controlplane import bootstrap, build, certs, podnet, processes
 from hack.controlplane import kubelet as kubelet_node
 from hack.controlplane.localnode import CREATED_MOUNTPOINTS
 from hack.controlplane.processes import ComponentFailed, Proc, State
@@ -50,6 +50,7 @@ class ControlPlane:
     hub_access: dict[str, str]  # cluster name -> the work agent's hub kubeconfig
     clusters: list[str]  # ["cluster1", "cluster2", ...]
     state_dir: str
+    slot: int = 0  # address slot: podnet gives this plane's pod, Service and host addresses
 
     @classmethod
     def from_state(cls, state: State) -> ControlPlane:
@@ -59,21 +60,21 @@ class ControlPlane:
             dict(state.hub_access),
             list(state.clusters),
             state.dir,
+            state.slot,
         )
+
+    def host_address(self, n: int) -> str:
+        """The n-th address on the host that every pod of this plane reaches (podnet)."""
+        return podnet.host_address(self.slot, n)
 
 
 class PlaneError(RuntimeError):
     """The plane cannot be brought up (or reused) as asked."""
 
 
-MAX_CLUSTERS = podplan.SLOT_WIDTH - 1
-SLOTS = 8
+MAX_CLUSTERS = podnet.NODES - 1
+SLOTS = podnet.SLOTS
 SLOTS_FILE = Path("/dev/shm/ocm-fl-cp-slots.json")
-
-
-def service_cidr(index: int) -> str:
-    """ClusterIP range for address index `index`: loopback, distinct per apiserver and plane."""
-    return f"127.{100 + index}.0.0/16"
 
 
 def _slot_table(update: Callable[[dict[str, int]], int | None]) -> int | None:
@@ -92,7 +93,7 @@ def _slot_table(update: Callable[[dict[str, int]], int | None]) -> int | None:
 
 
 def claim_slot(d: Path) -> int:
-    """A loopback address slot no other running plane on this machine uses."""
+    """An address slot (podnet) no other running plane on this machine uses."""
 
     def take(table: dict[str, int]) -> int:
         key = str(d.resolve())
@@ -323,6 +324,21 @@ def _start(
     logs, pki, kcfg = d / "logs", d / "pki", d / "kubeconfig"
     kcfg.mkdir(exist_ok=True)
     names = ["hub", *clusters]
+    state = State(
+        dir=str(d),
+        clusters=clusters,
+        etcd_data=str(etcd_data_dir(d)),
+        started_at=time.time(),
+        ocm=ocm,
+        addon_manager=ocm and addon_manager,
+        kubelet=kubelet,
+    )
+    state.save()
+    state.slot = claim_slot(d)
+    state.save()
+    # The slot is ours now: pod networks a crashed plane left in it go.
+    for what in podnet.sweep(state.slot):
+        _say(echo, f"removed leftover {what}")
 
     # --- certificates -------------------------------------------------------------------------
     ca = certs.make_ca()
@@ -338,25 +354,17 @@ def _start(
     (pki / "sa.key").write_bytes(sa_key)
     (pki / "sa.pub").write_bytes(sa_pub)
 
-    state = State(
-        dir=str(d),
-        clusters=clusters,
-        etcd_data=str(etcd_data_dir(d)),
-        started_at=time.time(),
-        ocm=ocm,
-        addon_manager=ocm and addon_manager,
-        kubelet=kubelet,
-    )
-    state.save()
-    state.slot = claim_slot(d)
-    state.save()
-    # Kubelet nodes and their pods reach the apiservers at non-loopback addresses.
-    node_ips = kubelet_node.apiserver_ips(state.slot, len(names)) if kubelet else []
+    # Pods reach their apiserver at its `kubernetes` ClusterIP (local nodes: see localnode;
+    # kubelet nodes and their pods also at non-loopback node addresses).
+    if kubelet:
+        in_cluster = tuple(kubelet_node.apiserver_ips(state.slot, len(names)))
+    else:
+        in_cluster = tuple(podnet.kubernetes_service_ip(state.slot, i) for i in range(len(names)))
     serving = certs.issue(
         ca,
         "kube-apiserver",
         server=True,
-        ip_addresses=("127.0.0.1", *node_ips),
+        ip_addresses=("127.0.0.1", *in_cluster),
         dns_names=(
             "localhost",
             "kubernetes",
@@ -402,7 +410,7 @@ def _start(
     def svc_range(i: int) -> str:
         if kubelet:
             return kubelet_node.service_cidr(state.slot, i)
-        return service_cidr(podplan.node_index(state.slot, i))
+        return podnet.service_cidr(state.slot, i)
 
     apis: dict[str, Proc] = {}
     for i, n in enumerate(names):
@@ -603,6 +611,9 @@ def _down_locked(d: Path) -> bool:
             if f.name.isdigit():
                 processes.kill_group(int(f.name), grace=1.0)
             f.unlink(missing_ok=True)
+    if state is not None:
+        # Network namespaces (and whatever still runs in them), veths, bridges, local route.
+        podnet.sweep(state.slot)
     created = CREATED_MOUNTPOINTS
     # Mount points are shared by every plane on the machine: removing one that another plane's
     # pod has mounted would detach that mount, so only the last plane running removes them.

@@ -199,7 +199,7 @@ def selects(selector: Mapping[str, str] | None, labels: Mapping[str, str] | None
     return all(labels.get(k) == v for k, v in selector.items())
 
 
-def _field_ref(pod: Obj, path: str, pod_ip: str) -> str:
+def _field_ref(pod: Obj, path: str, pod_ip: str, host_ip: str) -> str:
     meta = pod.get("metadata", {})
     simple = {
         "metadata.name": meta.get("name", ""),
@@ -208,7 +208,7 @@ def _field_ref(pod: Obj, path: str, pod_ip: str) -> str:
         "spec.nodeName": pod.get("spec", {}).get("nodeName", ""),
         "spec.serviceAccountName": pod.get("spec", {}).get("serviceAccountName", "default"),
         "status.podIP": pod_ip,
-        "status.hostIP": "127.0.0.1",
+        "status.hostIP": host_ip,
     }
     if path in simple:
         return str(simple[path])
@@ -236,7 +236,7 @@ def _lookup_key(lookup: Lookup, kind: str, ns: str, ref: Obj) -> str | None:
 
 
 def container_env(
-    pod: Obj, container: Obj, base: Mapping[str, str], lookup: Lookup, pod_ip: str
+    pod: Obj, container: Obj, base: Mapping[str, str], lookup: Lookup, pod_ip: str, host_ip: str
 ) -> dict[str, str]:
     """The process environment: base (PATH, service vars, POD_IP...) then envFrom then env."""
     ns = pod["metadata"]["namespace"]
@@ -261,7 +261,7 @@ def container_env(
             vf = item["valueFrom"]
             val: str | None
             if "fieldRef" in vf:
-                val = _field_ref(pod, vf["fieldRef"]["fieldPath"], pod_ip)
+                val = _field_ref(pod, vf["fieldRef"]["fieldPath"], pod_ip, host_ip)
             elif "configMapKeyRef" in vf:
                 val = _lookup_key(lookup, "configmap", ns, vf["configMapKeyRef"])
             elif "secretKeyRef" in vf:
@@ -324,7 +324,12 @@ TokenSource = Callable[[str, str, str | None, int], str | None]
 
 
 def materialise_volumes(
-    pod: Obj, pod_dir: Path, lookup: Lookup, pod_ip: str, token: TokenSource | None = None
+    pod: Obj,
+    pod_dir: Path,
+    lookup: Lookup,
+    pod_ip: str,
+    host_ip: str,
+    token: TokenSource | None = None,
 ) -> dict[str, Path]:
     """Write every pod volume under `pod_dir/volumes/`; return volume name -> host path."""
     ns = pod["metadata"]["namespace"]
@@ -361,7 +366,9 @@ def materialise_volumes(
                     data = _source_data(kind, ns, ref, lookup) or {}
                     _write_files(vdir, data, ref.get("items"), f"{kind} {ns}")
                 elif "downwardAPI" in src:
-                    _write_downward(vdir, pod, src["downwardAPI"].get("items") or [], pod_ip)
+                    _write_downward(
+                        vdir, pod, src["downwardAPI"].get("items") or [], pod_ip, host_ip
+                    )
                 elif "serviceAccountToken" in src:
                     sat = src["serviceAccountToken"]
                     sa = pod.get("spec", {}).get("serviceAccountName") or "default"
@@ -377,7 +384,7 @@ def materialise_volumes(
                     raise NotRunnable("FailedMount", f"unsupported projected source in {name}")
             out[name] = vdir
         elif "downwardAPI" in vol:
-            _write_downward(vdir, pod, vol["downwardAPI"].get("items") or [], pod_ip)
+            _write_downward(vdir, pod, vol["downwardAPI"].get("items") or [], pod_ip, host_ip)
             out[name] = vdir
         else:
             kinds = sorted(k for k in vol if k != "name")
@@ -385,7 +392,7 @@ def materialise_volumes(
     return out
 
 
-def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str) -> None:
+def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str, host_ip: str) -> None:
     data: dict[str, str] = {}
     for it in items:
         if "fieldRef" in it:
@@ -395,7 +402,7 @@ def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str) -> None
                 kv = meta.get(path.split(".")[1]) or {}
                 data[it["path"]] = "\n".join(f'{k}="{v}"' for k, v in sorted(kv.items()))
             else:
-                data[it["path"]] = _field_ref(pod, path, pod_ip)
+                data[it["path"]] = _field_ref(pod, path, pod_ip, host_ip)
     _write_files(vdir, data, None, "downwardAPI")
 
 
@@ -426,13 +433,23 @@ def container_mounts(container: Obj, volumes: Mapping[str, Path]) -> list[Mount]
     return mounts
 
 
-def launcher_argv(plan: ContainerPlan, hosts_file: str | None = None) -> list[str]:
+def launcher_argv(
+    plan: ContainerPlan, hosts_file: str | None = None, netns: str | None = None
+) -> list[str]:
     """argv that runs `plan` in a private mount namespace with its bind mounts in place.
 
-    Parent-death SIGKILL (setpriv) makes the process die with the local node. Mount targets must
-    exist beforehand (the local node creates and records them).
+    With `netns` (the path of the pod's network namespace handle) the container joins the
+    pod's network namespace first, and drops the namespace handles it inherited in its mount
+    table: held there, they would keep other pods' namespaces (and veths) alive after those
+    pods are gone. Parent-death SIGKILL (setpriv) makes the process die with the local node.
+    Mount targets must exist beforehand (the local node creates and records them).
     """
     lines = ["set -e"]
+    join: list[str] = []
+    if netns:
+        join = ["nsenter", f"--net={netns}", "--"]
+        handles = shlex.quote(str(Path(netns).parent))
+        lines.append(f"umount -l {handles} 2>/dev/null || true")
     for m in plan.mounts:
         src, dst = shlex.quote(m.source), shlex.quote(m.target)
         lines.append(f"mount --bind {src} {dst}")
@@ -447,6 +464,7 @@ def launcher_argv(plan: ContainerPlan, hosts_file: str | None = None) -> list[st
         "--pdeathsig",
         "KILL",
         "--",
+        *join,
         "unshare",
         "--mount",
         "--propagation",
@@ -474,19 +492,3 @@ def hosts_file_text(pod_name: str, pod_ip: str, names: Mapping[str, str]) -> str
 def decode_secret(data: Mapping[str, str] | None) -> dict[str, str]:
     """Secret .data (base64) -> text values (undecodable bytes replaced)."""
     return {k: base64.b64decode(v).decode(errors="replace") for k, v in (data or {}).items()}
-
-
-SLOT_WIDTH = 10  # apiservers per plane slot (hub + 9 clusters)
-
-
-def node_index(slot: int, i: int) -> int:
-    """Address index of apiserver `i` (hub 0) of the plane in address slot `slot`."""
-    return slot * SLOT_WIDTH + i
-
-
-def pod_ip(node_index: int, n: int) -> str:
-    """The n-th pod address on node `node_index`: 127.<20+index>.<hi>.<lo>, lo in 1..254."""
-    hi, lo = divmod(n, 254)
-    if hi > 255:
-        raise ValueError("pod address space exhausted")
-    return f"127.{20 + node_index}.{hi}.{lo + 1}"

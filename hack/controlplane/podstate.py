@@ -51,6 +51,9 @@ class PodRun:
     init: list[Ctr]
     main: list[Ctr]
     restart_policy: str
+    host_ip: str = "127.0.0.1"  # the node's address (status.hostIP)
+    host_network: bool = False  # spec.hostNetwork: no network namespace of its own
+    netns: str | None = None  # name of the pod's network namespace while it exists
     start_time: str = field(default_factory=now)
     prepared: bool = False
     next_prepare: float = 0.0
@@ -155,8 +158,8 @@ def pod_status(run: PodRun) -> Obj:
             cond(run, "ContainersReady", ready, reason),
             cond(run, "Ready", ready, reason),
         ],
-        "hostIP": "127.0.0.1",
-        "hostIPs": [{"ip": "127.0.0.1"}],
+        "hostIP": run.host_ip,
+        "hostIPs": [{"ip": run.host_ip}],
         "podIP": run.ip,
         "podIPs": [{"ip": run.ip}],
         "startTime": run.start_time,

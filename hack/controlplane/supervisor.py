@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from hack.controlplane import kubelet, podplan
+from hack.controlplane import kubelet, podnet
 from hack.controlplane.addon_registration import AddonRegistration
 from hack.controlplane.claims_mirror import ClaimsMirror
 from hack.controlplane.localnode import LocalNode
@@ -40,14 +40,15 @@ def run(state_dir: Path) -> int:
     signal.signal(signal.SIGINT, on_signal)
     names = ["hub", *state.clusters]
     kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
+    if not state.kubelet:  # local nodes: the plane's host-terminated addresses
+        podnet.ensure_plane(state.slot)
     nodes: list[LocalNode | kubelet.HostSide] = []
     for i, n in enumerate(names):
         port = int(state.apiservers[n].rsplit(":", 1)[1])
-        index = podplan.node_index(state.slot, i)
         if state.kubelet:  # real kubelets run the pods; this side serves them the apiserver
             nodes.append(kubelet.HostSide(kubelet.specs(state)[i], kubes[n], stop))
         else:
-            nodes.append(LocalNode(n, index, kubes[n], port, state_dir, stop))
+            nodes.append(LocalNode(n, state.slot, i, kubes[n], port, state_dir, stop))
     mirrors: list[ClaimsMirror | AddonRegistration] = [
         ClaimsMirror(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
         for c in state.clusters

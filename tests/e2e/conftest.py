@@ -1,8 +1,8 @@
 """One local plane and one local federation for all e2e modules (starting them costs minutes).
 
 The plane lives in ``$OCMFL_CP_DIR-e2e`` (default /dev/shm/ocm-fl-cp-e2e), so parallel
-worktrees with their own OCMFL_CP_DIR do not share it. Three clusters: the tests give data to
-two of them.
+worktrees with their own OCMFL_CP_DIR do not share it. Three clusters; each module gives data to
+some of them with its own ClusterClaims and hub namespaces, and removes them.
 """
 
 from __future__ import annotations

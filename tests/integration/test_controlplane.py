@@ -6,8 +6,12 @@ Test infrastructure: local nodes (kubelet stand-in) and the ClusterClaim mirror.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import ipaddress
+import os
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +19,7 @@ from typing import Any, TypeVar
 import pytest
 
 from hack import testing
+from hack.controlplane import podnet
 from hack.controlplane.plane import ControlPlane
 from ocmfl.constants import CLUSTER_GROUP, WORK_GROUP, WORKLOAD_IMAGE
 from ocmfl.kube import Kube, KubeError
@@ -294,6 +299,118 @@ def test_pods_on_different_clusters_listen_on_the_same_port_without_collision(
         assert wait_for(functools.partial(answer, ip), 20, f"answer from {c}") == f"srv-{c}"
 
 
+LOOPBACK_SERVER = (
+    "import os, socket\n"
+    "lo = socket.socket(); lo.bind(('127.0.0.1', 9092)); lo.listen()\n"  # as a SuperLink does
+    "s = socket.socket(); s.bind(('0.0.0.0', 18080)); s.listen()\n"
+    "while True:\n"
+    "    c, _ = s.accept(); c.sendall(os.environ['HOSTNAME'].encode()); c.close()\n"
+)
+
+
+def _ready_ip(k: Kube, pods: str, name: str) -> str | None:
+    st = (k.get(f"{pods}/{name}") or {}).get("status", {})
+    ready = any(x["type"] == "Ready" and x["status"] == "True" for x in st.get("conditions") or [])
+    return st.get("podIP") if ready else None
+
+
+def _answer(ip: str, port: int = 18080) -> str | None:
+    try:
+        with socket.create_connection((ip, port), timeout=2) as s:
+            return s.recv(100).decode() or None
+    except OSError:
+        return None
+
+
+def test_pods_on_one_cluster_each_have_their_own_loopback_and_ports(
+    spokes: dict[str, Kube], namespace: str
+) -> None:
+    """Two pods bind the same 127.0.0.1 port and the same wildcard port, as in real pods."""
+    k = spokes[sorted(spokes)[0]]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    for name in ("lo-a", "lo-b"):
+        k.create(pods, _pod(name, WORKLOAD_IMAGE, ["python", "-c", LOOPBACK_SERVER]))
+    ips = {n: wait_for(functools.partial(_ready_ip, k, pods, n), 30, n) for n in ("lo-a", "lo-b")}
+    assert len(set(ips.values())) == 2
+    for name, ip in ips.items():
+        assert not ipaddress.ip_address(ip).is_loopback
+        assert wait_for(functools.partial(_answer, ip), 20, f"answer from {name}") == name
+        pod = k.get(f"{pods}/{name}") or {}
+        assert pod["status"]["containerStatuses"][0]["restartCount"] == 0  # no bind failure
+
+
+PROBE = """
+import socket, sys
+out = []
+for addr in sys.argv[1:]:
+    host, port = addr.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=3) as s:
+            out.append(s.recv(100).decode() or "empty")
+    except OSError as e:
+        out.append(f"unreachable:{type(e).__name__}")
+print("|".join(out))
+"""
+
+
+def test_cluster_ips_and_host_addresses_reach_across_clusters_but_pod_ips_do_not(
+    control_plane: ControlPlane, spokes: dict[str, Kube], namespace: str
+) -> None:
+    """From a pod on one cluster: another cluster's Service (its ClusterIP, forwarded on the
+    host) and a host process answer; the other cluster's pod address does not (separate
+    networks, as real clusters)."""
+    if len(spokes) < 2:
+        pytest.skip("needs two managed clusters")
+    here, there = sorted(spokes)[:2]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    web = _pod("web", WORKLOAD_IMAGE, ["python", "-c", LOOPBACK_SERVER])
+    web["metadata"]["labels"] = {"app": "web"}
+    spokes[there].create(pods, web)
+    spokes[there].create(
+        f"/api/v1/namespaces/{namespace}/services",
+        {"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}, "ports": [
+            {"port": 80, "targetPort": 18080}]}},
+    )  # fmt: skip
+    web_ip = wait_for(functools.partial(_ready_ip, spokes[there], pods, "web"), 30, "web")
+    svc = spokes[there].get(f"/api/v1/namespaces/{namespace}/services/web") or {}
+    cluster_ip = svc["spec"]["clusterIP"]
+    assert wait_for(lambda: _answer(cluster_ip, 80), 20, "ClusterIP from the host") == "web"
+
+    host_ip = control_plane.host_address(4000)  # far from what localfed uses
+    listener = socket.create_server((host_ip, 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.5)
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                c, _ = listener.accept()
+                c.sendall(b"host")
+                c.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        targets = [f"{cluster_ip}:80", f"{host_ip}:{listener.getsockname()[1]}", f"{web_ip}:18080"]
+        spokes[here].create(pods, _pod("probe", WORKLOAD_IMAGE, ["python", "-c", PROBE, *targets]))
+
+        def done() -> str | None:
+            phase = (spokes[here].get(f"{pods}/probe") or {}).get("status", {}).get("phase")
+            return phase if phase in ("Succeeded", "Failed") else None
+
+        assert wait_for(done, 60, "probe finished") == "Succeeded"
+        log = next(
+            Path(control_plane.state_dir, "pods", here).glob(f"{namespace}_probe_*/logs/c.log")
+        )
+        answers = log.read_text().strip().split("|")
+        assert answers[:2] == ["web", "host"], answers
+        assert answers[2].startswith("unreachable"), answers
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
 def test_on_failure_pods_restart_until_they_succeed(
     spokes: dict[str, Kube], namespace: str
 ) -> None:
@@ -342,6 +459,38 @@ def test_deleting_a_pod_stops_its_processes(spokes: dict[str, Kube], namespace: 
     k.delete(f"{pods}/sleeper")
     wait_for(lambda: k.get(f"{pods}/sleeper") is None, 30, "pod gone")
     wait_for(lambda: all(not _alive(p) for p in group), 10, "process group gone")
+
+
+def test_deleting_a_pod_kills_processes_that_left_its_group_and_removes_its_network(
+    control_plane: ControlPlane, spokes: dict[str, Kube], namespace: str
+) -> None:
+    k = spokes[sorted(spokes)[0]]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    marker = str(7000 + os.getpid() % 1000)  # a sleep only this test starts
+    k.create(
+        pods, _pod("escaper", BUSYBOX, ["sh", "-c", f"setsid sleep {marker} & exec sleep 600"])
+    )
+    ip = wait_for(functools.partial(_ready_ip, k, pods, "escaper"), 30, "running")
+    link = podnet.pod_link_name(control_plane.slot, ip)
+
+    def escaped() -> list[Path]:
+        out = []
+        for p in Path("/proc").iterdir():
+            with contextlib.suppress(OSError):
+                if (
+                    p.name.isdigit()
+                    and (p / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode()
+                ):
+                    out.append(p)
+        return out
+
+    [child] = wait_for(escaped, 10, "the escaped sleep")
+    assert (podnet.NETNS_DIR / link).exists() and Path(f"/sys/class/net/{link}").exists()
+    k.delete(f"{pods}/escaper")
+    wait_for(lambda: k.get(f"{pods}/escaper") is None, 40, "pod gone")
+    wait_for(lambda: not _alive(child), 10, "the process outside the pod's group gone")
+    assert not (podnet.NETNS_DIR / link).exists()
+    assert not Path(f"/sys/class/net/{link}").exists()
 
 
 def _pgid(proc: Path) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.controlplane import plane, processes
+from hack.controlplane import plane, podnet, processes
 from ocmfl.kube import Kube
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -61,10 +61,67 @@ def test_up_reuses_and_down_leaves_no_processes() -> None:
         assert len(pod_group) >= 2
         with pytest.raises(plane.PlaneError):
             plane.up(2, state_dir=d, ocm=False)  # a different shape is refused, not replaced
+        assert podnet.leftovers(first.slot)  # bridges, the pod's namespace, the local route
         assert plane.down(d)
         pids = [p.pid for p in first.procs] + pod_group
         assert not [p for p in pids if processes.alive(p)]
         assert processes.State.load(d) is None
+        assert podnet.leftovers(first.slot) == []
+    finally:
+        plane.down(d)
+        shutil.rmtree(d, ignore_errors=True)
+        Path(f"{d}.lock").unlink(missing_ok=True)
+
+
+def test_down_after_a_supervisor_crash_removes_pod_networks_and_their_processes() -> None:
+    """A crashed local node leaves namespaces, veths, bridges and processes that escaped its
+    pods' process groups; `down` finds them by the plane's address slot."""
+    d = Path("/dev/shm") / f"ocmfl-cp-crash-{os.getpid()}"
+    marker = str(8000 + os.getpid() % 1000)
+    try:
+        state = plane.up(1, state_dir=d, ocm=False)
+        k = Kube(state.kubeconfigs["cluster1"])
+        k.create(
+            "/api/v1/namespaces/default/pods",
+            {
+                "metadata": {"name": "bg"},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": "busybox",
+                            "command": ["sh", "-c", f"setsid sleep {marker} & exec sleep 600"],
+                        }
+                    ]
+                },
+            },
+        )
+
+        def escaped() -> list[int]:
+            out = []
+            for p in os.listdir("/proc"):
+                try:
+                    if Path(f"/proc/{p}/cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
+                        out.append(int(p))
+                except OSError:
+                    continue
+            return out
+
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not escaped():
+            time.sleep(0.2)
+        k.close()
+        [child] = escaped()
+        netns = [x for x in podnet.leftovers(state.slot) if x.startswith("netns ")]
+        assert len(netns) == 1
+        [sup] = [p for p in state.procs if p.name == "supervisor"]
+        os.kill(sup.pid, 9)
+        time.sleep(1.0)
+        assert processes.alive(child)  # outside every process group the plane knows
+        assert podnet.leftovers(state.slot)
+        assert plane.down(d)
+        assert not processes.alive(child)
+        assert podnet.leftovers(state.slot) == []
     finally:
         plane.down(d)
         shutil.rmtree(d, ignore_errors=True)

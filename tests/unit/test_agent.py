@@ -14,8 +14,8 @@ import pytest
 
 from agent_addon.agent import Agent, AgentConfig
 from agent_addon.buffer import ReportBuffer
-from agent_addon.phase import derive_client_phase, phases_by_run
-from agent_addon.state import AgentState, BadRequest, parse_metrics_post
+from agent_addon.phase import derive_client_phase, phases_by_run, runs_by_pod_ip
+from agent_addon.state import AgentState, BadRequest, Forbidden, parse_metrics_post
 from hack.testing import TestPKI, await_for, free_port
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
@@ -71,6 +71,40 @@ def test_run_is_inferred_only_when_exactly_one_is_active() -> None:
     assert (post.fl_namespace, post.fl_name, post.fl_uid) == ("fl", "mnist", "u1")
     with pytest.raises(BadRequest, match="fl_namespace, fl_name"):
         parse_metrics_post(body, cluster="cluster-a", runs={})
+
+
+def test_a_client_pod_posts_only_for_its_own_run() -> None:
+    """Attributed by its address, a tenant's client cannot write another run's status."""
+    mine = (("fl", "mnist"), "0a1b-2c3d")
+    body = {k: v for k, v in POST.items() if not k.startswith("fl_")}
+    post = parse_metrics_post(body, cluster="cluster-a", runs={}, sender=mine)
+    assert (post.fl_namespace, post.fl_name, post.fl_uid) == ("fl", "mnist", "0a1b-2c3d")
+    assert parse_metrics_post(POST, cluster="cluster-a", runs={}, sender=mine).fl_name == "mnist"
+    other = {**POST, "fl_namespace": "tenant-b", "fl_name": "mnist", "fl_uid": ""}
+    with pytest.raises(Forbidden, match="belongs to fl/mnist, not tenant-b/mnist"):
+        parse_metrics_post(other, cluster="cluster-a", runs={}, sender=mine)
+    with pytest.raises(Forbidden, match=r"^fl_uid"):
+        parse_metrics_post({**POST, "fl_uid": "ffff"}, cluster="cluster-a", runs={}, sender=mine)
+
+
+def test_client_pod_addresses_name_their_runs() -> None:
+    def pod(ip: str, phase: str, name: str, uid: str) -> dict[str, Any]:
+        p = _pod(phase, uid)
+        p["metadata"]["labels"][constants.LABEL_OWNER_NAME] = name
+        p["status"]["podIP"] = ip
+        return p
+
+    pods = [
+        pod("10.0.0.2", "Running", "mnist", "a"),
+        pod("10.0.0.3", "Succeeded", "mnist", "b"),  # finished: its address may be reused
+        pod("10.0.0.4", "Running", "mnist", "c"),
+        pod("10.0.0.4", "Running", "cifar", "d"),  # two runs on one address: not telling
+        pod("10.0.0.5", "Pending", "cifar", "e"),
+    ]
+    assert runs_by_pod_ip(pods) == {
+        "10.0.0.2": (("fl", "mnist"), POST["fl_uid"]),
+        "10.0.0.5": (("fl", "cifar"), POST["fl_uid"]),
+    }
 
 
 def test_nan_accuracy_counts_as_absent() -> None:
@@ -239,6 +273,27 @@ async def test_bad_post_gets_400_with_a_message(agent: Agent) -> None:
         s.post(f"http://127.0.0.1:{agent.port}/v1/metrics", data=b"{nope") as r,
     ):
         assert r.status == 400 and "not JSON" in (await r.json())["error"]
+
+
+class _Watcher:
+    """Stands in for the pod watcher: every peer is a client pod of ("fl", "other")."""
+
+    def run_at(self, ip: str) -> tuple[tuple[str, str], str]:
+        return ("fl", "other"), "u-other"
+
+    def stop(self) -> None:
+        pass
+
+
+async def test_a_client_pod_posting_for_another_run_gets_403(agent: Agent, hub: Hub) -> None:
+    agent._watcher = _Watcher()  # type: ignore[assignment]
+    status, body = await post(agent, POST)
+    assert status == 403 and "belongs to fl/other" in body["error"]
+    unnamed = {k: v for k, v in POST.items() if not k.startswith("fl_")}
+    status, _ = await post(agent, unnamed)
+    assert status == 202
+    await _eventually(lambda: "cluster-a" in hub.store.snapshot("u-other"))
+    assert "cluster-a" not in hub.store.snapshot(POST["fl_uid"])
 
 
 async def test_hub_restart_mid_stream_loses_no_final_report(agent: Agent, hub: Hub) -> None:

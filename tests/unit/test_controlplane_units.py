@@ -82,16 +82,20 @@ def test_env_resolves_values_field_refs_config_maps_secrets_and_expansion() -> N
             {"name": "B", "value": "$(A)-$(POD_IP)-$$(A)"},
             {"name": "N", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
             {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "H", "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}}},
             {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['a']"}}},
             {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "K"}}},
             {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "pw"}}},
         ],
     }
-    env = podplan.container_env(_pod(), ctr, {"POD_IP": "127.21.0.1"}, lookup, "127.21.0.1")
-    assert env["B"] == "1-127.21.0.1-$(A)"
-    assert (env["N"], env["IP"], env["L"], env["C"], env["S"]) == (
+    env = podplan.container_env(
+        _pod(), ctr, {"POD_IP": "10.200.16.2"}, lookup, "10.200.16.2", "10.200.16.1"
+    )
+    assert env["B"] == "1-10.200.16.2-$(A)"
+    assert (env["N"], env["IP"], env["H"], env["L"], env["C"], env["S"]) == (
         "p1",
-        "127.21.0.1",
+        "10.200.16.2",
+        "10.200.16.1",
         "b",
         "from-cm",
         "hunter2",
@@ -102,7 +106,7 @@ def test_env_resolves_values_field_refs_config_maps_secrets_and_expansion() -> N
         "env": [{"name": "Z", "valueFrom": {"secretKeyRef": {"name": "nope", "key": "k"}}}],
     }
     with pytest.raises(podplan.NotYet):
-        podplan.container_env(_pod(), missing, {}, lookup, "127.21.0.1")
+        podplan.container_env(_pod(), missing, {}, lookup, "10.200.16.2", "10.200.16.1")
 
 
 def test_service_env_points_at_the_ready_pod_and_its_target_port() -> None:
@@ -152,19 +156,13 @@ def test_volumes_are_materialised_per_pod(tmp_path: Path) -> None:
     def lookup(kind: str, ns: str, name: str) -> dict[str, str] | None:
         return {"a": "A", "b": "B"} if kind == "configmap" else secret
 
-    vols = podplan.materialise_volumes(pod, tmp_path, lookup, "127.20.0.9")
+    vols = podplan.materialise_volumes(pod, tmp_path, lookup, "10.200.8.9", "10.200.8.1")
     assert (vols["cfg"] / "x/a.txt").read_text() == "A"
     assert (vols["sec"] / "tls.crt").read_text() == "CERT"
     assert vols["scratch"].is_dir()
     assert (vols["proj"] / "b").read_text() == "B"
     assert (vols["proj"] / "ns").read_text() == "ns1"
     assert podplan.decode_secret({"k": base64.b64encode(b"v").decode()}) == {"k": "v"}
-
-
-def test_pod_addresses_are_distinct_per_node_and_pod() -> None:
-    ips = {podplan.pod_ip(node, n) for node in range(3) for n in range(600)}
-    assert len(ips) == 1800
-    assert all(ip.startswith("127.") and not ip.endswith(".0") for ip in ips)
 
 
 def test_claims_mirror_orders_reserved_first_and_hides_spoke_only() -> None:

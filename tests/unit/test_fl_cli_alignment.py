@@ -13,6 +13,7 @@ from fl_fixtures import REF, spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.server import server_args
 from hub_controller.operator.desired.works import client_args
+from ocmfl import constants
 
 server_launcher = pytest.importorskip("workloads.server_launcher")
 client_launcher = pytest.importorskip("workloads.client_launcher")
@@ -40,7 +41,7 @@ def test_client_args_parse_with_the_client_launcher() -> None:
     assert args.server_address == "127.0.0.1:9443"
     assert args.server_name == "fl-x-server.team.svc"
     assert str(args.client_certfile).endswith("tls.crt")
-    assert args.port == 0
+    assert args.port == constants.SUPERNODE_PORT  # its default, on the pod's own loopback
     assert args.cluster_name == "c1"
     assert str(args.data_dir) == "/data"
     assert str(args.run_config) == "/etc/ocm-fl/run-config.json"

@@ -175,7 +175,7 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
     secrets = [o for o in kube.applied if o["kind"] == "Secret"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == REF.uid for o in secrets)
     assert kube.deleted == [
-        f"/apis/{constants.WORK_GROUP}/v1/namespaces/c9/manifestworks/fl-{REF.namespace}-{REF.name}"
+        f"/apis/{constants.WORK_GROUP}/v1/namespaces/c9/manifestworks/{work_name(REF)}"
     ]
     assert not kube.created  # no server before clusters are ready
     status = kube.status()

@@ -11,6 +11,7 @@ from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.works import (
     client_args,
+    client_namespace,
     desired_work,
     desired_works,
     safe_name,
@@ -186,6 +187,21 @@ def test_long_names_are_cut_to_a_dns_label_with_a_hash() -> None:
     assert safe_name("fl", "a", "b") == "fl-a-b"
 
 
+def test_two_tenants_never_share_a_work_or_a_client_namespace() -> None:
+    pairs = [
+        (
+            FLRef(namespace="team-a", name="x", uid="1"),
+            FLRef(namespace="team", name="a-x", uid="2"),
+        ),
+        (FLRef(namespace="ns", name="x.y", uid="1"), FLRef(namespace="ns", name="x-y", uid="2")),
+    ]
+    for one, other in pairs:
+        assert work_name(one) != work_name(other)
+        assert client_namespace(one) != client_namespace(other)
+    ref = FLRef(namespace="team-a", name="digits", uid="u")
+    assert work_name(ref).startswith("fl-team-a-digits-") and len(work_name(ref)) <= 63
+
+
 def test_clusters_that_left_have_their_works_deleted() -> None:
     desired = desired_works(REF, spec(), [C1], ADDR, tls=TLS_BY_CLUSTER, server_name=SNI)
     existing = [("c1", work_name(REF)), ("c9", work_name(REF))]
@@ -205,6 +221,7 @@ def test_client_gets_its_cluster_identity_and_reaches_the_server_only_through_mt
     assert flag["--server-name"] == SNI
     assert flag["--client-certfile"].endswith("/tls.crt")
     assert flag["--auth-key"].endswith("/node.key")
+    assert "--port" not in flag  # the SuperNode's default port, on the pod's own loopback
     mounts = {m["name"]: m for m in container["volumeMounts"]}
     assert mounts["tls"]["readOnly"] is True
     pod = _manifest(work, "Job")["spec"]["template"]["spec"]

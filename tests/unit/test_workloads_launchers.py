@@ -147,3 +147,39 @@ def test_only_runs_lost_to_unavailable_nodes_are_resubmitted() -> None:
     assert not transient_failure(crashed)
     mixed = unavailable.replace("node 2: Error: Node Unavailable", "node 2: Error: ValueError")
     assert not transient_failure(mixed)
+
+
+def test_waiting_for_the_superlink_ends_at_once_when_it_dies(tmp_path: Path) -> None:
+    """The start bound is long (a busy hub starts SuperLinks slowly); a dead one fails now."""
+    import subprocess
+    import time
+
+    from ocmfl import pki
+
+    (tmp_path / "ca").write_bytes(pki.create_ca("test").cert_pem)
+    args = server_launcher.build_parser().parse_args(
+        [*BASE[:1], str(tmp_path / "st"), "--ssl-ca-certfile", str(tmp_path / "ca"), *BASE[4:]]
+    )
+    launcher = server_launcher.Launcher(args, server_launcher.settings_from_args(args))
+    launcher.state.mkdir(parents=True)
+    (launcher.state / "superlink.log").write_text("address already in use\n")
+    launcher.superlink = subprocess.Popen(["sh", "-c", "sleep 1; exit 1"])
+    started = time.monotonic()
+    with pytest.raises(server_launcher.LaunchError, match=r"SuperLink exited.*already in use"):
+        launcher.wait_health(server_launcher.SUPERLINK_START_TIMEOUT)
+    assert time.monotonic() - started < 10
+    assert server_launcher.SUPERLINK_START_TIMEOUT >= 300
+
+
+def test_a_flwr_call_that_hangs_fails_with_one_clear_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workloads import flower_env
+
+    slow = tmp_path / "flwr"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    monkeypatch.setattr(flower_env, "executable", lambda name: str(slow))
+    with pytest.raises(flower_env.FlwrCliError, match=r"^flwr supernode register: no answer"):
+        flower_env.flwr_json(["supernode", "register", "k.pub"], {}, timeout=0.5)
+    assert flower_env.FLWR_CLI_TIMEOUT >= 300

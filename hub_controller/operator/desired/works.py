@@ -60,14 +60,22 @@ def safe_name(*parts: str, max_len: int = 63) -> str:
     return f"{full[: max_len - 9].rstrip('-')}-{digest}"
 
 
+def _cluster_side_name(ref: FLRef) -> str:
+    """`fl-<ns>-<name>-<digest of ns/name>`: the digest keeps it one-to-one. Without it,
+    tenant `team-a`'s `x` and tenant `team`'s `a-x` (or `x.y` and `x-y`) would share a
+    ManifestWork and a client namespace on every cluster and overwrite each other."""
+    digest = hashlib.sha256(f"{ref.namespace}/{ref.name}".encode()).hexdigest()[:8]
+    return safe_name("fl", ref.namespace, ref.name, digest)
+
+
 def work_name(ref: FLRef) -> str:
     """Name of the resource's ManifestWork in every cluster namespace."""
-    return safe_name("fl", ref.namespace, ref.name)
+    return _cluster_side_name(ref)
 
 
 def client_namespace(ref: FLRef) -> str:
     """Namespace on the managed cluster where the client runs."""
-    return safe_name("fl", ref.namespace, ref.name)
+    return _cluster_side_name(ref)
 
 
 def matches_selector(selector: LabelSelector, labels: Mapping[str, str]) -> bool:
@@ -136,7 +144,7 @@ def client_args(
       --data-dir PATH        the mounted data directory (also in OCMFL_DATA_DIR)
       --run-config FILE      JSON object of this cluster's values, given to the ClientApp as
                              node config (spec.client.runConfig + matching overrides)
-      --port 0               any free loopback port for the SuperNode's local API
+      (no --port: the SuperNode's local API keeps its default 9094 on the pod's own loopback)
       --install-dependencies Flower installs the app's dependencies (spec.server.app)
     The agent endpoint, FL name/namespace/uid come as env vars (ocmfl.constants.ENV_*).
     """
@@ -158,8 +166,7 @@ def client_args(
         f"{TLS_DIR}/node.key",
         "--state-dir",
         STATE_DIR,
-        "--port",
-        "0",
+        # The SuperNode keeps its default ClientAppIo port: it is the pod's own loopback.
         "--cluster",
         cluster,
         "--data-dir",
