@@ -40,7 +40,8 @@ def secret_name(addon: str, signer: str) -> str:
     return f"{addon}-{signer.replace('/', '-')}-client-cert"
 
 
-def _csr_pem(user: str, groups: list[str]) -> tuple[bytes, bytes]:
+def make_csr(user: str, groups: list[str]) -> tuple[bytes, bytes]:
+    """A CSR PEM for `user` in `groups` (as an OCM registration agent makes it) and its key PEM."""
     key = pki.generate_key("ec")
     # OCM's default user is longer than X.509's 64-character CN bound; Go does not enforce it.
     with warnings.catch_warnings():
@@ -121,7 +122,7 @@ class AddonRegistration:
                 if cert and pki.remaining_fraction(pki.load_cert_pem(cert)) > RENEW_FRACTION:
                     return
         subject = reg.get("subject") or {}
-        csr_pem, key_pem = _csr_pem(subject.get("user", ""), list(subject.get("groups") or []))
+        csr_pem, key_pem = make_csr(subject.get("user", ""), list(subject.get("groups") or []))
         made = self.hub.request(
             "POST",
             "/apis/certificates.k8s.io/v1/certificatesigningrequests",

@@ -65,7 +65,8 @@ def by_name(name: str) -> DeployImage:
     raise KeyError(f"no image {name!r}; known: {', '.join(i.name for i in IMAGES)}")
 
 
-def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
+def dockerfile_instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) per Dockerfile instruction, continuation lines joined."""
     text = re.sub(r"\\\n", " ", dockerfile.read_text())
     out = []
     for line in text.splitlines():
@@ -79,7 +80,7 @@ def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
 def copy_sources(dockerfile: Path) -> list[str]:
     """Context paths the Dockerfile's COPY lines read (COPY --from=<stage> excluded)."""
     srcs: list[str] = []
-    for word, rest in _instructions(dockerfile):
+    for word, rest in dockerfile_instructions(dockerfile):
         if word not in ("COPY", "ADD"):
             continue
         parts = rest.split()

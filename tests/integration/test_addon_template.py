@@ -21,17 +21,14 @@ import subprocess
 import sys
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import yaml
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes
-from cryptography.x509.oid import NameOID
 
+from hack.controlplane import addon_registration
 from hack.controlplane.plane import ControlPlane
 from hack.helm import helm_binary
 from hack.testing import wait_for
@@ -100,19 +97,6 @@ def _path(obj: dict[str, Any]) -> str:
     }[kind]
     ns = f"/namespaces/{meta['namespace']}" if "namespace" in meta else ""
     return f"{ADDON_API}{ns}/{plural}"
-
-
-def _csr_pem(user: str, groups: list[str]) -> tuple[bytes, Any]:
-    key = pki.generate_key("ec")
-    # OCM's default user is longer than X.509's 64-character CN bound; Go does not enforce it.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Attribute's length", category=UserWarning)
-        name = x509.Name(
-            [x509.NameAttribute(NameOID.COMMON_NAME, user, _validate=False)]
-            + [x509.NameAttribute(NameOID.ORGANIZATION_NAME, g, _validate=False) for g in groups]
-        )
-    csr = x509.CertificateSigningRequestBuilder().subject_name(name).sign(key, hashes.SHA256())
-    return pki.csr_to_pem(csr), key
 
 
 def test_addon_manager_renders_agent_and_signs_its_csr_with_our_ca(
@@ -212,7 +196,7 @@ def test_addon_manager_renders_agent_and_signs_its_csr_with_our_ca(
         (reg,) = [r for r in mca_live if r["signerName"] == constants.SIGNER_NAME]
         subject = reg["subject"]
         # ... and the CSR that agent would create from it.
-        csr_pem, _ = _csr_pem(subject["user"], subject.get("groups", []))
+        csr_pem, _ = addon_registration.make_csr(subject["user"], subject.get("groups", []))
         csr = {
             "apiVersion": "certificates.k8s.io/v1",
             "kind": "CertificateSigningRequest",

@@ -24,6 +24,7 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from hack.helm import helm_binary
+from hack.images.deploy import dockerfile_instructions
 from hub_controller.bootstrap import ca_init, rbac
 from ocmfl import constants, pki
 from ocmfl.kube import KINDS
@@ -652,20 +653,9 @@ def test_both_dockerfiles_exist() -> None:
     assert {p.name for p in DOCKERFILES} >= {"addon.Dockerfile", "workload.Dockerfile"}
 
 
-def _instructions(path: Path) -> list[tuple[str, str]]:
-    text = re.sub(r"\\\n", " ", path.read_text())
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
-    return out
-
-
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_runs_as_numeric_non_root_user(path: Path) -> None:
-    users = [rest for word, rest in _instructions(path) if word == "USER"]
+    users = [rest for word, rest in dockerfile_instructions(path) if word == "USER"]
     assert users, f"{path.name}: no USER"
     user = users[-1].split(":")[0]
     assert user.isdigit() and int(user) != 0, (
@@ -676,10 +666,12 @@ def test_dockerfile_runs_as_numeric_non_root_user(path: Path) -> None:
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_base_images_are_pinned_not_latest(path: Path) -> None:
     args = dict(
-        rest.split("=", 1) for word, rest in _instructions(path) if word == "ARG" and "=" in rest
+        rest.split("=", 1)
+        for word, rest in dockerfile_instructions(path)
+        if word == "ARG" and "=" in rest
     )
     stages: set[str] = set()
-    for word, rest in _instructions(path):
+    for word, rest in dockerfile_instructions(path):
         if word != "FROM":
             continue
         parts = rest.split()
@@ -694,10 +686,10 @@ def test_dockerfile_base_images_are_pinned_not_latest(path: Path) -> None:
 
 @pytest.mark.parametrize("path", DOCKERFILES, ids=lambda p: p.name)
 def test_dockerfile_has_no_add_from_urls_and_no_torch_in_addon_image(path: Path) -> None:
-    for word, rest in _instructions(path):
+    for word, rest in dockerfile_instructions(path):
         assert not (word == "ADD" and "://" in rest), f"{path.name}: ADD from a URL"
     if path.name == "addon.Dockerfile":
-        assert not [rest for _, rest in _instructions(path) if "torch" in rest.lower()]
+        assert not [rest for _, rest in dockerfile_instructions(path) if "torch" in rest.lower()]
 
 
 # --- examples -----------------------------------------------------------------------------------
