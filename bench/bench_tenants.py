@@ -85,7 +85,7 @@ def _netns_inode(pid: int) -> int | None:
         return None
 
 
-@dataclass
+@dataclass(eq=False)  # a Thread must stay hashable (threading keeps a WeakSet of them)
 class Sampler(threading.Thread):
     """CPU seconds and peak memory per group of processes, every second.
 
