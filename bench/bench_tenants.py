@@ -206,11 +206,13 @@ def phase(
         body["metadata"]["name"] = name
         create_fl(hub, ns, body)
     phases: dict[str, str] = {}
+    messages: dict[str, str] = {}
 
     def all_done() -> bool:
         for ns, name in names:
             st = (get_fl(hub, ns, name) or {}).get("status") or {}
             phases[ns] = str(st.get("phase"))
+            messages[ns] = str(st.get("message") or "")
         fed.check_alive()
         return all(p in ("Completed", "Failed") for p in phases.values())
 
@@ -234,6 +236,8 @@ def phase(
     return {
         "k": k,
         "completed": sum(p == "Completed" for p in phases.values()),
+        # Why the others did not complete: a bench that only counts failures hides their cause.
+        "failed": {ns: messages[ns] for ns, p in sorted(phases.items()) if p != "Completed"},
         "wall_s": round(wall, 1),
         "per_round_s": round(statistics.mean(known), 2) if known else None,
         "cpu_s": {g: round(v, 1) for g, v in sorted(sampler.cpu.items())},
@@ -318,6 +322,9 @@ def main() -> None:
                 set_cluster_claim(plane, c, claim, None)
             hub.close()
     print(table(results))
+    for r in results:
+        for ns, why in r["failed"].items():
+            print(f"K={r['k']} {ns} did not complete: {why}")
     for k, why in skipped:
         print(f"K={k} not run: {why}")
     if a.json:
