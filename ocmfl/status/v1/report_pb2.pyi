@@ -6,7 +6,7 @@ Status reports from the addon agent on each managed cluster to the hub aggregato
 The agent opens one StreamReports call over mTLS; the cluster is taken from the client
 certificate, and Report.cluster must match it. Each Report carries a sequence number
 that is unique within the agent process; the hub answers with an Ack for every report it
-has stored, so the agent drops it from its buffer.
+has stored (or refused for good, with a reason), so the agent drops it from its buffer.
 """
 
 from collections import abc as _abc
@@ -216,16 +216,23 @@ class Ack(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
     SEQUENCE_FIELD_NUMBER: _builtins.int
+    REFUSED_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
-    """Sequence number of the report the hub has stored."""
+    """Sequence number of the report the hub has stored, or has refused for good."""
+    refused: _builtins.str
+    """Empty when stored. Otherwise why the hub refused this report for good (e.g. the cluster
+    has no ManifestWork of that FederatedLearning uid): the agent drops it and does not
+    resend it. Refusals that may pass later (rate limits) end the stream instead.
+    """
     def __init__(
         self,
         *,
         sequence: _builtins.int = ...,
+        refused: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

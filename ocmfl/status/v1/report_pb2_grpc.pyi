@@ -6,7 +6,7 @@ Status reports from the addon agent on each managed cluster to the hub aggregato
 The agent opens one StreamReports call over mTLS; the cluster is taken from the client
 certificate, and Report.cluster must match it. Each Report carries a sequence number
 that is unique within the agent process; the hub answers with an Ack for every report it
-has stored, so the agent drops it from its buffer.
+has stored (or refused for good, with a reason), so the agent drops it from its buffer.
 """
 
 from collections import abc as _abc
