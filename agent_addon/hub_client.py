@@ -187,6 +187,11 @@ class HubStreamer:
                     self.connects += 1
                     self.connected.set()
                     self.last_error = None
+                if ack.refused:
+                    # refused for good (e.g. no work of that federation here): resending
+                    # cannot help, so it leaves the buffer like a stored one
+                    self.rejected += 1
+                    log.warning("hub refused report %d: %s", ack.sequence, ack.refused)
                 self.buffer.ack(ack.sequence)
             # the hub closed the stream cleanly (after our half-close on rotation)
             return acked

@@ -1,10 +1,12 @@
 """Runs the aggregator inside the kopf hub process. Import this module to register it.
 
 On startup: the AggregatorService from the Deployment's env (server certificate issued from the
-hub CA at OCMFL_CA_DIR, gRPC on AGGREGATOR_PORT, /metrics on HUB_METRICS_PORT); it accepts
-reports from the addon's member clusters (the operator's ManagedCluster and
-ManagedClusterAddOn indexes), and its report store goes to `memo.reports`, where the
-operator's reconcile loops read and subscribe to it. On cleanup: stopped.
+hub CA at OCMFL_CA_DIR, gRPC on AGGREGATOR_PORT, /metrics on HUB_METRICS_PORT, limits from
+OCMFL_AGGREGATOR_*); it accepts reports from the addon's member clusters (the operator's
+ManagedCluster and ManagedClusterAddOn indexes), for the federations that have a ManifestWork
+on the reporting cluster (`indexes.work_owner_idx`), and its report store goes to
+`memo.reports`, where the operator's reconcile loops read and subscribe to it. On cleanup:
+stopped.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from typing import Any
 
 import kopf
 
+from hub_controller.aggregator.scope import WorkScope
 from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
 from hub_controller.ca import HubCA
-from hub_controller.operator.indexes import Indexes
+from hub_controller.operator.indexes import OWNED, Indexes
+from ocmfl import constants
 
 
 @kopf.on.startup()
@@ -24,11 +28,23 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
     if not ca.available():
         logger.warning("no hub CA at %s: the aggregator is not started", ca.directory)
         return
-    service = AggregatorService(AggregatorSettings.from_env(), Indexes.of(kwargs).members(), ca)
+    scope = WorkScope(kwargs["work_owner_idx"])
+    memo.report_scope = scope
+    service = AggregatorService(
+        AggregatorSettings.from_env(), Indexes.of(kwargs).members(), ca, scope
+    )
     port = await service.start()
     memo.aggregator = service
     memo.reports = service.store
     logger.info("aggregator listening on %d", port)
+
+
+@kopf.on.event(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
+async def works_seen(memo: kopf.Memo, **_: Any) -> None:
+    """kopf calls handlers only once every index is filled: the scope is now final."""
+    scope: WorkScope | None = memo.get("report_scope")
+    if scope is not None:
+        scope.mark_ready()
 
 
 @kopf.on.cleanup()

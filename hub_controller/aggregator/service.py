@@ -16,9 +16,11 @@ from typing import Any
 
 from prometheus_client import start_http_server
 
+from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.metrics import AggregatorMetrics
+from hub_controller.aggregator.scope import Scope
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
-from hub_controller.aggregator.store import ReportStore
+from hub_controller.aggregator.store import ReportStore, StoreLimits
 from hub_controller.ca import HubCA
 from hub_controller.membership import Registry
 from ocmfl import constants, pki
@@ -42,12 +44,13 @@ class AggregatorSettings:
     metrics_port: int | None = constants.HUB_METRICS_PORT
     metrics_host: str = "0.0.0.0"
     max_message_bytes: int = 256 * 1024
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_env(cls) -> AggregatorSettings:
         """Settings from the hub Deployment's env (OCMFL_AGGREGATOR_LISTEN,
-        OCMFL_METRICS_LISTEN, OCMFL_HUB_AGGREGATOR_ADDRESS)."""
-        s = cls()
+        OCMFL_METRICS_LISTEN, OCMFL_HUB_AGGREGATOR_ADDRESS, OCMFL_AGGREGATOR_<limit>)."""
+        s = cls(limits=Limits.from_env())
         listen = os.environ.get(constants.ENV_AGGREGATOR_LISTEN, "")
         if listen:
             s.listen = listen
@@ -68,12 +71,23 @@ class AggregatorSettings:
 class AggregatorService:
     """Owns the ReportStore and the server that feeds it."""
 
-    def __init__(self, settings: AggregatorSettings, registry: Registry, ca: HubCA) -> None:
+    def __init__(
+        self, settings: AggregatorSettings, registry: Registry, ca: HubCA, scope: Scope
+    ) -> None:
         self.settings = settings
         self.ca = ca
-        self.store = ReportStore()
-        self.metrics = AggregatorMetrics()
+        lim = settings.limits
+        self.store = ReportStore(
+            StoreLimits(
+                max_rows_per_cluster=lim.max_rows_per_cluster,
+                max_rows_per_run=lim.max_rows_per_run,
+                max_rows=lim.max_rows,
+                max_runs=lim.max_runs,
+            )
+        )
+        self.metrics = AggregatorMetrics(max_series=lim.max_metric_series)
         self.registry = registry
+        self.scope = scope
         self.server: AggregatorServer | None = None
         self._tls_dir: Path | None = None
         self._renewer: asyncio.Task[None] | None = None
@@ -118,6 +132,8 @@ class AggregatorService:
             address=s.listen,
             max_message_bytes=s.max_message_bytes,
             metrics=self.metrics,
+            scope=self.scope,
+            limits=s.limits,
         )
         port = await self.server.start()
         if s.metrics_port is not None:

@@ -1,11 +1,16 @@
 """The hub's StatusService: mTLS gRPC (grpc.aio) that binds each report to its cluster.
 
-The cluster is read from the client certificate, never from the message. Server
-credentials reload the certificate files when they change, so rotation needs no restart.
+The cluster is read from the client certificate, never from the message. A report is stored
+only for a federation that has a ManifestWork on that cluster (`scope.py`, uid match); others
+are acked with `Ack.refused` naming why, so the agent drops them instead of resending. Each
+cluster has a bounded number of open streams and a report rate (`limits.py`), and the store
+is bounded (`store.StoreLimits`). Server credentials reload the certificate files when they
+change, so rotation needs no restart.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -16,8 +21,10 @@ from typing import Final
 import grpc
 import grpc.aio
 
+from hub_controller.aggregator.limits import Limits, TokenBucket
 from hub_controller.aggregator.metrics import AggregatorMetrics
-from hub_controller.aggregator.store import ReportStore
+from hub_controller.aggregator.scope import AnyScope, Scope
+from hub_controller.aggregator.store import ReportStore, StoreFull
 from hub_controller.membership import Registry
 from ocmfl import pki
 from ocmfl.reports import ReportInvalid, validate_report
@@ -100,12 +107,32 @@ def peer_cluster(context: grpc.aio.ServicerContext[object, object]) -> str | Non
 
 
 class StatusServicer(report_pb2_grpc.StatusServiceServicer):
-    """Validates, authorizes and stores reports; acks each stored one."""
+    """Validates, authorizes and stores reports; acks each stored (or refused) one."""
 
-    def __init__(self, store: ReportStore, registry: Registry, metrics: AggregatorMetrics) -> None:
+    def __init__(
+        self,
+        store: ReportStore,
+        registry: Registry,
+        metrics: AggregatorMetrics,
+        scope: Scope | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        """`scope=None` accepts reports for any federation: only for benchmarks and tests."""
         self.store = store
         self.registry = registry
         self.metrics = metrics
+        self.scope: Scope = scope if scope is not None else AnyScope()
+        self.limits = limits or Limits()
+        self._streams: dict[str, int] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+
+    def _refuse_report(
+        self, cluster: str, report: report_pb2.Report, reason: str, details: str
+    ) -> report_pb2.Ack:
+        """Ack a report refused for good, saying why (counted by reason, never stored)."""
+        self.metrics.rejected.labels(reason).inc()
+        log.debug("refused report %d from %s: %s", report.sequence, cluster, details)
+        return report_pb2.Ack(sequence=report.sequence, refused=f"{reason}: {details}")
 
     def identify(self, context: grpc.aio.ServicerContext[object, object]) -> str | None:
         """The authenticated cluster of this call (override only in benchmarks)."""
@@ -155,9 +182,34 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                 f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
             )
             return
+        limits = self.limits
+        if self._streams.get(cluster, 0) >= limits.max_streams_per_cluster:
+            await self._refuse(
+                ctx,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "too_many_streams",
+                f"cluster {cluster!r} already has {limits.max_streams_per_cluster} open streams",
+            )
+            return
+        bucket = self._buckets.get(cluster)
+        if bucket is None:
+            bucket = self._buckets[cluster] = TokenBucket(limits.reports_per_s, limits.report_burst)
+        self._streams[cluster] = self._streams.get(cluster, 0) + 1
         self.metrics.streams.inc()
         try:
             async for report in request_iterator:
+                wait = bucket.reserve(limits.max_wait_s)
+                if wait is None:
+                    await self._refuse(
+                        ctx,
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        "rate_limited",
+                        f"cluster {cluster!r} sends more than {limits.reports_per_s:g} "
+                        "reports/s: slow down and resend",
+                    )
+                    return
+                if wait > 0:
+                    await asyncio.sleep(wait)
                 if report.cluster != cluster:
                     await self._refuse(
                         ctx,
@@ -179,11 +231,39 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                 except ReportInvalid as e:
                     await self._refuse(ctx, grpc.StatusCode.INVALID_ARGUMENT, "invalid", str(e))
                     return
-                state = self.store.apply(cluster, report)
+                if not self.scope.ready():
+                    await self._refuse(
+                        ctx,
+                        grpc.StatusCode.UNAVAILABLE,
+                        "hub_starting",
+                        "the hub has not loaded its ManifestWorks yet: retry shortly",
+                    )
+                    return
+                if not self.scope.allows(
+                    cluster, report.fl_namespace, report.fl_name, report.fl_uid
+                ):
+                    yield self._refuse_report(
+                        cluster,
+                        report,
+                        "not_in_scope",
+                        f"cluster {cluster!r} has no ManifestWork of FederatedLearning "
+                        f"{report.fl_namespace}/{report.fl_name} uid {report.fl_uid}",
+                    )
+                    continue
+                try:
+                    state = self.store.apply(cluster, report)
+                except StoreFull as e:
+                    yield self._refuse_report(cluster, report, e.reason, e.message)
+                    continue
                 self._observe(cluster, report, state.accuracy, state.loss, state.round)
                 yield report_pb2.Ack(sequence=report.sequence)
         finally:
             self.metrics.streams.dec()
+            left = self._streams.get(cluster, 1) - 1
+            if left > 0:
+                self._streams[cluster] = left
+            else:
+                self._streams.pop(cluster, None)
 
     def _observe(
         self,
@@ -193,7 +273,7 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         loss: float | None,
         round_: int,
     ) -> None:
-        labels = (cluster, report.fl_namespace, report.fl_name)
+        labels = self.metrics.series(cluster, report.fl_namespace, report.fl_name)
         self.metrics.reports.labels(*labels).inc()
         self.metrics.last_round.labels(*labels).set(round_)
         if accuracy is not None:
@@ -226,11 +306,14 @@ class AggregatorServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         metrics: AggregatorMetrics | None = None,
         servicer: StatusServicer | None = None,
+        scope: Scope | None = None,
+        limits: Limits | None = None,
     ) -> None:
-        """`credentials=None` serves without TLS: only for benchmarks and local debugging."""
+        """`credentials=None` serves without TLS, `scope=None` takes reports for any
+        federation: both only for benchmarks and local debugging."""
         self.store = store
         self.metrics = metrics or AggregatorMetrics()
-        self.servicer = servicer or StatusServicer(store, registry, self.metrics)
+        self.servicer = servicer or StatusServicer(store, registry, self.metrics, scope, limits)
         self.credentials = credentials
         self.address = address
         self.max_message_bytes = max_message_bytes

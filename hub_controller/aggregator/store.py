@@ -3,6 +3,11 @@
 Thread-safe: the aggregator writes from its event loop while the controller reads from its
 worker threads. Each run's subscribers (the run's reconcile loop) are called after every
 report of that run; `forget` drops a run whose resource is gone.
+
+Bounded (`StoreLimits`): a cluster keeps its newest rows per run (older rounds are evicted);
+a report that would take a run, or the whole store, past its row limit, or open a run past
+the run limit, is refused with `StoreFull` and changes nothing. A flood therefore costs the
+hub at most the limits' worth of memory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,25 @@ from dataclasses import dataclass
 from hub_controller.reports import ClusterReport, RoundRow
 from ocmfl.reports import CLIENT_PHASE_NAMES, ROUND_PHASE_NAMES
 from ocmfl.status.v1 import report_pb2
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """How much the store keeps (rows are RoundRows, a few hundred bytes each)."""
+
+    max_rows_per_cluster: int = 2_000  # per run and cluster; the oldest rounds are evicted
+    max_rows_per_run: int = 200_000  # over all clusters of one run
+    max_rows: int = 2_000_000  # the whole store
+    max_runs: int = 10_000  # distinct resource uids
+
+
+class StoreFull(Exception):
+    """The report would take the store past a limit; nothing of it was kept."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # a bounded label for the refusal counter
+        self.message = message
 
 
 @dataclass(frozen=True)
@@ -65,28 +89,63 @@ def _fold_into(state: ClusterReport, report: report_pb2.Report) -> None:
     state.final = state.final or report.final
 
 
+def _evict_oldest(state: ClusterReport, keep: int) -> None:
+    """Drop the oldest (round, phase) rows beyond `keep` (latest values stay as they are)."""
+    excess = len(state.rounds) - keep
+    if excess > 0:
+        for key in sorted(state.rounds)[:excess]:
+            del state.rounds[key]
+
+
 class ReportStore:
     """Latest state per run (resource uid) -> cluster, with per-run change callbacks."""
 
-    def __init__(self) -> None:
+    def __init__(self, limits: StoreLimits | None = None) -> None:
+        self.limits = limits or StoreLimits()
         self._lock = threading.Lock()
         self._runs: dict[str, dict[str, ClusterReport]] = {}
+        self._run_rows: dict[str, int] = {}
+        self._rows = 0
         self._subscribers: dict[str, list[Callable[[], object]]] = {}
+
+    def _check_room(self, uid: str, state: ClusterReport | None, report: report_pb2.Report) -> int:
+        """Rows the store grows by when `report` is folded; StoreFull when that is too many."""
+        lim = self.limits
+        if uid not in self._runs and len(self._runs) >= lim.max_runs:
+            raise StoreFull("store_full", f"the hub keeps reports of at most {lim.max_runs} runs")
+        have = state.rounds if state is not None else {}
+        new = len({(m.round, ROUND_PHASE_NAMES[m.phase]) for m in report.metrics} - set(have))
+        grow = min(len(have) + new, lim.max_rows_per_cluster) - len(have)
+        if grow > 0 and self._run_rows.get(uid, 0) + grow > lim.max_rows_per_run:
+            raise StoreFull(
+                "run_rows",
+                f"run {uid} already has {self._run_rows.get(uid, 0)} rows (limit "
+                f"{lim.max_rows_per_run})",
+            )
+        if grow > 0 and self._rows + grow > lim.max_rows:
+            raise StoreFull("store_full", f"the hub keeps at most {lim.max_rows} report rows")
+        return grow
 
     def apply(self, cluster: str, report: report_pb2.Report) -> Applied:
         """Fold a validated report from the authenticated `cluster`; tell the run's
-        subscribers."""
+        subscribers. StoreFull (and no change) when it would pass a limit."""
         uid = report.fl_uid
         with self._lock:
+            state = self._runs.get(uid, {}).get(cluster)
+            self._check_room(uid, state, report)
             rows = self._runs.setdefault(uid, {})
-            state = rows.get(cluster)
             if state is None:
                 state = rows[cluster] = ClusterReport(
                     cluster=cluster,
                     fl_uid=uid,
                     last_report_time=report.timestamp.ToDatetime(tzinfo=dt.UTC),
                 )
+            before = len(state.rounds)
             _fold_into(state, report)
+            _evict_oldest(state, self.limits.max_rows_per_cluster)
+            grown = len(state.rounds) - before  # == grow
+            self._run_rows[uid] = self._run_rows.get(uid, 0) + grown
+            self._rows += grown
             result = Applied(cluster, state.round, state.loss, state.accuracy, state.final)
             subscribers = list(self._subscribers.get(uid, ()))
         for callback in subscribers:
@@ -98,6 +157,12 @@ class ReportStore:
         with self._lock:
             return {c: _copy(r) for c, r in self._runs.get(uid, {}).items()}
 
+    def size(self) -> tuple[int, int, int]:
+        """(runs, (run, cluster) entries, rows) held now."""
+        with self._lock:
+            entries = sum(len(r) for r in self._runs.values())
+            return len(self._runs), entries, self._rows
+
     def runs(self) -> list[str]:
         """The uids of the runs that have reports."""
         with self._lock:
@@ -107,6 +172,7 @@ class ReportStore:
         """Drop a run's reports (its FederatedLearning was deleted)."""
         with self._lock:
             self._runs.pop(uid, None)
+            self._rows -= self._run_rows.pop(uid, 0)
 
     def subscribe(self, uid: str, callback: Callable[[], object]) -> Callable[[], None]:
         """Call `callback()` after every report of run `uid`; returns an unsubscriber.

@@ -102,6 +102,15 @@ def work_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
     return {key: work_state(body)} if key else None
 
 
+@kopf.index(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
+def work_owner_idx(namespace: str | None, labels: Mapping[str, str], **_: Any) -> Any:
+    """(cluster, owner uid) -> owner (namespace, name): which federations placed work on a
+    cluster, so the aggregator takes that cluster's reports for them only."""
+    key = owner_key(labels)
+    uid = labels.get(constants.LABEL_OWNER_UID, "")
+    return {(namespace or "", uid): key} if key and uid else None
+
+
 @kopf.index("batch", "v1", "jobs", labels=SERVER_OWNED)
 def server_job_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
     return _owned_by(labels, job_state(body))

@@ -302,6 +302,7 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
 ) -> None:
     import urllib.request
 
+    from hub_controller.aggregator.scope import WorkScope
     from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
     from hub_controller.ca import HubCA
 
@@ -311,6 +312,7 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
         AggregatorSettings(listen="127.0.0.1:0", metrics_port=0, metrics_host="127.0.0.1"),
         StaticMembers(["cluster-a"]),
         HubCA(ca_dir),
+        WorkScope({("cluster-a", UID): [("fl", "mnist")]}, grace_s=0),
     )
     port = await service.start()
     try:
