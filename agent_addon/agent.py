@@ -18,6 +18,7 @@ from agent_addon.hub_client import ClientTLSFiles, HubStreamer
 from agent_addon.local_api import make_app
 from agent_addon.phase import RunKey
 from agent_addon.state import AgentState
+from agent_addon.tokens import TokenCheck
 from agent_addon.watcher import ClientWatcher, PhaseView
 from ocmfl import constants
 
@@ -195,6 +196,17 @@ class Agent:
         """The run of the client pod at `address` (attribution of local metrics posts)."""
         return None if self._watcher is None else self._watcher.run_at(address)
 
+    def _token_check(self) -> TokenCheck | None:
+        """Posts need their federation's token whenever the agent reads its cluster's API
+        (always, as deployed); without it (--no-watch, tests) nothing can be checked."""
+        if not self.config.watch:
+            log.warning("--no-watch: the local metrics API does not check federation tokens")
+            return None
+        from ocmfl.kube import Kube, path_of
+
+        kube = Kube(self.config.kubeconfig, field_manager="ocm-fl-agent")
+        return TokenCheck(lambda ns, name: kube.get(path_of("v1", "Secret", ns, name)))
+
     def on_phases(self, view: PhaseView) -> None:
         reports = self.state.on_phases(view)
         if any(r.final for r in reports):
@@ -206,7 +218,8 @@ class Agent:
             if loaded:
                 log.info("re-queued %d unsent reports from %s", loaded, self.pending_file)
             self._saver = asyncio.create_task(self._save_loop(), name="save-reports")
-        self._runner = web.AppRunner(make_app(self.state, self.health, self.client_at))
+        tokens = self._token_check()
+        self._runner = web.AppRunner(make_app(self.state, self.health, self.client_at, tokens))
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.listen_host, self.config.port)
         await site.start()

@@ -1,7 +1,12 @@
-"""The agent's local HTTP API: POST /v1/metrics from the FL client, GET /healthz."""
+"""The agent's local HTTP API: POST /v1/metrics from the FL client, GET /healthz.
+
+With a `TokenCheck` (the agent has its cluster's API), a post counts only when it carries the
+token of the federation it is for (401 without one, 403 with another)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Callable
@@ -10,7 +15,15 @@ from typing import Any
 from aiohttp import web
 
 from agent_addon.phase import RunKey
-from agent_addon.state import AgentState, BadRequest, Forbidden, parse_metrics_post
+from agent_addon.state import (
+    AgentState,
+    BadRequest,
+    Forbidden,
+    Unauthorized,
+    parse_metrics_post,
+)
+from agent_addon.tokens import TokenCheck, bearer_token
+from ocmfl.kube import KubeError
 from ocmfl.reports import ROUND_PHASE_NAMES
 
 log = logging.getLogger(__name__)
@@ -22,9 +35,11 @@ def make_app(
     state: AgentState,
     health: Callable[[], dict[str, Any]],
     sender: Callable[[str], tuple[RunKey, str] | None] | None = None,
+    tokens: TokenCheck | None = None,
 ) -> web.Application:
     """aiohttp app; `health()` returns the JSON shown on /healthz; `sender(address)` names
-    the run of the client pod at a peer address (None: not a known client pod)."""
+    the run of the client pod at a peer address (None: not a known client pod); `tokens`
+    checks each post's token (None: no check, for an agent without its cluster's API)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
 
     async def post_metrics(request: web.Request) -> web.Response:
@@ -37,7 +52,20 @@ def make_app(
             post = parse_metrics_post(
                 body, cluster=state.cluster, runs=state.active_runs(), sender=who
             )
+            if tokens is not None:
+                presented = bearer_token(request.headers.get("Authorization"))
+                run = (post.fl_namespace, post.fl_name)
+                uid = await asyncio.to_thread(tokens.verify, run, presented)
+                if uid and post.fl_uid and uid != post.fl_uid:
+                    raise Forbidden(f"fl_uid: {run[0]}/{run[1]} here is uid {uid}")
+                post = dataclasses.replace(post, fl_uid=uid or post.fl_uid)
             report = state.on_metrics(post)
+        except KubeError as e:
+            log.warning("cannot check the token of a metrics post: %s", e)
+            return web.json_response({"error": f"cannot check the token now: {e}"}, status=503)
+        except Unauthorized as e:
+            log.warning("refused metrics from %s: %s", request.remote, e)
+            return web.json_response({"error": str(e)}, status=401)
         except Forbidden as e:
             log.warning("refused metrics from %s: %s", request.remote, e)
             return web.json_response({"error": str(e)}, status=403)

@@ -38,6 +38,10 @@ class Forbidden(BadRequest):
     """A client pod posting for a run it does not belong to (HTTP 403 with this message)."""
 
 
+class Unauthorized(BadRequest):
+    """A post without the federation's token (HTTP 401 with this message)."""
+
+
 @dataclass(frozen=True)
 class MetricsPost:
     """One local fit/evaluate result posted by the FL client on this cluster."""

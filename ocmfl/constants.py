@@ -64,6 +64,14 @@ ENV_DATA_DIR: Final = "OCMFL_DATA_DIR"
 ENV_FL_NAME: Final = "OCMFL_FL_NAME"
 ENV_FL_NAMESPACE: Final = "OCMFL_FL_NAMESPACE"
 ENV_FL_UID: Final = "OCMFL_FL_UID"
+# Per-federation token for the agent's local metrics API: the work puts it in Secret
+# CLIENT_TOKEN_SECRET (key CLIENT_TOKEN_KEY) in the client namespace, mounted read-only into
+# the client pod at CLIENT_TOKEN_DIR; the SDK sends it as `Authorization: Bearer <token>` and
+# the agent compares it with that Secret (its RBAC may get Secrets of this name only).
+CLIENT_TOKEN_SECRET: Final = "fl-client-token"
+CLIENT_TOKEN_KEY: Final = "token"
+CLIENT_TOKEN_DIR: Final = "/var/run/ocm-fl/client-token"
+ENV_CLIENT_TOKEN_FILE: Final = "OCMFL_CLIENT_TOKEN_FILE"
 # Server side: what `ocm-fl-server` tells the app's ServerApp (workloads.sdk reads them; Flower's
 # run config only takes keys the app declares, so the platform's own settings travel as env).
 ENV_STORAGE: Final = "OCMFL_STORAGE"  # model store: absolute directory or s3://bucket/prefix

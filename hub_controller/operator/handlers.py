@@ -34,7 +34,7 @@ import kopf
 
 from hub_controller.api import FLRef, SpecError, parse_spec
 from hub_controller.ca import HubCA, HubCAUnavailable
-from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
@@ -192,6 +192,23 @@ def ensure_credentials(
     return data
 
 
+def ensure_client_token(kube: Kube, ref: FLRef, logger: kopf.Logger | logging.Logger) -> str | None:
+    """The resource's local-API token from its hub Secret, made on first use. None when a
+    Secret of that name belongs to another resource (it is never overwritten; this
+    federation's metrics posts are then refused by the agents, training goes on)."""
+    path = path_of("v1", "Secret", ref.namespace, client_token.token_secret_name(ref))
+    secret = kube.get(path)
+    token = client_token.token_from_secret(secret, ref)
+    if token is not None:
+        return token
+    if client_token.owned_by_other(secret, ref):
+        logger.warning("Secret %s belongs to another resource: no client token", path)
+        return None
+    token = client_token.new_token()
+    kube.apply(client_token.desired_token_secret(ref, token))
+    return token
+
+
 def apply_desired(
     op: Operator,
     ref: FLRef,
@@ -212,6 +229,7 @@ def apply_desired(
         return
     members = [r.name for r in obs.resolutions if r.has_data]
     creds = ensure_credentials(kube, op.ca, ref, obs.server_address, members)
+    token = ensure_client_token(kube, ref, logger)
     desired = works_mod.desired_works(
         ref,
         fl,
@@ -220,6 +238,7 @@ def apply_desired(
         op.agent_endpoints,
         tls={c: credentials.client_bundle(creds, c) for c in members},
         server_name=server_mod.gateway_server_name(ref, obs.server_address),
+        client_token=token,
     )
     if done:
         desired = {c: w for c, w in desired.items() if c in obs.works}

@@ -168,7 +168,10 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
     stale = WorkState(cluster="c9", name=work_name(REF), applied=True)
     run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=[stale]))
     kinds = kube.kinds(kube.applied)
-    assert kinds == ["Placement", "Service", "Secret", "Secret", "ManifestWork", "ManifestWork"]
+    # two credential Secrets and the client-token Secret
+    assert kinds == [
+        "Placement", "Service", "Secret", "Secret", "Secret", "ManifestWork", "ManifestWork"
+    ]  # fmt: skip
     works = [o for o in kube.applied if o["kind"] == "ManifestWork"]
     assert [w["metadata"]["namespace"] for w in works] == ["c1", "c2"]
     # The credentials are issued once on the hub, owned by the resource.

@@ -5,7 +5,9 @@ evaluate reply it picks loss, accuracy and sample count out of the reply's Metri
 POSTs them to the local agent from a background thread, and it marks the reply with this
 cluster's name so the server can keep metrics per cluster. When no agent endpoint is set, or
 the agent is down, slow or answers an error, training carries on: nothing here raises or waits
-for the agent.
+for the agent. Each POST carries the federation's token (the file the controller mounts into
+the client pod, `OCMFL_CLIENT_TOKEN_FILE`) as `Authorization: Bearer`: the agent takes metrics
+for a federation only with its token.
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from typing import Any
 from flwr.app import ConfigRecord, Context, Message, MetricRecord
 from flwr.clientapp.typing import ClientAppCallable
 
-from ocmfl.constants import ENV_FL_NAME, ENV_FL_NAMESPACE, ENV_FL_UID
+from ocmfl.constants import (
+    CLIENT_TOKEN_DIR,
+    CLIENT_TOKEN_KEY,
+    ENV_CLIENT_TOKEN_FILE,
+    ENV_FL_NAME,
+    ENV_FL_NAMESPACE,
+    ENV_FL_UID,
+)
 from workloads.sdk.node import agent_endpoint, cluster_name
 
 log = logging.getLogger(__name__)
@@ -57,6 +66,18 @@ def resource_identity() -> dict[str, str]:
     return {key: os.environ[var] for key, var in pairs if os.environ.get(var)}
 
 
+def client_token() -> str | None:
+    """The federation's token for the local agent: the file OCMFL_CLIENT_TOKEN_FILE names
+    (default: where the controller mounts it), or None when there is none."""
+    path = os.environ.get(ENV_CLIENT_TOKEN_FILE) or f"{CLIENT_TOKEN_DIR}/{CLIENT_TOKEN_KEY}"
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError:
+        return None
+    return token or None
+
+
 def post_metrics(
     endpoint: str | None, metrics: LocalMetrics, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> bool:
@@ -65,10 +86,12 @@ def post_metrics(
         return False
     url = endpoint.rstrip("/") + METRICS_PATH
     body = json.dumps({**asdict(metrics), **resource_identity()}).encode()
+    headers = {"Content-Type": "application/json"}
+    token = client_token()
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     try:
-        request = urllib.request.Request(
-            url, data=body, method="POST", headers={"Content-Type": "application/json"}
-        )
+        request = urllib.request.Request(url, data=body, method="POST", headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return 200 <= int(response.status) < 300
     except (urllib.error.URLError, OSError, ValueError) as exc:

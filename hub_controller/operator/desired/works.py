@@ -1,9 +1,11 @@
 """Desired ManifestWorks: one per cluster that has data, in the hub namespace `<cluster>`.
 
-Each work carries a Namespace, a ServiceAccount, a ConfigMap with the client's run config and
-the client Job, which mounts the cluster's claimed data path (hostPath) read-only. Per-cluster
-overrides (by cluster name or ManagedCluster labels; later entries win) change env, resources
-and run config. Status feedback rules bring the Job's counters back to the hub.
+Each work carries a Namespace, a ServiceAccount, a ConfigMap with the client's run config, the
+client's TLS Secret, the federation's local-API token Secret (`constants.CLIENT_TOKEN_SECRET`:
+the agent takes metrics posts for this federation only with it) and the client Job, which
+mounts the cluster's claimed data path (hostPath) read-only. Per-cluster overrides (by cluster
+name or ManagedCluster labels; later entries win) change env, resources and run config.
+Status feedback rules bring the Job's counters back to the hub.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from hub_controller.api import (
 )
 from hub_controller.membership import ClusterResolution
 from ocmfl import constants
+from ocmfl.names import cluster_side_name
+from ocmfl.names import safe_name as safe_name  # server.py names its objects with it
 
 WORK_API_VERSION: Final = f"{constants.WORK_GROUP}/v1"
 COMPONENT: Final = "client"
@@ -38,6 +42,7 @@ CLIENT_COMMAND: Final = "ocm-fl-client"
 TLS_SECRET_NAME: Final = "fl-client-tls"
 TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.client_bundle: tls.crt/key, ca.crt, node.key
 STATE_DIR: Final = "/var/lib/ocm-fl-client"
+CLIENT_TOKEN_FILE: Final = f"{constants.CLIENT_TOKEN_DIR}/{constants.CLIENT_TOKEN_KEY}"
 # Where the client posts local metrics: the addon agent's Service in its namespace.
 DEFAULT_AGENT_ENDPOINT: Final = (
     f"http://{constants.ADDON_NAME}-agent.{constants.AGENT_NAMESPACE}.svc:"
@@ -51,21 +56,8 @@ FEEDBACK_FAILED: Final = "failed"
 SPEC_HASH_ANNOTATION: Final = f"{constants.LABEL_PREFIX}/spec-hash"
 
 
-def safe_name(*parts: str, max_len: int = 63) -> str:
-    """Join parts with '-' into a DNS label; long names are cut and get a hash suffix."""
-    full = "-".join(parts).lower().replace(".", "-").strip("-")
-    if len(full) <= max_len:
-        return full
-    digest = hashlib.sha256(full.encode()).hexdigest()[:8]
-    return f"{full[: max_len - 9].rstrip('-')}-{digest}"
-
-
 def _cluster_side_name(ref: FLRef) -> str:
-    """`fl-<ns>-<name>-<digest of ns/name>`: the digest keeps it one-to-one. Without it,
-    tenant `team-a`'s `x` and tenant `team`'s `a-x` (or `x.y` and `x-y`) would share a
-    ManifestWork and a client namespace on every cluster and overwrite each other."""
-    digest = hashlib.sha256(f"{ref.namespace}/{ref.name}".encode()).hexdigest()[:8]
-    return safe_name("fl", ref.namespace, ref.name, digest)
+    return cluster_side_name(ref.namespace, ref.name)
 
 
 def work_name(ref: FLRef) -> str:
@@ -182,6 +174,7 @@ def client_env(
     cluster: str,
     agent_endpoint: str,
     extra: Mapping[str, str],
+    with_token: bool = False,
 ) -> list[dict[str, str]]:
     """Env of the client container: our variables, then override env (which wins)."""
     env = {
@@ -192,6 +185,8 @@ def client_env(
         constants.ENV_FL_NAMESPACE: ref.namespace,
         constants.ENV_FL_UID: ref.uid,
     }
+    if with_token:
+        env[constants.ENV_CLIENT_TOKEN_FILE] = CLIENT_TOKEN_FILE
     env.update(extra)
     return [{"name": k, "value": v} for k, v in env.items()]
 
@@ -205,6 +200,7 @@ def _client_job(
     agent_endpoint: str,
     effective: EffectiveClient,
     labels: dict[str, str],
+    with_token: bool = False,
 ) -> dict[str, Any]:
     assert resolution.data_path is not None
     mount = spec.client.data_mount
@@ -213,7 +209,9 @@ def _client_job(
         "image": spec.client.image,
         "command": [CLIENT_COMMAND],
         "args": client_args(spec, resolution.name, server_address, server_name),
-        "env": client_env(ref, spec, resolution.name, agent_endpoint, effective.env),
+        "env": client_env(
+            ref, spec, resolution.name, agent_endpoint, effective.env, with_token=with_token
+        ),
         "volumeMounts": [
             {"name": "data", "mountPath": mount.mount_path, "readOnly": mount.read_only},
             {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
@@ -238,6 +236,16 @@ def _client_job(
             {"name": "state", "emptyDir": {}},
         ],
     }
+    if with_token:
+        container["volumeMounts"].append(
+            {"name": "client-token", "mountPath": constants.CLIENT_TOKEN_DIR, "readOnly": True}
+        )
+        pod_spec["volumes"].append(
+            {
+                "name": "client-token",
+                "secret": {"secretName": constants.CLIENT_TOKEN_SECRET, "defaultMode": 0o440},
+            }
+        )
     spec.client.pod.apply(pod_spec, template_meta)
     # Job pod templates are immutable: a changed template gets a new Job name, and the work
     # agent deletes the old Job when it leaves the manifest list.
@@ -267,11 +275,14 @@ def desired_work(
     *,
     tls: Mapping[str, bytes],
     server_name: str,
+    client_token: str | None = None,
 ) -> dict[str, Any]:
     """The ManifestWork for one cluster that has data.
 
     `tls` is the cluster's credentials.client_bundle (its identity for the Fleet gateway, the
-    hub CA and its SuperNode key); `server_name` the DNS name on the gateway certificate.
+    hub CA and its SuperNode key); `server_name` the DNS name on the gateway certificate;
+    `client_token` the federation's token for the agent's local API (none: the agent refuses
+    this client's metrics posts).
     """
     if resolution.data_path is None:
         raise ValueError(f"cluster {resolution.name} has no data path: it gets no work")
@@ -279,7 +290,15 @@ def desired_work(
     effective = effective_client(spec.client, resolution.name, resolution.labels)
     namespace = client_namespace(ref)
     job = _client_job(
-        ref, spec, resolution, server_address, server_name, agent_endpoint, effective, labels
+        ref,
+        spec,
+        resolution,
+        server_address,
+        server_name,
+        agent_endpoint,
+        effective,
+        labels,
+        with_token=client_token is not None,
     )
     manifests = [
         {
@@ -307,6 +326,23 @@ def desired_work(
         },
         job,
     ]
+    if client_token is not None:
+        manifests.insert(
+            -1,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": constants.CLIENT_TOKEN_SECRET,
+                    "namespace": namespace,
+                    "labels": labels,
+                },
+                "data": {
+                    constants.CLIENT_TOKEN_KEY: base64.b64encode(client_token.encode()).decode()
+                },
+            },
+        )
     work: dict[str, Any] = {
         "apiVersion": WORK_API_VERSION,
         "kind": "ManifestWork",
@@ -361,6 +397,7 @@ def desired_works(
     *,
     tls: Mapping[str, Mapping[str, bytes]],
     server_name: str,
+    client_token: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Works keyed by cluster name, for the clusters that have data.
 
@@ -377,6 +414,7 @@ def desired_works(
             endpoints.get(r.name, DEFAULT_AGENT_ENDPOINT),
             tls=tls[r.name],
             server_name=server_name,
+            client_token=client_token,
         )
         for r in resolutions
         if r.has_data
