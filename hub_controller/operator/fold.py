@@ -90,6 +90,15 @@ def _condition(
     )
 
 
+def conflict_message(cluster: str, owner_uid: str) -> str:
+    """Why a cluster gets no work: its name there belongs to another resource."""
+    owner = f"resource uid {owner_uid}" if owner_uid else "no FederatedLearning (no owner uid)"
+    return (
+        f"WorkConflict: on cluster {cluster} the ManifestWork of this name belongs to {owner}; "
+        "it is not overwritten: delete it (or wait for its resource's cleanup)"
+    )
+
+
 def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -> ClusterStatus:
     work = obs.works.get(r.name)
     report = obs.reports.get(r.name)
@@ -98,7 +107,9 @@ def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -
         phase = ClusterPhase.NO_DATA
     elif work is None:
         phase = ClusterPhase.PENDING
-        if not address_known:
+        if r.name in obs.conflicts:
+            reason += "; " + conflict_message(r.name, obs.conflicts[r.name])
+        elif not address_known:
             reason += "; work waits for the server address"
     elif work.job.failed > 0 and work.job.active == 0 and work.job.succeeded == 0:
         phase = ClusterPhase.FAILED
@@ -225,6 +236,11 @@ def fold(
     not_applied = [r.name for r in with_data if r.name not in ready]
     if not_applied:
         detail += f"; work not yet applied on: {', '.join(not_applied)}"
+    taken = sorted(c for c in obs.conflicts if c in {r.name for r in with_data})
+    if taken:
+        detail += f"; {conflict_message(taken[0], obs.conflicts[taken[0]])}"
+        if len(taken) > 1:
+            detail += f" (and on {len(taken) - 1} more cluster(s))"
     enough = len(ready) >= min_clients
     clients_ready = cond(
         CONDITION_CLIENTS_READY,

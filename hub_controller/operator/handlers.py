@@ -156,6 +156,7 @@ class Run:
     status: dict[str, Any]  # as last written by this loop (seeded from the resource)
     applied: tuple[int | None, str] | None = None  # (generation, inputs digest) last applied
     applied_at: float = float("-inf")  # monotonic time of that apply
+    conflicts: dict[str, str] = field(default_factory=dict)  # found by that apply (see below)
 
 
 def _write_status(kube: Kube, run: Run, new: Any) -> None:
@@ -216,9 +217,12 @@ def apply_desired(
     obs: Observations,
     done: bool,
     logger: kopf.Logger | logging.Logger,
-) -> None:
+) -> dict[str, str]:
     """Apply the Placement, the server Service (and PVC), the credentials and the works; delete
-    the works of clusters that left. A finished run takes no new clusters."""
+    the works of clusters that left. A finished run takes no new clusters.
+
+    A work whose name is taken on a cluster by a ManifestWork of another uid (or of no owner)
+    is never applied over it; returns those clusters -> the other owner's uid."""
     kube = op.kube
     kube.apply(placement_mod.desired_placement(ref, fl))
     kube.apply(server_mod.desired_service(ref))
@@ -226,7 +230,7 @@ def apply_desired(
     if claim is not None:
         kube.create(path_of("v1", "PersistentVolumeClaim", ref.namespace), claim)
     if obs.server_address is None:
-        return
+        return {}
     members = [r.name for r in obs.resolutions if r.has_data]
     creds = ensure_credentials(kube, op.ca, ref, obs.server_address, members)
     token = ensure_client_token(kube, ref, logger)
@@ -242,8 +246,21 @@ def apply_desired(
     )
     if done:
         desired = {c: w for c, w in desired.items() if c in obs.works}
+    conflicts: dict[str, str] = {}
     for cluster, work in desired.items():
         current = obs.works.get(cluster)
+        if current is None:
+            owner = _foreign_owner(kube, work, ref)
+            if owner is not None:
+                conflicts[cluster] = owner
+                logger.warning(
+                    "not applying ManifestWork %s/%s: it belongs to uid %r, not %s",
+                    cluster,
+                    work["metadata"]["name"],
+                    owner,
+                    ref.uid,
+                )
+                continue
         if current is None or current.spec_hash != works_mod.spec_hash(work):
             kube.apply(work)
     existing = [(w.cluster, w.name) for w in obs.works.values()]
@@ -252,6 +269,21 @@ def apply_desired(
         kube.delete(
             path_of(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name), body=BACKGROUND
         )
+    return conflicts
+
+
+def _foreign_owner(kube: Kube, work: Mapping[str, Any], ref: FLRef) -> str | None:
+    """The owner uid of an existing ManifestWork where `work` would go, when it is not `ref`'s
+    (None: free, or ours). Asked only for works the index does not show as ours."""
+    meta = work["metadata"]
+    path = path_of(works_mod.WORK_API_VERSION, "ManifestWork", meta["namespace"], meta["name"])
+    existing = kube.get(path)
+    if existing is None:
+        return None
+    uid = str(
+        ((existing.get("metadata") or {}).get("labels") or {}).get(constants.LABEL_OWNER_UID, "")
+    )
+    return None if uid == ref.uid else uid
 
 
 def reconcile(
@@ -284,7 +316,7 @@ def reconcile(
     inputs = (generation, observation_digest(obs))
     try:
         if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
-            apply_desired(op, ref, fl, obs, finished(previous, generation), logger)
+            run.conflicts = apply_desired(op, ref, fl, obs, finished(previous, generation), logger)
             if should_start_server(fl, obs, previous, generation):
                 logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
                 op.kube.create(
@@ -300,6 +332,8 @@ def reconcile(
         kopf.warn(cast(kopf.Body, body), reason="Refused", message=message)
         _write_status(op.kube, run, invalid_status([message], generation, previous, now))
         return None
+    if run.conflicts:
+        obs = replace(obs, conflicts={**run.conflicts, **obs.conflicts})
     new = fold(fl, generation, obs, previous, now, ref.namespace)
     if previous is None or new.phase != previous.phase:
         kopf.info(cast(kopf.Body, body), reason=new.phase.value, message=new.message)

@@ -29,10 +29,12 @@ from hub_controller.membership import (
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.observed import (
+    DecisionState,
     JobState,
     Observations,
     PlacementState,
     WorkState,
+    controller_uid,
     job_state,
     outcome_from_termination_message,
     placement_state,
@@ -78,7 +80,11 @@ def placement_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
 
 @kopf.index(constants.CLUSTER_GROUP, "v1beta1", "placementdecisions", labels=DECIDED)
 def decision_idx(namespace: str | None, labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    return {(namespace or "", labels[placement_mod.PLACEMENT_LABEL]): decision_clusters(body)}
+    """Decisions by (namespace, placement label), with the uid of the Placement that controls
+    them: the label alone is anyone's to set, so `gather` also checks the owner."""
+    placement = labels[placement_mod.PLACEMENT_LABEL]
+    owner = controller_uid(body, "Placement", placement)
+    return {(namespace or "", placement): DecisionState(owner, decision_clusters(body))}
 
 
 @kopf.index(constants.CLUSTER_GROUP, "v1", "managedclusters")
@@ -132,7 +138,7 @@ class Indexes:
     """The indexes a handler receives, bundled."""
 
     placements: kopf.Index[Key, Owned]
-    decisions: kopf.Index[Key, tuple[str, ...]]
+    decisions: kopf.Index[Key, DecisionState]
     clusters: kopf.Index[str, ClusterInfo]
     addons: kopf.Index[str, str]
     works: kopf.Index[Key, WorkState]
@@ -171,13 +177,25 @@ def gather(
     """Observations for one resource, from the indexes and the report source only."""
     key = (ref.namespace, ref.name)
     placement: PlacementState = _owned(idx.placements.get(key, []), ref.uid) or PlacementState()
-    decided = decided_clusters(idx.decisions.get(key, []))
+    # Only decisions the resource's own Placement controls (OCM's placement controller sets
+    # that ownerReference); one that merely carries the label could pick any cluster.
+    decided = decided_clusters(
+        d.clusters
+        for d in idx.decisions.get(key, [])
+        if placement.uid and d.owner_uid == placement.uid
+    )
     clusters: dict[str, ClusterInfo] = {}
     for name in decided:
         for info in idx.clusters.get(name, []):
             clusters[name] = info
     resolutions = resolve_clusters(decided, clusters, data_claim_of(spec)[0] or "")
-    works = {w.cluster: w for w in idx.works.get(key, [])}
+    works: dict[str, WorkState] = {}
+    conflicts: dict[str, str] = {}
+    for w in idx.works.get(key, []):
+        if w.uid == ref.uid:
+            works[w.cluster] = w
+        else:  # a same-named resource's work (it was re-created): not ours to touch
+            conflicts[w.cluster] = w.uid
     job: JobState = _owned(idx.jobs.get(key, []), ref.uid) or JobState()
     service = _owned(idx.services.get(key, []), ref.uid)
     model: ModelArtifact | None = None
@@ -199,4 +217,5 @@ def gather(
         model=model,
         server_reason=reason,
         reports=reports.snapshot(ref.uid),
+        conflicts=conflicts,
     )

@@ -32,6 +32,7 @@ class PlacementState:
 
     exists: bool = False
     satisfied: str | None = None  # "True" | "False" | None (no condition yet)
+    uid: str = ""  # the Placement's own metadata.uid: its PlacementDecisions point to it
     reason: str = ""
     message: str = ""
     selected: int | None = None
@@ -46,6 +47,7 @@ def placement_state(placement: Mapping[str, Any] | None) -> PlacementState:
     if placement is None:
         return PlacementState()
     status = placement.get("status") or {}
+    uid = str((placement.get("metadata") or {}).get("uid") or "")
     for cond in status.get("conditions") or []:
         if cond.get("type") == "PlacementSatisfied":
             return PlacementState(
@@ -54,8 +56,26 @@ def placement_state(placement: Mapping[str, Any] | None) -> PlacementState:
                 reason=str(cond.get("reason") or ""),
                 message=str(cond.get("message") or ""),
                 selected=status.get("numberOfSelectedClusters"),
+                uid=uid,
             )
-    return PlacementState(exists=True, selected=status.get("numberOfSelectedClusters"))
+    return PlacementState(exists=True, selected=status.get("numberOfSelectedClusters"), uid=uid)
+
+
+@dataclass(frozen=True)
+class DecisionState:
+    """One PlacementDecision: its clusters, and the uid of the Placement that controls it
+    (its controller ownerReference; "" when it has none)."""
+
+    owner_uid: str
+    clusters: tuple[str, ...]
+
+
+def controller_uid(obj: Mapping[str, Any], kind: str, name: str) -> str:
+    """The uid of `obj`'s controller ownerReference when it is the `kind` named `name`."""
+    for ref in (obj.get("metadata") or {}).get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == kind and ref.get("name") == name:
+            return str(ref.get("uid") or "")
+    return ""
 
 
 def server_address(spec: FederatedLearningSpec, service: Mapping[str, Any] | None) -> str | None:
@@ -184,6 +204,7 @@ class WorkState:
     message: str = ""
     job: JobState = field(default_factory=JobState)
     spec_hash: str = ""
+    uid: str = ""  # the owning resource's uid (label): another uid's work is never ours
 
 
 def work_state(work: Mapping[str, Any]) -> WorkState:
@@ -226,6 +247,7 @@ def work_state(work: Mapping[str, Any]) -> WorkState:
         message=message,
         job=job,
         spec_hash=str((meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION, "")),
+        uid=str((meta.get("labels") or {}).get(constants.LABEL_OWNER_UID, "")),
     )
 
 
@@ -241,6 +263,9 @@ class Observations:
     model: ModelArtifact | None = None
     server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
     reports: Mapping[str, ClusterReport] = field(default_factory=dict)
+    # cluster -> uid of the other resource whose ManifestWork holds this resource's work name
+    # there (never overwritten; "" when the work names no owner)
+    conflicts: Mapping[str, str] = field(default_factory=dict)
 
 
 def observation_digest(obs: Observations) -> str:

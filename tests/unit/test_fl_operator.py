@@ -3,6 +3,7 @@ fake of the Kubernetes layer."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -16,7 +17,7 @@ from hub_controller.membership import ClusterInfo
 from hub_controller.operator import handlers
 from hub_controller.operator.desired.works import work_name
 from hub_controller.operator.indexes import Indexes, Owned
-from hub_controller.operator.observed import JobState, WorkState
+from hub_controller.operator.observed import DecisionState, JobState, PlacementState, WorkState
 from hub_controller.reports import ClusterReport, NoReports
 from ocmfl import constants, pki
 from ocmfl.kube import object_path
@@ -90,6 +91,7 @@ def op(kube: FakeKube, tmp_path: Any) -> handlers.Operator:
 
 
 KEY = (REF.namespace, REF.name)
+PLACEMENT_UID = "placement-uid"
 META = {"namespace": REF.namespace, "name": REF.name, "uid": REF.uid, "generation": 1}
 
 
@@ -99,17 +101,20 @@ def indexes(
     works: list[WorkState] | None = None,
     job: JobState | None = None,
 ) -> Indexes:
+    """Indexes as the hub has them for REF: its Placement (uid PLACEMENT_UID) controls the
+    decision; `works` without an owner uid are REF's."""
     claims = {"c1": "/srv/a", "c2": "/srv/b"} if claims is None else claims
+    works = [dataclasses.replace(w, uid=w.uid or REF.uid) for w in works or []]
     return Indexes.of(
         {
-            "placement_idx": {},
-            "decision_idx": {KEY: [decided]},
+            "placement_idx": {KEY: [Owned(REF.uid, PlacementState(uid=PLACEMENT_UID))]},
+            "decision_idx": {KEY: [DecisionState(PLACEMENT_UID, decided)]},
             "cluster_idx": {
                 c: [ClusterInfo(c, {"fl.data-path": claims[c]} if c in claims else {})]
                 for c in decided
             },
             "addon_idx": {},
-            "work_idx": {KEY: works or []},
+            "work_idx": {KEY: works},
             "server_job_idx": {KEY: [Owned(REF.uid, job)]} if job else {},
             "server_service_idx": {},
             "server_pod_idx": {},
