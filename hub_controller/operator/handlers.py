@@ -248,6 +248,8 @@ def apply_desired(
         desired = {c: w for c, w in desired.items() if c in obs.works}
     conflicts: dict[str, str] = {}
     for cluster, work in desired.items():
+        if cluster in obs.conflicts:
+            continue  # the index shows another uid's work there
         current = obs.works.get(cluster)
         if current is None:
             owner = _foreign_owner(kube, work, ref)
