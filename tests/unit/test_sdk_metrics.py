@@ -14,7 +14,7 @@ import pytest
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.task_identity import TaskIdentity
 
-from ocmfl.constants import ENV_FL_NAME, ENV_FL_NAMESPACE, ENV_FL_UID
+from ocmfl.constants import ENV_CLIENT_TOKEN_FILE, ENV_FL_NAME, ENV_FL_NAMESPACE, ENV_FL_UID
 from workloads.sdk import agent_metrics
 from workloads.sdk.metrics import CLIENT_RECORD, LocalMetrics, metrics_of_reply, post_metrics
 
@@ -28,7 +28,10 @@ def agent() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
-            received.append({"path": self.path, "body": json.loads(body)})
+            entry = {"path": self.path, "body": json.loads(body)}
+            if self.headers.get("Authorization"):
+                entry["authorization"] = self.headers["Authorization"]
+            received.append(entry)
             self.send_response(202)
             self.end_headers()
 
@@ -167,3 +170,17 @@ def test_what_the_agent_gets_from_a_reply() -> None:
     assert metrics_of_reply(msg, no_samples, "c1", 0.5) is None
     query = Message(msg.content, dst_node_id=7, message_type="query")
     assert metrics_of_reply(query, reply, "c1", 0.5) is None
+
+
+def test_posts_carry_the_federations_token_from_the_mounted_file(
+    agent: tuple[str, list[dict[str, Any]]], tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, received = agent
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    monkeypatch.setenv(ENV_CLIENT_TOKEN_FILE, str(token))
+    assert post_metrics(url, SAMPLE)
+    assert received[-1]["authorization"] == "Bearer s3cret-token"
+    monkeypatch.setenv(ENV_CLIENT_TOKEN_FILE, str(tmp_path / "absent"))
+    assert post_metrics(url, SAMPLE)
+    assert "authorization" not in received[-1]
