@@ -37,6 +37,7 @@ from hub_controller.aggregator.servicer import (
     ReloadingServerCredentials,
     StatusServicer,
 )
+from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import StaticMembers
 from ocmfl import pki
@@ -79,6 +80,8 @@ def _serve(
             address="127.0.0.1:0",
             servicer=servicer,
             credentials=ReloadingServerCredentials.from_dir(cert_dir) if secure else None,
+            # the aggregator's own cost, not the per-cluster rate limit (limits.py)
+            limits=Limits(reports_per_s=1e9, report_burst=10**9),
         )
         port_q.put(await server.start())
         while not stop_ev.is_set():
