@@ -32,12 +32,12 @@ from google.protobuf.timestamp_pb2 import Timestamp
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hack.testing import TestPKI
+from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.servicer import (
     AggregatorServer,
     ReloadingServerCredentials,
     StatusServicer,
 )
-from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import StaticMembers
 from ocmfl import pki
