@@ -40,8 +40,11 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
 
 
 @kopf.on.event(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
+@kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters")
 async def works_seen(memo: kopf.Memo, **_: Any) -> None:
-    """kopf calls handlers only once every index is filled: the scope is now final."""
+    """kopf calls handlers only once every index is filled, so the first event of any kind
+    means the work index is complete: the scope is now final. ManagedClusters too, because a
+    hub may have no ManifestWorks yet (and every member cluster has a ManagedCluster)."""
     scope: WorkScope | None = memo.get("report_scope")
     if scope is not None:
         scope.mark_ready()

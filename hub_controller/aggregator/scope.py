@@ -7,9 +7,9 @@ certificate therefore lets it speak for the federations that placed work on it, 
 other tenant's federation.
 
 Right after the hub process starts, kopf's indexes may not be filled yet: until the first
-ManifestWork event (kopf fills every index before it calls any handler) or a grace period,
-`ready()` is False and the aggregator asks agents to come back later rather than refusing
-reports for good.
+ManifestWork or ManagedCluster event (kopf fills every index before it calls any handler) or a
+grace period, `ready()` is False and the aggregator asks agents to come back later rather than
+refusing reports for good.
 """
 
 from __future__ import annotations

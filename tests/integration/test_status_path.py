@@ -336,7 +336,10 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
                 "fl_uid": "0000-y",
             }
             assert await post(agent, body) == 202
-            await await_for(lambda: agent.buffer.acked == 1, 15, "the report acked")
+            await await_for(lambda: agent.buffer.acked == 1, 15, "the report answered")
+            # x/y has no ManifestWork on cluster1: answered (the identity was accepted) but
+            # refused for good, so the agent dropped it (issue 12: reports are scoped)
+            assert agent.streamer.rejected == 1 and len(agent.buffer) == 0
         finally:
             await agent.stop()
 
