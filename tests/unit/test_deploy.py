@@ -350,10 +350,15 @@ def test_every_template_variable_is_set_by_the_deployment_config(helm: str) -> N
     assert bundle <= used
 
 
-def test_agent_rbac_only_watches_pods_and_jobs(helm: str) -> None:
+def test_agent_rbac_only_watches_pods_and_jobs_and_reads_only_token_secrets(helm: str) -> None:
     manifests = agent_manifests(render(helm))
     role = next(m for m in manifests if m["kind"] == "ClusterRole")
     for rule in role["rules"]:
+        if rule["resources"] == ["secrets"]:
+            # each federation's local-API token (issue 12), and no other Secret
+            assert rule["verbs"] == ["get"]
+            assert rule["resourceNames"] == [constants.CLIENT_TOKEN_SECRET]
+            continue
         assert set(rule["verbs"]) <= {"get", "list", "watch"}
         assert set(rule["resources"]) <= {"pods", "jobs"}
 
@@ -746,3 +751,16 @@ def test_addon_image_entry_points_import_without_workload_or_cli_packages() -> N
     )
     res = _run([sys.executable, "-c", code])
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_aggregator_limits_values_become_the_hub_env_the_aggregator_reads(helm: str) -> None:
+    from hub_controller.aggregator.limits import Limits
+
+    docs = render(
+        helm, "aggregator.limits.maxStreamsPerCluster=2", "aggregator.limits.reportsPerS=7.5"
+    )
+    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    limits = Limits.from_env(env.get)
+    assert (limits.max_streams_per_cluster, limits.reports_per_s) == (2, 7.5)
+    assert limits.max_rows == Limits().max_rows
