@@ -572,3 +572,133 @@ def test_a_same_named_resources_work_in_the_index_is_neither_applied_over_nor_de
     assert applied == ["cluster-b"] and not kube.deleted
     rows = {r["name"]: r for r in status["clusters"]}
     assert "belongs to resource uid old-uid" in rows["cluster-a"]["reason"]
+
+
+# --- on the local control plane: real placement controller, real work agents --------------
+CLUSTER_API = constants.CLUSTER_GROUP
+WORKS_ALL = f"/apis/{constants.WORK_GROUP}/v1/manifestworks"
+
+
+@pytest.fixture
+def plane_operator(
+    control_plane: Any, namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The hub controller in-process (kopf) on the plane; the namespace bound to `global`,
+    a claim on every cluster; yields (hub Kube, spokes). The resources are deleted while the
+    operator still runs."""
+    from kopf.testing import KopfRunner
+
+    from hack.localfed import install_crd
+    from hack.testing import kopf_registry, wait_for
+    from ocmfl.kube import Kube
+
+    hub = Kube(control_plane.hub_kubeconfig)
+    install_crd(hub)
+    spokes = {c: Kube(p) for c, p in control_plane.cluster_kubeconfigs.items()}
+    hub.create(
+        f"/apis/{CLUSTER_API}/v1beta2/namespaces/{namespace}/managedclustersetbindings",
+        {"apiVersion": f"{CLUSTER_API}/v1beta2", "kind": "ManagedClusterSetBinding",
+         "metadata": {"name": "global", "namespace": namespace},
+         "spec": {"clusterSet": "global"}},
+    )  # fmt: skip
+    claim = f"{namespace}.data.ocmfl.io"
+    for c, spoke in spokes.items():
+        spoke.create(
+            f"/apis/{CLUSTER_API}/v1alpha1/clusterclaims",
+            {"apiVersion": f"{CLUSTER_API}/v1alpha1", "kind": "ClusterClaim",
+             "metadata": {"name": claim}, "spec": {"value": f"/srv/data/{c}"}},
+        )  # fmt: skip
+    monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
+    pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
+    monkeypatch.setenv(constants.ENV_CA_DIR, str(tmp_path / "hub-ca"))
+    watched = [f"--namespace={n}" for n in (namespace, *control_plane.clusters)]
+    registry = kopf_registry("hub_controller.operator.handlers")
+    fls = f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}"
+    try:
+        with KopfRunner(["run", "--standalone", *watched], registry=registry, timeout=60) as r:
+            import time
+
+            time.sleep(2)  # indexes pre-populate before handlers run
+            yield hub, {"spokes": spokes, "claim": claim, "fls": fls}
+            for item in (hub.get(fls) or {}).get("items", []):
+                hub.delete(f"{fls}/{item['metadata']['name']}")
+            wait_for(lambda: not (hub.get(fls) or {}).get("items"), 90, "FL gone")
+        assert r.exception is None, r.exception
+    finally:
+        for spoke in spokes.values():
+            spoke.delete(f"/apis/{CLUSTER_API}/v1alpha1/clusterclaims/{claim}")
+            spoke.close()
+        hub.close()
+
+
+def plane_fl(namespace: str, claim: str, only: str | None) -> dict[str, Any]:
+    """SPEC's resource, selecting the clusters with `claim` (and, with `only`, that one)."""
+    selector: dict[str, Any] = {
+        "claimSelector": {"matchExpressions": [{"key": claim, "operator": "Exists"}]}
+    }
+    if only:
+        selector["labelSelector"] = {"matchLabels": {"name": only}}
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": "digits", "namespace": namespace},
+        "spec": {
+            "server": {**SPEC["server"], "minAvailableClients": 9},
+            "client": {
+                "dataClaim": claim,
+                "placement": {
+                    "clusterSets": ["global"],
+                    "predicates": [{"requiredClusterSelector": selector}],
+                },
+            },
+        },
+    }
+
+
+def plane_works(hub: Any, namespace: str) -> dict[str, dict[str, Any]]:
+    selector = f"{constants.LABEL_OWNER_NAMESPACE}={namespace},{constants.LABEL_OWNER_NAME}=digits"
+    items = (hub.get(WORKS_ALL, {"labelSelector": selector}) or {}).get("items", [])
+    return {w["metadata"]["namespace"]: w for w in items}
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_on_the_plane_a_manifestwork_of_another_owner_is_not_overwritten(
+    control_plane: Any, namespace: str, plane_operator: tuple[Any, dict[str, Any]]
+) -> None:
+    """A ManifestWork of another owner already holds the resource's work name on cluster2:
+    cluster1 gets its work, cluster2's is left as it was, and the status names the conflict."""
+    from hack.testing import wait_for
+
+    hub, env = plane_operator
+    first, second = control_plane.clusters[0], control_plane.clusters[1]
+    name = works_mod.work_name(FLRef(namespace, "digits", "any"))
+    squat_path = f"/apis/{constants.WORK_GROUP}/v1/namespaces/{second}/manifestworks/{name}"
+    squatter = {
+        "apiVersion": works_mod.WORK_API_VERSION,
+        "kind": "ManifestWork",
+        "metadata": {"name": name, "namespace": second,
+                     "labels": {constants.LABEL_OWNER_UID: "someone-else"}},
+        "spec": {"workload": {"manifests": [
+            {"apiVersion": "v1", "kind": "ConfigMap",
+             "metadata": {"name": "squatter", "namespace": "default"}, "data": {"k": "v"}}
+        ]}},
+    }  # fmt: skip
+    hub.create(f"/apis/{constants.WORK_GROUP}/v1/namespaces/{second}/manifestworks", squatter)
+    try:
+        hub.create(env["fls"], plane_fl(namespace, env["claim"], only=None))
+        wait_for(lambda: first in plane_works(hub, namespace) or None, 90, "work on cluster1")
+
+        def conflict_row() -> dict[str, Any] | None:
+            got = hub.get(f"{env['fls']}/digits") or {}
+            rows = {r["name"]: r for r in (got.get("status") or {}).get("clusters") or []}
+            row = rows.get(second)
+            return row if row and "WorkConflict" in row.get("reason", "") else None
+
+        row = wait_for(conflict_row, 60, "cluster2's row naming the conflict")
+        assert "belongs to resource uid someone-else" in row["reason"]
+        current = hub.get(squat_path) or {}
+        assert current["metadata"]["labels"] == {constants.LABEL_OWNER_UID: "someone-else"}
+        assert [m["kind"] for m in current["spec"]["workload"]["manifests"]] == ["ConfigMap"]
+    finally:
+        hub.delete(squat_path)
