@@ -33,6 +33,7 @@ from hack.localfed import (
 from hack.testing import TestPKI, await_for, free_port, kopf_registry, wait_for
 from ocmfl import constants, pki, reports
 from ocmfl.kube import Kube
+from ocmfl.names import cluster_side_name
 
 if TYPE_CHECKING:
     from hack.controlplane.plane import ControlPlane
@@ -212,10 +213,11 @@ def agent_for(cluster: str, port: int, cert_dir: Path) -> Agent:
     )
 
 
-async def post(agent: Agent, body: dict[str, Any]) -> int:
+async def post(agent: Agent, body: dict[str, Any], token: str | None = None) -> int:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with (
         aiohttp.ClientSession() as s,
-        s.post(f"http://127.0.0.1:{agent.port}/v1/metrics", json=body) as r,
+        s.post(f"http://127.0.0.1:{agent.port}/v1/metrics", json=body, headers=headers) as r,
     ):
         return r.status
 
@@ -362,9 +364,19 @@ async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
     fl: dict[str, Any],
 ) -> None:
     """A client Job run by the cluster's local node: Pending -> Running -> Succeeded, seen by
-    the agent's watch; its final report is acknowledged and its metrics reach status."""
+    the agent's watch; its final report is acknowledged and its metrics reach status. The
+    metrics post carries the federation's token, which the agent checks against the Secret the
+    resource's ManifestWork put on the cluster (issue 12)."""
     cluster = control_plane.clusters[0]
     spoke = Kube(control_plane.cluster_kubeconfigs[cluster])
+    # The hub takes reports only for a federation with a work on the cluster: wait for it (its
+    # token Secret on the cluster says the work agent applied it).
+    token_path = (
+        f"/api/v1/namespaces/{cluster_side_name(namespace, 'digits')}/secrets/"
+        f"{constants.CLIENT_TOKEN_SECRET}"
+    )
+    secret = await await_for(lambda: spoke.get(token_path), 90, "the work's token Secret")
+    token = base64.b64decode(secret["data"][constants.CLIENT_TOKEN_KEY]).decode()
     spoke.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
     labels = {
         constants.LABEL_COMPONENT: "client",
@@ -429,7 +441,8 @@ async def test_agent_watches_a_real_client_job_and_delivers_its_final_report(
         }
         if phase() != "Running":  # a slow plane: too late to infer the run from the watcher
             body.update(fl_namespace=namespace, fl_name="digits", fl_uid=fl["metadata"]["uid"])
-        assert await post(agent, body) == 202
+        assert await post(agent, body) == 401  # no token: refused
+        assert await post(agent, body, token) == 202
 
         def delivered() -> bool:
             run = agent.state.runs.get(key)
