@@ -160,8 +160,12 @@ def test_model_location_names_the_host_directory_or_the_claim_not_the_container_
     from hub_controller.operator.desired.server import MODEL_DIR, model_location
 
     inside = f"{MODEL_DIR}/final/model.npz"
-    host = spec(storage={"type": "HostPath", "path": "/srv/models/"})
-    assert model_location(REF, host, inside) == "/srv/models/final/model.npz"
+    host = spec(storage={"type": "HostPath"})
+    # Under the admin's root, in the resource's own directory (namespace, name, uid).
+    assert (
+        model_location(REF, host, inside, "/srv/models/")
+        == f"/srv/models/{REF.namespace}/{REF.name}-{REF.uid}/final/model.npz"
+    )
     pvc = spec(storage={"type": "PVC", "claimName": "mine"})
     assert model_location(REF, pvc, inside) == "pvc://mine/final/model.npz"
     incumbent = spec(storage={"type": "PersistentVolumeClaim", "name": "theirs"})
