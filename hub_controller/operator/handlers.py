@@ -118,7 +118,8 @@ def hostpath_root() -> str:
     root = os.environ.get(constants.ENV_HOSTPATH_ROOT, "") or constants.DEFAULT_HOSTPATH_ROOT
     if not root.startswith("/") or root.rstrip("/") == "":
         raise kopf.PermanentError(
-            f"{constants.ENV_HOSTPATH_ROOT} must be an absolute directory other than /, got {root!r}"
+            f"{constants.ENV_HOSTPATH_ROOT} must be an absolute directory other than /, "
+            f"got {root!r}"
         )
     return root
 
@@ -282,7 +283,8 @@ def reconcile(
             if should_start_server(fl, obs, previous, generation):
                 logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
                 op.kube.create(
-                    path_of("batch/v1", "Job", ref.namespace), server_mod.desired_job(ref, fl, op.hostpath_root)
+                    path_of("batch/v1", "Job", ref.namespace),
+                    server_mod.desired_job(ref, fl, op.hostpath_root),
                 )
                 obs = replace(obs, server_job=JobState(exists=True))
             run.applied, run.applied_at = inputs, clock()

@@ -184,9 +184,11 @@ def gather(
         reason = item.value.reason or reason
         if item.value.model is not None:
             model = item.value.model.model_copy(
-                update={"path": server_mod.model_location(
+                update={
+                    "path": server_mod.model_location(
                         ref, spec, item.value.model.path, hostpath_root
-                    )}
+                    )
+                }
             )
     return Observations(
         placement=placement,

@@ -149,6 +149,7 @@ def test_hub_deployment_runs_ocm_fl_hub_non_root_with_read_only_root(helm: str) 
     assert constants.HUB_CA_DIR in mounts and "/tmp" in mounts
     env = {e["name"]: e for e in c["env"]}
     assert env[constants.ENV_CA_DIR]["value"] == constants.HUB_CA_DIR
+    assert env[constants.ENV_HOSTPATH_ROOT]["value"] == constants.DEFAULT_HOSTPATH_ROOT
     assert set(env) <= _env_constants()
     assert dep["spec"]["strategy"]["type"] == "Recreate"
 
@@ -253,6 +254,7 @@ def test_values_mirror_shared_constants() -> None:
     assert values["aggregator"]["port"] == constants.AGGREGATOR_PORT
     assert values["metrics"]["port"] == constants.HUB_METRICS_PORT
     assert values["hub"]["healthPort"] == constants.HUB_HEALTH_PORT
+    assert values["storage"]["hostPathRoot"] == constants.DEFAULT_HOSTPATH_ROOT
     addon = values["addon"]
     assert addon["name"] == constants.ADDON_NAME
     assert addon["agentNamespace"] == constants.AGENT_NAMESPACE
