@@ -305,8 +305,8 @@ def test_on_the_plane_the_work_client_pod_is_admitted_and_a_hostpath_pod_refused
         with pytest.raises(KubeError) as exc:
             spoke.create(pods_path, pod)
         assert exc.value.status == 403
-        assert 'violates PodSecurity "restricted' in str(exc.value)
-        assert "hostPath" in str(exc.value)
+        assert 'violates PodSecurity "restricted:latest"' in exc.value.message
+        assert 'restricted volume type "hostPath"' in exc.value.message
     finally:
         hub.delete(f"{works_path}/{works.work_name(ref)}")
     # Deleting the work removes the namespace, the claim and the cluster-scoped PV.
