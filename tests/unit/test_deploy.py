@@ -360,6 +360,20 @@ def test_agent_rbac_only_watches_pods_and_jobs(helm: str) -> None:
         assert set(rule["resources"]) <= {"pods", "jobs"}
 
 
+def test_work_agents_may_apply_the_client_data_volumes_and_nothing_more(helm: str) -> None:
+    """Client data comes as a PersistentVolume in each ManifestWork (cluster-scoped; OCM's work
+    agent has only `admin`): a role OCM aggregates into the work agent's adds PVs alone."""
+    label = "open-cluster-management.io/aggregate-to-work"
+    [role] = [
+        m
+        for m in agent_manifests(render(helm))
+        if m["kind"] == "ClusterRole" and (m["metadata"].get("labels") or {}).get(label) == "true"
+    ]
+    assert [(r["apiGroups"], r["resources"]) for r in role["rules"]] == [
+        ([""], ["persistentvolumes"])
+    ]
+
+
 def test_aggregator_address_defaults_to_service_and_follows_external_address(helm: str) -> None:
     def address(docs: list[dict[str, Any]]) -> str:
         adc = one(docs, "AddOnDeploymentConfig")
