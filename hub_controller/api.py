@@ -471,7 +471,12 @@ class ClusterOverride(_Model):
     cluster_selector: LabelSelector | None = Field(
         default=None, description="Or: the clusters whose labels match."
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra client env.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra client env. Names the platform sets or that hook code into its "
+        "processes are refused: OCMFL_*, FLWR_*, LD_*, PYTHON*, GRPC_*, SSL_CERT_*, HOME, "
+        "TMPDIR, PATH, POD_IP, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE.",
+    )
     resources: Resources | None = Field(
         default=None, description="Client container resources for these clusters."
     )
