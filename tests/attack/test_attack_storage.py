@@ -196,6 +196,21 @@ def test_reserved_env_in_overrides_is_refused_naming_the_field(name: str) -> Non
     parse_spec(spec_dict(env=env[:1]), "digits")
 
 
+def test_the_s3_credentials_secret_cannot_inject_env_into_the_server() -> None:
+    s3 = {"bucketName": "models", "credentialsSecret": "creds"}
+    spec = parse_spec(spec_dict({"storage": {"type": "S3", "s3": s3}}), "digits")
+    [container] = server.desired_job(REF, spec)["spec"]["template"]["spec"]["containers"]
+    # Not envFrom (every key of a tenant's Secret, LD_PRELOAD included, would become env):
+    # the three AWS keys, each by name.
+    assert "envFrom" not in container
+    from_secret = {
+        e["valueFrom"]["secretKeyRef"]["key"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert from_secret == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"}
+
+
 # --- 4. pod security --------------------------------------------------------------------------
 def test_client_pods_meet_the_restricted_profile_in_a_restricted_namespace() -> None:
     work = _client_work()

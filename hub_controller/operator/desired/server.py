@@ -134,18 +134,41 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
     return args
 
 
-def storage_env(spec: FederatedLearningSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(env, envFrom) giving the server its S3 endpoint, region and credentials."""
+# Keys of spec.server.storage.s3.credentialsSecret the server gets, and whether each must exist.
+S3_CREDENTIAL_KEYS: Final = (
+    ("AWS_ACCESS_KEY_ID", False),
+    ("AWS_SECRET_ACCESS_KEY", False),
+    ("AWS_SESSION_TOKEN", True),
+)
+
+
+def storage_env(spec: FederatedLearningSpec) -> list[dict[str, Any]]:
+    """Env giving the server its S3 endpoint, region and credentials. Only the AWS keys are
+    taken from the credentials Secret, one by one: the Secret's other keys (LD_PRELOAD,
+    OCMFL_STORAGE, ...) never become env."""
     s3 = spec.server.storage.s3
     if not spec.server.storage.is_s3 or s3 is None:
-        return [], []
-    env = []
+        return []
+    env: list[dict[str, Any]] = []
     if s3.endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": s3.endpoint})
     if s3.region:
         env.append({"name": "AWS_REGION", "value": s3.region})
-    env_from = [{"secretRef": {"name": s3.credentials_secret}}] if s3.credentials_secret else []
-    return env, env_from
+    if s3.credentials_secret:
+        env += [
+            {
+                "name": key,
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": s3.credentials_secret,
+                        "key": key,
+                        **({"optional": True} if optional else {}),
+                    }
+                },
+            }
+            for key, optional in S3_CREDENTIAL_KEYS
+        ]
+    return env
 
 
 def _meta(ref: FLRef, name: str) -> dict[str, Any]:
@@ -223,7 +246,7 @@ def desired_job(
                 "type": "DirectoryOrCreate",
             },
         }
-    extra_env, env_from = storage_env(spec)
+    extra_env = storage_env(spec)
     container: dict[str, Any] = {
         "name": "server",
         "image": server.image,
@@ -245,8 +268,6 @@ def desired_job(
         ],
         "terminationMessagePolicy": "File",
     }
-    if env_from:
-        container["envFrom"] = env_from
     if server.resources is not None and server.resources.to_k8s():
         container["resources"] = server.resources.to_k8s()
     template_meta: dict[str, Any] = {"labels": labels}
