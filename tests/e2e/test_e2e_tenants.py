@@ -36,6 +36,7 @@ from hack.localfed import (
 )
 from hack.testing import wait_for
 from hub_controller.api import FLRef
+from hub_controller.operator.desired import security
 from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants
 from ocmfl.kube import Kube
@@ -132,19 +133,21 @@ sys.exit(1)
 
 def _spoof_pod(run: Run, agent: str) -> dict[str, Any]:
     labels = {**run.ref.labels("client"), "test": "spoof"}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "c",
+                "image": constants.WORKLOAD_IMAGE,
+                "command": ["python", "-c", SPOOF, agent],
+            }
+        ],
+    }
+    # Client namespaces enforce the restricted Pod Security level: a pod there runs as one.
+    security.harden(spec)
     return {
         "metadata": {"name": "spoof", "namespace": client_namespace(run.ref), "labels": labels},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": constants.WORKLOAD_IMAGE,
-                    "command": ["python", "-c", SPOOF, agent],
-                }
-            ],
-        },
+        "spec": spec,
     }
 
 
