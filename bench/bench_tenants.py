@@ -202,7 +202,7 @@ def phase(
     names = [(f"bench-k{k}-{i}", "digits") for i in range(k)]
     started = time.monotonic()
     for ns, name in names:
-        body = demo_resource(rounds=rounds, models=root / f"k{k}" / ns, min_clients=2)
+        body = demo_resource(rounds=rounds, min_clients=2)
         body["metadata"]["name"] = name
         create_fl(hub, ns, body)
     phases: dict[str, str] = {}
@@ -222,7 +222,8 @@ def phase(
     finally:
         sampler.stop.set()
         sampler.join()
-    per_round = [_round_seconds(root / f"k{k}" / ns) for ns, _ in names]
+    # Each resource's store is <hub's HostPath root>/<namespace>/<name>-<uid>.
+    per_round = [_round_seconds(Path(str(fed.hostpath_root)) / ns) for ns, _ in names]
     for ns, name in names:
         hub.delete(f"{FL_PATH.format(ns=ns)}/{name}")
     for ns, name in names:
@@ -304,7 +305,7 @@ def main() -> None:
         plane = cp.ControlPlane.from_state(state)
         fed = LocalFederation(plane, root / "federation")
         hub = Kube(plane.hub_kubeconfig)
-        claim = demo_resource(1, root, 2)["spec"]["client"]["dataClaim"]
+        claim = demo_resource(1, 2)["spec"]["client"]["dataClaim"]
         prepare_data(plane, root / "data", plane.clusters, claim)
         fed.start()
         try:

@@ -41,24 +41,22 @@ EXAMPLE = Path(__file__).resolve().parent / "federatedlearning.yaml"
 NAMESPACE = "fl"
 
 
-def demo_resource(
-    rounds: int, models: Path, min_clients: int, test_dir: Path | None = None
-) -> dict[str, Any]:
-    """examples/federatedlearning.yaml with the demo's rounds and model directory; with
-    `test_dir`, the digits app also scores each round's model on that held-out data."""
+def demo_resource(rounds: int, min_clients: int, test_dir: Path | None = None) -> dict[str, Any]:
+    """examples/federatedlearning.yaml with the demo's rounds; with `test_dir`, the digits app
+    also scores each round's model on that held-out data. The model store is the hub's: a
+    HostPath directory of the resource's own under the admin's root (LocalFederation.store_dir)."""
     body: dict[str, Any] = copy.deepcopy(yaml.safe_load(EXAMPLE.read_text()))
     server = body["spec"]["server"]
     server["rounds"] = rounds
     server["minAvailableClients"] = min_clients
-    server["storage"] = {"type": "HostPath", "path": str(models)}
     if test_dir is not None:
         server["app"]["runConfig"]["test-dir"] = str(test_dir)
     return body
 
 
 def held_out_scores(fl: dict[str, Any], models: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(initial, final) server-side metrics on the held-out data, from the model store's
-    manifest (the app evaluates before round 1 and after every round)."""
+    """(initial, final) server-side metrics on the held-out data, from the manifest of the
+    resource's model store `models` (the app evaluates before round 1 and after every round)."""
     store = ModelStore(models, str(fl["metadata"]["uid"]))
     manifest = store.manifest()
     starts = (manifest.get("info") or {}).get("starts") or [{}]
@@ -101,9 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"  agent {cluster}: certificate issued by the hub CSR signer")
 
         console.rule("[bold]3/5 data stays on its cluster: partitions + ClusterClaims")
-        body = demo_resource(
-            a.rounds, workdir / "models", a.data_clusters, workdir / "data" / "test"
-        )
+        body = demo_resource(a.rounds, a.data_clusters, workdir / "data" / "test")
         claim = body["spec"]["client"]["dataClaim"]
         with_data = plane.clusters[: a.data_clusters]
         paths = prepare_data(plane, workdir / "data", with_data, claim)
@@ -119,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         console.rule("[bold]5/5 result")
         status = final.get("status") or {}
         ok = status.get("phase") == "Completed"
-        report(console, final, workdir, ok)
+        report(console, final, workdir, ok, fed.store_dir(final) if ok else workdir)
         console.print(f"wall time {time.monotonic() - started:.0f}s")
     finally:
         hub.close()
@@ -167,7 +163,7 @@ def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def report(console: Console, fl: dict[str, Any], workdir: Path, ok: bool) -> None:
+def report(console: Console, fl: dict[str, Any], workdir: Path, ok: bool, store: Path) -> None:
     """Model, accuracy before/after on held-out data, plot."""
     status = fl.get("status") or {}
     if not ok:
@@ -179,7 +175,7 @@ def report(console: Console, fl: dict[str, Any], workdir: Path, ok: bool) -> Non
     table.add_column("model")
     table.add_column("accuracy", justify="right")
     table.add_column("loss", justify="right")
-    before, after = held_out_scores(fl, workdir / "models")
+    before, after = held_out_scores(fl, store)
     for label, scores in (("initial", before), (f"final (round {model.get('round')})", after)):
         if scores:
             table.add_row(label, f"{scores['test-accuracy']:.3f}", f"{scores['test-loss']:.3f}")

@@ -39,8 +39,9 @@ from cryptography.x509.oid import NameOID
 
 from hack.controlplane.plane import ControlPlane
 from hack.testing import WaitTimeout, wait_for
-from hub_controller.api import run_finished
+from hub_controller.api import FLRef, run_finished
 from hub_controller.bootstrap.addon_template import default_agent_subject
+from hub_controller.operator.desired.server import hostpath_store_dir
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
 
@@ -221,11 +222,22 @@ class LocalFederation:
     workdir: Path
     clusters: list[str] = field(default_factory=list)
     procs: list[_Proc] = field(default_factory=list)
+    # The admin's root for HostPath model stores (the hub's $OCMFL_HOSTPATH_ROOT); default:
+    # <workdir>/models.
+    hostpath_root: Path | None = None
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
         if not self.clusters:
             self.clusters = list(self.plane.clusters)
+        self.hostpath_root = Path(self.hostpath_root or self.workdir / "models").resolve()
+
+    def store_dir(self, fl: FLRef | Mapping[str, Any]) -> Path:
+        """A resource's (its FLRef or the object) HostPath model store on the local hub node."""
+        if not isinstance(fl, FLRef):
+            meta = fl["metadata"]
+            fl = FLRef(namespace=meta["namespace"], name=meta["name"], uid=meta["uid"])
+        return Path(hostpath_store_dir(str(self.hostpath_root), fl))
 
     @property
     def ca_dir(self) -> Path:
@@ -335,6 +347,7 @@ class LocalFederation:
             constants.ENV_METRICS_LISTEN: f"{self.hub_host}:{constants.HUB_METRICS_PORT}",
             constants.ENV_RUN_CSR_SIGNER: "true",
             constants.ENV_AGENT_ENDPOINTS: json.dumps(self.agent_endpoints()),
+            constants.ENV_HOSTPATH_ROOT: str(self.hostpath_root),
         }
         argv = [
             str(VENV_BIN / "ocm-fl-hub"),

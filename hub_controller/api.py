@@ -24,6 +24,13 @@ _QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[numkKMGTPE]i?)?$"
 _HOST_PORT = r"^(\[[0-9a-fA-F:.]+\]|[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?):[0-9]{1,5}$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# Env a tenant may not set on the client: the platform's own variables (the launchers, the SDK
+# and Flower read them), the dynamic loader's and interpreters' hooks (code injection), the TLS
+# trust settings of Python and gRPC, and what the pod spec itself relies on (scratch HOME/TMPDIR).
+RESERVED_ENV_PREFIXES: Final = ("OCMFL_", "FLWR_", "LD_", "PYTHON", "GRPC_", "SSL_CERT_")
+RESERVED_ENV_NAMES: Final = frozenset(
+    {"HOME", "TMPDIR", "PATH", "POD_IP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+)
 
 CONDITION_VALIDATED: Final = "Validated"
 CONDITION_PLACEMENT_SATISFIED: Final = "PlacementSatisfied"
@@ -341,10 +348,11 @@ class Storage(_Model):
     """Where the server keeps checkpoints, the manifest and the final model."""
 
     type: StorageType = Field(default=StorageType.HOST_PATH, description="The kind of storage.")
-    path: str = Field(
-        default="/var/lib/ocm-fl/models",
-        pattern="^/",
-        description="HostPath: the directory on the hub node.",
+    path: str | None = Field(
+        default=None,
+        description="Refused when set: tenants cannot choose host paths. A HostPath store is "
+        "always <root>/<namespace>/<name>-<uid> on the hub node, under the root the hub admin "
+        f"configures (Helm value storage.hostPathRoot, env {constants.ENV_HOSTPATH_ROOT}).",
     )
     claim_name: str | None = Field(
         default=None,
@@ -463,7 +471,12 @@ class ClusterOverride(_Model):
     cluster_selector: LabelSelector | None = Field(
         default=None, description="Or: the clusters whose labels match."
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra client env.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        description="Extra client env. Names the platform sets or that hook code into its "
+        "processes are refused: OCMFL_*, FLWR_*, LD_*, PYTHON*, GRPC_*, SSL_CERT_*, HOME, "
+        "TMPDIR, PATH, POD_IP, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE.",
+    )
     resources: Resources | None = Field(
         default=None, description="Client container resources for these clusters."
     )
@@ -738,8 +751,34 @@ def _refused(spec: FederatedLearningSpec) -> list[str]:
     return problems
 
 
+def reserved_env(name: str) -> bool:
+    """True for names the platform sets or that hook code into its processes."""
+    upper = name.upper()
+    return upper in RESERVED_ENV_NAMES or upper.startswith(RESERVED_ENV_PREFIXES)
+
+
+def _env_problems(client: ClientSpec) -> list[str]:
+    problems = []
+    for i, override in enumerate(client.overrides):
+        for j, env in enumerate(override.env):
+            if reserved_env(env.name):
+                problems.append(
+                    f"spec.client.overrides[{i}].env[{j}].name ({env.name}) is reserved: the "
+                    "platform sets it, or it hooks code into the client's processes (reserved: "
+                    f"{', '.join(p + '*' for p in RESERVED_ENV_PREFIXES)}, "
+                    f"{', '.join(sorted(RESERVED_ENV_NAMES))}); use another name"
+                )
+    return problems
+
+
 def _storage_problems(storage: Storage) -> list[str]:
     problems = []
+    if storage.path is not None:
+        problems.append(
+            f"spec.server.storage.path ({storage.path}) cannot be set: tenants cannot choose "
+            "host paths. A HostPath store lives under the hub admin's root, in "
+            "<root>/<namespace>/<name>-<uid>; remove path (or use type PVC or S3)"
+        )
     if storage.claim_name and storage.name and storage.claim_name != storage.name:
         problems.append(
             f"spec.server.storage: claimName ({storage.claim_name}) and name ({storage.name}) "
@@ -803,6 +842,7 @@ def semantic_problems(spec: FederatedLearningSpec, name: str = "") -> list[str]:
             problems.append(
                 f"spec.client.overrides[{i}]: set exactly one of clusterName or clusterSelector"
             )
+    problems += _env_problems(client)
     for side, pod in (("server", server.pod), ("client", client.pod)):
         ours = sorted(k for k in pod.labels if k.startswith(constants.LABEL_PREFIX))
         if ours:

@@ -114,3 +114,12 @@ ENV_AGENT_ENDPOINTS: Final = "OCMFL_AGENT_ENDPOINTS"
 ENV_RUN_CSR_SIGNER: Final = "OCMFL_RUN_CSR_SIGNER"  # hub: "true" = also run our own CSR signer
 AGENT_STATE_DIR: Final = "/var/lib/ocm-fl"  # agent: unsent reports survive restarts here
 ENV_AGENT_STATE_DIR: Final = "OCMFL_AGENT_STATE_DIR"
+# hub: the admin's root for HostPath model stores (Helm value storage.hostPathRoot); each
+# resource's store is <root>/<namespace>/<name>-<uid>, never a path a tenant names.
+ENV_HOSTPATH_ROOT: Final = "OCMFL_HOSTPATH_ROOT"
+DEFAULT_HOSTPATH_ROOT: Final = "/var/lib/ocm-fl/models"
+# Pod security of the server and client pods (the restricted Pod Security profile): the uid
+# and gid the workload image runs as, and the writable scratch directory (HOME, TMPDIR) its
+# read-only root filesystem gets.
+WORKLOAD_UID: Final = 65532
+SCRATCH_DIR: Final = "/var/tmp/ocm-fl"

@@ -40,7 +40,8 @@ from workloads.fleet_tls import Proxy, ProxyError, start_gateway
 from workloads.flower_app import AppError, FlowerApp, RunConfigValue, inspect_app, run_config
 from workloads.outcome import Outcome, RunLog, decide, one_line
 from workloads.sdk.platform import ServerPlatform
-from workloads.sdk.store import ModelStore, ModelStoreError
+from workloads.sdk.storage import StorageError
+from workloads.sdk.store import ModelStore, ModelStoreError, StoreOwnedError
 
 # The SuperLink answers /health in ~3.5 s on an idle 2-core machine; a loaded one (several
 # servers starting at once) has been seen to need over a minute. wait_health fails at once if
@@ -262,6 +263,20 @@ class Launcher:
         print(f"{PREFIX}: {text}", flush=True)
 
     # --- SuperLink ---------------------------------------------------------------------
+    def check_store(self) -> None:
+        """Refuse (LaunchError) a model store whose manifest belongs to another resource uid,
+        before anything trains: its checkpoints are never resumed or overwritten."""
+        platform = self.settings.platform
+        if not platform.storage:
+            return
+        try:
+            ModelStore(platform.storage, platform.resource_uid).check_owner()
+        except StoreOwnedError as exc:
+            raise LaunchError(str(exc)) from None
+        except (ModelStoreError, StorageError) as exc:
+            # An unreadable store fails later with the app's own message; not our call here.
+            self.log(f"model store not checked: {exc}")
+
     def start_superlink(self) -> None:
         a = self.args
         for flag, path in (
@@ -555,6 +570,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             launcher.log(
                 f"clusters reach the Fleet API through the proxy on port {args.fleet_port}"
             )
+        launcher.check_store()
         launcher.start_superlink()
         launcher.start_gateway()
         nodes = launcher.register_nodes()

@@ -39,7 +39,8 @@ IFS=, read -r -a cluster_list <<<"$CLUSTERS"
 hub_ctx=${HUB_CONTEXT:-kind-$HUB}
 # Where the managed clusters reach the hub's nodes (the aggregator's NodePort).
 HUB_NODE_ADDRESS=${HUB_NODE_ADDRESS:-$HUB-control-plane}
-# Model storage (spec.server.storage.path) on the hub's node; empty: the example's own path.
+# Root of the HostPath model stores on the hub's node (Helm value storage.hostPathRoot); each
+# resource's store is <root>/<namespace>/<name>-<uid>. Empty: the chart's default.
 MODELS_DIR=${MODELS_DIR:-}
 
 cluster_ctx() { printf 'kind-%s' "$1"; }
@@ -135,6 +136,7 @@ install_chart() {
     --set aggregator.service.type=NodePort \
     --set "aggregator.service.nodePort=$AGGREGATOR_NODE_PORT" \
     --set "aggregator.externalAddress=$HUB_NODE_ADDRESS:$AGGREGATOR_NODE_PORT" \
+    ${MODELS_DIR:+--set "storage.hostPathRoot=$MODELS_DIR"} \
     --wait --timeout 10m
   local addon
   addon=$(constant ADDON_NAME)
@@ -187,17 +189,10 @@ EOF
 
 train() {
   log "FederatedLearning $FL_NAMESPACE/$FL_NAME"
-  # The server (uid 65532 in the workload image) writes checkpoints and the final model to
-  # the hostPath in spec.server.storage on the hub node: create it writable for that uid.
-  local models manifest
-  manifest=$("$PYTHON" -c '
-import sys, yaml
-doc = yaml.safe_load(open("examples/federatedlearning.yaml"))
-if sys.argv[1]:
-    doc["spec"]["server"]["storage"]["path"] = sys.argv[1]
-print(yaml.safe_dump(doc))' "$MODELS_DIR")
-  models=$("$PYTHON" -c 'import sys, yaml; print(yaml.safe_load(sys.stdin)["spec"]["server"]["storage"]["path"])' <<<"$manifest")
-  node_sh "$HUB" "mkdir -p '$models' && chown 65532:65532 '$models'"
+  # The server Job stores the model under the chart's storage.hostPathRoot on the hub node,
+  # in a directory of its own that its init container hands to the workload uid (65532).
+  local manifest
+  manifest=$(cat examples/federatedlearning.yaml)
   kubectl --context "$hub_ctx" create namespace "$FL_NAMESPACE" --dry-run=client -o yaml |
     kubectl --context "$hub_ctx" apply -f -
   # What `clusteradm clusterset bind global --namespace $FL_NAMESPACE` creates.

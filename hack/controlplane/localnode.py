@@ -254,6 +254,13 @@ class LocalNode:
             return out
         return {**(obj.get("data") or {}), **(obj.get("binaryData") or {})}
 
+    def _claim(self, ns: str, name: str) -> tuple[Obj | None, Obj | None]:
+        """A claim and the PersistentVolume it names (either None when absent)."""
+        pvc = self.kube.get(f"/api/v1/namespaces/{ns}/persistentvolumeclaims/{name}")
+        volume = ((pvc or {}).get("spec") or {}).get("volumeName")
+        pv = self.kube.get(f"/api/v1/persistentvolumes/{volume}") if volume else None
+        return pvc, pv
+
     def _token(self, ns: str, sa: str, audience: str | None, seconds: int) -> str | None:
         body: Obj = {
             "apiVersion": "authentication.k8s.io/v1",
@@ -336,7 +343,7 @@ class LocalNode:
                 names[sname] = addr
         (run.dir / "hosts").write_text(podplan.hosts_file_text(run.name, run.ip, names))
         volumes = podplan.materialise_volumes(
-            pod, run.dir, self._lookup, run.ip, self.host_ip, self._token
+            pod, run.dir, self._lookup, run.ip, self.host_ip, self._token, self._claim
         )
         sa_dir = self._service_account_dir(pod, run)
         by_name = {c["name"]: c for c in (spec.get("initContainers") or []) + spec["containers"]}

@@ -34,10 +34,15 @@ from ocmfl.constants import HUB_NAMESPACE
 from ocmfl.kube import Kube
 
 AGENT_NAMESPACE = "open-cluster-management-agent"
+# The PV binder binds pre-bound claims (client data volumes: a hostPath PV named by the claim);
+# the protection controllers lift the pvc/pv-protection finalizers admission adds, without
+# which a deleted claim, PV or client namespace would wait forever.
 KCM_CONTROLLERS = (
     "namespace-controller,garbage-collector-controller,job-controller,"
     "deployment-controller,replicaset-controller,serviceaccount-controller,"
-    "root-ca-certificate-publisher-controller,ttl-after-finished-controller"
+    "root-ca-certificate-publisher-controller,ttl-after-finished-controller,"
+    "persistentvolume-binder-controller,persistentvolume-protection-controller,"
+    "persistentvolumeclaim-protection-controller"
 )
 
 

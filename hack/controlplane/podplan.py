@@ -321,6 +321,42 @@ def _source_data(kind: str, ns: str, ref: Obj, lookup: Lookup) -> dict[str, str]
 
 # serviceAccountToken source: (namespace, serviceaccount, audience, seconds) -> token or None
 TokenSource = Callable[[str, str, str | None, int], str | None]
+# persistentVolumeClaim source: (namespace, claim name) -> (the claim, the PV it is bound to),
+# each None when absent
+ClaimSource = Callable[[str, str], tuple[Obj | None, Obj | None]]
+
+
+def claim_host_path(ns: str, name: str, pvc: Obj | None, pv: Obj | None) -> tuple[str, str]:
+    """(path, hostPath type) of the volume a claim is bound to; NotYet until the claim exists
+    and is Bound (the PV controller binds it), NotRunnable for PVs that are not hostPath (no
+    volume plugins here: a claim is mounted like the hostPath of its PersistentVolume)."""
+    if pvc is None:
+        raise NotYet("FailedMount", f"persistentvolumeclaim {ns}/{name} not found")
+    phase = (pvc.get("status") or {}).get("phase", "Pending")
+    volume = (pvc.get("spec") or {}).get("volumeName")
+    if phase != "Bound" or not volume:
+        raise NotYet("FailedMount", f"persistentvolumeclaim {ns}/{name} is {phase}, not Bound")
+    if pv is None:
+        raise NotYet("FailedMount", f"persistentvolume {volume} (of {ns}/{name}) not found")
+    host = (pv.get("spec") or {}).get("hostPath")
+    if not host or not host.get("path"):
+        raise NotRunnable(
+            "FailedMount", f"persistentvolume {volume}: the local node mounts only hostPath volumes"
+        )
+    return str(host["path"]), str(host.get("type", ""))
+
+
+def _host_path(hp: Path, kind: str) -> Path:
+    """A hostPath volume as kubelet prepares it: create it for the *OrCreate types, else it
+    must exist."""
+    if kind == "DirectoryOrCreate":
+        hp.mkdir(parents=True, exist_ok=True)
+    elif kind == "FileOrCreate" and not hp.exists():
+        hp.parent.mkdir(parents=True, exist_ok=True)
+        hp.touch()
+    elif not hp.exists():
+        raise NotYet("FailedMount", f"hostPath {hp} does not exist")
+    return hp
 
 
 def materialise_volumes(
@@ -330,8 +366,11 @@ def materialise_volumes(
     pod_ip: str,
     host_ip: str,
     token: TokenSource | None = None,
+    claims: ClaimSource | None = None,
 ) -> dict[str, Path]:
-    """Write every pod volume under `pod_dir/volumes/`; return volume name -> host path."""
+    """Write every pod volume under `pod_dir/volumes/`; return volume name -> host path.
+
+    A persistentVolumeClaim resolves through `claims` to its bound PV's hostPath."""
     ns = pod["metadata"]["namespace"]
     out: dict[str, Path] = {}
     for vol in pod.get("spec", {}).get("volumes") or []:
@@ -341,16 +380,13 @@ def materialise_volumes(
             vdir.mkdir(parents=True, exist_ok=True)
             out[name] = vdir
         elif "hostPath" in vol:
-            hp = Path(vol["hostPath"]["path"])
-            kind = vol["hostPath"].get("type", "")
-            if kind == "DirectoryOrCreate":
-                hp.mkdir(parents=True, exist_ok=True)
-            elif kind == "FileOrCreate" and not hp.exists():
-                hp.parent.mkdir(parents=True, exist_ok=True)
-                hp.touch()
-            elif not hp.exists():
-                raise NotYet("FailedMount", f"hostPath {hp} does not exist")
-            out[name] = hp
+            out[name] = _host_path(Path(vol["hostPath"]["path"]), vol["hostPath"].get("type", ""))
+        elif "persistentVolumeClaim" in vol:
+            claim = vol["persistentVolumeClaim"]["claimName"]
+            if claims is None:
+                raise NotRunnable("FailedMount", f"volume {name}: no claim source on this node")
+            path, kind = claim_host_path(ns, claim, *claims(ns, claim))
+            out[name] = _host_path(Path(path), kind)
         elif "configMap" in vol or "secret" in vol:
             kind = "configmap" if "configMap" in vol else "secret"
             ref = vol.get("configMap") or vol.get("secret") or {}

@@ -85,6 +85,8 @@ class Operator:
     kube: Kube
     ca: HubCA
     agent_endpoints: dict[str, str] = field(default_factory=dict)
+    # The admin's root for HostPath model stores ($OCMFL_HOSTPATH_ROOT).
+    hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT
     wakers: dict[Key, Callable[[], None]] = field(default_factory=dict)
 
     def wake(self, key: Key) -> None:
@@ -111,6 +113,17 @@ def agent_endpoints() -> dict[str, str]:
     return {str(k): v for k, v in value.items()}
 
 
+def hostpath_root() -> str:
+    """The admin's root for HostPath model stores: $OCMFL_HOSTPATH_ROOT, an absolute path."""
+    root = os.environ.get(constants.ENV_HOSTPATH_ROOT, "") or constants.DEFAULT_HOSTPATH_ROOT
+    if not root.startswith("/") or root.rstrip("/") == "":
+        raise kopf.PermanentError(
+            f"{constants.ENV_HOSTPATH_ROOT} must be an absolute directory other than /, "
+            f"got {root!r}"
+        )
+    return root
+
+
 def _now() -> datetime:
     return datetime.now(UTC).replace(microsecond=0)
 
@@ -134,6 +147,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         kube=Kube(field_manager=FIELD_MANAGER),
         ca=memo.setdefault("ca", HubCA()),
         agent_endpoints=agent_endpoints(),
+        hostpath_root=hostpath_root(),
     )
 
 
@@ -314,7 +328,7 @@ def reconcile(
         kopf.warn(cast(kopf.Body, body), reason="InvalidSpec", message=str(exc))
         _write_status(op.kube, run, invalid_status(exc.problems, generation, previous, now))
         return None
-    obs = gather(ref, fl, idx, reports)
+    obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root)
     inputs = (generation, observation_digest(obs))
     try:
         if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
@@ -322,7 +336,8 @@ def reconcile(
             if should_start_server(fl, obs, previous, generation):
                 logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
                 op.kube.create(
-                    path_of("batch/v1", "Job", ref.namespace), server_mod.desired_job(ref, fl)
+                    path_of("batch/v1", "Job", ref.namespace),
+                    server_mod.desired_job(ref, fl, op.hostpath_root),
                 )
                 obs = replace(obs, server_job=JobState(exists=True))
             run.applied, run.applied_at = inputs, clock()

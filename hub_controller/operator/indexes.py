@@ -172,7 +172,12 @@ def _owned(store: Iterable[Owned], uid: str) -> Any:
 
 
 def gather(
-    ref: FLRef, spec: FederatedLearningSpec, idx: Indexes, reports: ReportSource
+    ref: FLRef,
+    spec: FederatedLearningSpec,
+    idx: Indexes,
+    reports: ReportSource,
+    *,
+    hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT,
 ) -> Observations:
     """Observations for one resource, from the indexes and the report source only."""
     key = (ref.namespace, ref.name)
@@ -206,7 +211,11 @@ def gather(
         reason = item.value.reason or reason
         if item.value.model is not None:
             model = item.value.model.model_copy(
-                update={"path": server_mod.model_location(ref, spec, item.value.model.path)}
+                update={
+                    "path": server_mod.model_location(
+                        ref, spec, item.value.model.path, hostpath_root
+                    )
+                }
             )
     return Observations(
         placement=placement,

@@ -55,7 +55,7 @@ POD = {
 }
 
 
-def resource(name: str, app: str, models: Path, **server: Any) -> dict[str, Any]:
+def resource(name: str, app: str, **server: Any) -> dict[str, Any]:
     """A FederatedLearning for our test image's app; no dataClaim (from the placement)."""
     return {
         "apiVersion": constants.API_VERSION,
@@ -67,7 +67,7 @@ def resource(name: str, app: str, models: Path, **server: Any) -> dict[str, Any]
                 "app": {"path": f"{constants.APPS_DIR}/{app}"},
                 "rounds": 2,
                 "minAvailableClients": 2,
-                "storage": {"type": "HostPath", "path": str(models)},
+                "storage": {"type": "HostPath"},
                 "timeouts": {"clientsReadySeconds": 600, "roundSeconds": 600},
                 **server,
             },
@@ -163,10 +163,13 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, data: dict[str, Path]
 ) -> None:
     root = fed.workdir.parent / "byo"
-    models = root / "models"
-    pretrained_accuracy = _pretrained(models / "base.pth")
+    # The pretrained model is a file the server sees (the local node's pods see the host's
+    # files, as an image's own files): the HostPath store is the hub's, per resource, and a
+    # tenant cannot put files into it before the resource exists.
+    base = root / "pretrained" / "base.pth"
+    pretrained_accuracy = _pretrained(base)
     assert pretrained_accuracy > 0.5  # really pretrained, not a random start
-    body = resource("byo", "byo", models, initModel="base.pth", pod=POD)
+    body = resource("byo", "byo", initModel=str(base), pod=POD)
     body["spec"]["server"]["app"]["runConfig"] = {"test-dir": str(root / "data" / "test")}
     body["spec"]["client"]["pod"] = POD
     first = plane.clusters[0]
@@ -198,14 +201,14 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
     assert 0.0 <= model["metrics"]["test-accuracy"] <= 1.0
     # Checkpoints and manifest with the resource uid; training started from the .pth: the
     # model before round 1 scored what the pretrained file scores on the held-out data.
-    store = ModelStore(models, uid)
+    store = ModelStore(fed.store_dir(created), uid)
     manifest = store.manifest()
     assert manifest["uid"] == uid
     assert [c["round"] for c in manifest["checkpoints"]] == [1, 2]
     assert all(c["uid"] == uid for c in manifest["checkpoints"])
     assert set(manifest["checkpoints"][0]["metrics"]["train"]) == set(data)
     [start] = manifest["info"]["starts"]
-    assert start["from"] == "initModel base.pth"
+    assert start["from"] == f"initModel {base}"
     assert start["server"]["test-accuracy"] == pytest.approx(pretrained_accuracy, abs=1e-6)
 
     # Pod settings on the server Job and on each cluster's client Job.
@@ -225,9 +228,8 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
 def test_a_raising_clientapp_and_a_missing_app_fail_with_their_own_reason(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, data: dict[str, Path]
 ) -> None:
-    root = fed.workdir.parent / "byo"
-    create_fl(hub, NAMESPACE, resource("raising", "raising", root / "models-raising"))
-    create_fl(hub, NAMESPACE, resource("lost", "does-not-exist", root / "models-lost"))
+    create_fl(hub, NAMESPACE, resource("raising", "raising"))
+    create_fl(hub, NAMESPACE, resource("lost", "does-not-exist"))
     assert wait_fl(hub, NAMESPACE, "lost", 900, fed=fed)["status"]["phase"] == "Failed"
     missing = f"app directory {constants.APPS_DIR}/does-not-exist does not exist"
     assert missing in _settled(hub, "lost", "Failed", missing)["message"]

@@ -78,9 +78,7 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
 ) -> None:
     workdir = fed.workdir.parent
-    body = demo_resource(
-        rounds=2, models=workdir / "models", min_clients=2, test_dir=workdir / "data" / "test"
-    )
+    body = demo_resource(rounds=2, min_clients=2, test_dir=workdir / "data" / "test")
     claim = body["spec"]["client"]["dataClaim"]
     with_data, without = plane.clusters[:2], plane.clusters[2]
     paths = prepare_data(plane, workdir / "data", with_data, claim)
@@ -109,9 +107,11 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     for cluster in with_data:
         [work] = _works(hub, cluster)
         assert work["metadata"]["name"] == work_name(ref)
-        job = next(m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "Job")
-        [data] = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "data"]
-        assert data["hostPath"]["path"] == str(paths[cluster])
+        # The data path is a PV's hostPath, mounted through its pre-bound claim.
+        pv = next(
+            m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "PersistentVolume"
+        )
+        assert pv["spec"]["hostPath"]["path"] == str(paths[cluster])
 
     # Per-cluster rows come from the agents' reports; each client saw only its partition.
     rows = {r["name"]: r for r in status["clusters"]}
@@ -126,8 +126,8 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
 
     # The model exists and beats the initial one on held-out data (scored by the app).
     model = Path(status["model"]["path"])
-    assert model.is_file()
-    before, after = held_out_scores(final, workdir / "models")
+    assert model.is_file() and model.parent.parent == fed.store_dir(final)
+    before, after = held_out_scores(final, fed.store_dir(final))
     assert after["test-accuracy"] > before["test-accuracy"] + 0.3, (before, after)
     assert status["model"]["metrics"]["test-accuracy"] == after["test-accuracy"]
 
@@ -157,7 +157,7 @@ def test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube
 ) -> None:
     workdir = fed.workdir.parent
-    body = demo_resource(rounds=20, models=workdir / "models-leave", min_clients=2)
+    body = demo_resource(rounds=20, min_clients=2)
     body["metadata"]["name"] = "leaver"
     body["spec"]["server"]["timeouts"] = {"clientsReadySeconds": 30, "roundSeconds": 60}
     claim = body["spec"]["client"]["dataClaim"]

@@ -36,6 +36,7 @@ from hack.localfed import (
 )
 from hack.testing import wait_for
 from hub_controller.api import FLRef
+from hub_controller.operator.desired import security
 from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants
 from ocmfl.kube import Kube
@@ -68,8 +69,8 @@ class Run:
         return f"{self.namespace}/{self.name}"
 
 
-def _body(run: Run, models: Path) -> dict[str, Any]:
-    body = demo_resource(rounds=run.rounds, models=models, min_clients=2)
+def _body(run: Run) -> dict[str, Any]:
+    body = demo_resource(rounds=run.rounds, min_clients=2)
     body["metadata"]["name"] = run.name
     # Fit only: each client message is a fresh ClientApp process importing torch; three
     # federations on two cores need no evaluate round trips to show they keep apart.
@@ -132,19 +133,21 @@ sys.exit(1)
 
 def _spoof_pod(run: Run, agent: str) -> dict[str, Any]:
     labels = {**run.ref.labels("client"), "test": "spoof"}
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "containers": [
+            {
+                "name": "c",
+                "image": constants.WORKLOAD_IMAGE,
+                "command": ["python", "-c", SPOOF, agent],
+            }
+        ],
+    }
+    # Client namespaces enforce the restricted Pod Security level: a pod there runs as one.
+    security.harden(spec)
     return {
         "metadata": {"name": "spoof", "namespace": client_namespace(run.ref), "labels": labels},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "containers": [
-                {
-                    "name": "c",
-                    "image": constants.WORKLOAD_IMAGE,
-                    "command": ["python", "-c", SPOOF, agent],
-                }
-            ],
-        },
+        "spec": spec,
     }
 
 
@@ -176,7 +179,7 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
     spokes = {c: Kube(plane.cluster_kubeconfigs[c]) for c in (c1, c2, c3)}
     try:
         for run in runs:
-            created = create_fl(hub, run.namespace, _body(run, root / "models" / run.key))
+            created = create_fl(hub, run.namespace, _body(run))
             run.uid = created["metadata"]["uid"]
 
         # One tenant's client pod cannot post metrics for another tenant's federation.
@@ -278,18 +281,17 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
             for cluster, path in run.paths.items():
                 [work] = _works(hub, cluster, run)
                 assert work["metadata"]["name"] == work_name(run.ref)
-                job = next(m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "Job")
-                [vol] = [
-                    v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "data"
-                ]
-                assert vol["hostPath"]["path"] == str(path)
+                manifests = work["spec"]["workload"]["manifests"]
+                pv = next(m for m in manifests if m["kind"] == "PersistentVolume")
+                assert pv["spec"]["hostPath"]["path"] == str(path)
                 manifest = json.loads((path / "manifest.json").read_text())
                 assert rows[cluster]["samples"] == manifest["samples"], (run.key, rows[cluster])
                 assert rows[cluster]["round"] == run.rounds, (run.key, rows[cluster])
             outside = set(plane.clusters) - set(run.paths)
             assert not [c for c in outside if _works(hub, c, run)], run.key
             model = Path(st["model"]["path"])
-            assert model.is_file() and str(model).startswith(str(root / "models" / run.namespace))
+            # Each resource's store is its own directory under the hub's HostPath root.
+            assert model.is_file() and str(model).startswith(str(fed.store_dir(run.ref)) + "/")
         print(f"three federations, two tenants: {time.monotonic() - started:.0f}s")
     finally:
         _keep_server_logs(plane)  # the pods' volumes go with them; their logs/ dirs stay

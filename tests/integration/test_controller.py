@@ -159,9 +159,9 @@ def works_of(hub: Kube, namespace: str) -> dict[str, dict[str, Any]]:
 
 
 def host_path(work: dict[str, Any]) -> str:
-    [job] = [m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "Job"]
-    [vol] = [v for v in job["spec"]["template"]["spec"]["volumes"] if v["name"] == "data"]
-    return str(vol["hostPath"]["path"])
+    """The cluster's data path: the hostPath of the PV the client's data claim is bound to."""
+    [pv] = [m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "PersistentVolume"]
+    return str(pv["spec"]["hostPath"]["path"])
 
 
 def test_works_follow_the_clusters_that_claim_data(
@@ -209,9 +209,23 @@ def test_works_follow_the_clusters_that_claim_data(
         60,
         "client Job on the cluster",
     )
-    assert jobs[0]["spec"]["template"]["spec"]["volumes"][0]["hostPath"]["path"].startswith(
-        "/srv/data/"
+    # Its data comes through a claim the PV controller binds to the work's hostPath PV, in a
+    # namespace that enforces the restricted Pod Security level.
+    [data] = [v for v in jobs[0]["spec"]["template"]["spec"]["volumes"] if v["name"] == "data"]
+    claim_path = (
+        f"/api/v1/namespaces/{client_ns}/persistentvolumeclaims/"
+        f"{data['persistentVolumeClaim']['claimName']}"
     )
+
+    def bound_claim() -> dict[str, Any] | None:
+        pvc = spoke.get(claim_path) or {}
+        return pvc if (pvc.get("status") or {}).get("phase") == "Bound" else None
+
+    pvc = wait_for(bound_claim, 60, "the client's data claim Bound")
+    pv = spoke.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}") or {}
+    assert pv["spec"]["hostPath"]["path"].startswith("/srv/data/")
+    labels = (spoke.get(f"/api/v1/namespaces/{client_ns}") or {})["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
     # a cluster that loses its claim loses its work
     leaver = with_data[0]

@@ -165,6 +165,35 @@ def test_volumes_are_materialised_per_pod(tmp_path: Path) -> None:
     assert podplan.decode_secret({"k": base64.b64encode(b"v").decode()}) == {"k": "v"}
 
 
+def test_a_claim_mounts_the_hostpath_of_its_bound_volume(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    pod = {
+        "metadata": {"namespace": "ns1"},
+        "spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]},
+    }
+    pv = {"spec": {"hostPath": {"path": str(data), "type": "Directory"}}}
+    pending = {"spec": {"volumeName": "pv1"}, "status": {"phase": "Pending"}}
+    bound = {"spec": {"volumeName": "pv1"}, "status": {"phase": "Bound"}}
+    claims: dict[str, tuple[Any, Any]] = {"d": (pending, pv)}
+
+    def claim(ns: str, name: str) -> tuple[Any, Any]:
+        return claims.get(name, (None, None))
+
+    def lookup(kind: str, ns: str, name: str) -> dict[str, str] | None:
+        return None
+
+    # Like kubelet: the pod waits until the PV controller has bound the claim.
+    with pytest.raises(podplan.NotYet, match="ns1/d is Pending, not Bound"):
+        podplan.materialise_volumes(pod, tmp_path, lookup, "ip", "host", claims=claim)
+    claims["d"] = (bound, pv)
+    vols = podplan.materialise_volumes(pod, tmp_path, lookup, "ip", "host", claims=claim)
+    assert vols["data"] == data
+    claims["d"] = (bound, {"spec": {"csi": {"driver": "x"}}})
+    with pytest.raises(podplan.NotRunnable, match="mounts only hostPath"):
+        podplan.materialise_volumes(pod, tmp_path, lookup, "ip", "host", claims=claim)
+
+
 def test_claims_mirror_orders_reserved_first_and_hides_spoke_only() -> None:
     def claim(name: str, value: str, spoke_only: bool = False) -> dict[str, Any]:
         labels = {"open-cluster-management.io/spoke-only": ""} if spoke_only else {}

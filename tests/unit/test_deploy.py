@@ -149,6 +149,7 @@ def test_hub_deployment_runs_ocm_fl_hub_non_root_with_read_only_root(helm: str) 
     assert constants.HUB_CA_DIR in mounts and "/tmp" in mounts
     env = {e["name"]: e for e in c["env"]}
     assert env[constants.ENV_CA_DIR]["value"] == constants.HUB_CA_DIR
+    assert env[constants.ENV_HOSTPATH_ROOT]["value"] == constants.DEFAULT_HOSTPATH_ROOT
     assert set(env) <= _env_constants()
     assert dep["spec"]["strategy"]["type"] == "Recreate"
 
@@ -253,6 +254,7 @@ def test_values_mirror_shared_constants() -> None:
     assert values["aggregator"]["port"] == constants.AGGREGATOR_PORT
     assert values["metrics"]["port"] == constants.HUB_METRICS_PORT
     assert values["hub"]["healthPort"] == constants.HUB_HEALTH_PORT
+    assert values["storage"]["hostPathRoot"] == constants.DEFAULT_HOSTPATH_ROOT
     addon = values["addon"]
     assert addon["name"] == constants.ADDON_NAME
     assert addon["agentNamespace"] == constants.AGENT_NAMESPACE
@@ -361,6 +363,20 @@ def test_agent_rbac_only_watches_pods_and_jobs_and_reads_only_token_secrets(helm
             continue
         assert set(rule["verbs"]) <= {"get", "list", "watch"}
         assert set(rule["resources"]) <= {"pods", "jobs"}
+
+
+def test_work_agents_may_apply_the_client_data_volumes_and_nothing_more(helm: str) -> None:
+    """Client data comes as a PersistentVolume in each ManifestWork (cluster-scoped; OCM's work
+    agent has only `admin`): a role OCM aggregates into the work agent's adds PVs alone."""
+    label = "open-cluster-management.io/aggregate-to-work"
+    [role] = [
+        m
+        for m in agent_manifests(render(helm))
+        if m["kind"] == "ClusterRole" and (m["metadata"].get("labels") or {}).get(label) == "true"
+    ]
+    assert [(r["apiGroups"], r["resources"]) for r in role["rules"]] == [
+        ([""], ["persistentvolumes"])
+    ]
 
 
 def test_aggregator_address_defaults_to_service_and_follows_external_address(helm: str) -> None:

@@ -167,3 +167,11 @@ def test_placement_keeps_fields_it_does_not_model() -> None:
 
 def test_empty_status_is_pending() -> None:
     assert FederatedLearningStatus().phase == Phase.PENDING
+
+
+def test_the_env_field_lists_every_reserved_name() -> None:
+    from hub_controller.api import RESERVED_ENV_NAMES, RESERVED_ENV_PREFIXES, ClusterOverride
+
+    text = ClusterOverride.model_fields["env"].description or ""
+    assert all(f"{p}*" in text for p in RESERVED_ENV_PREFIXES)
+    assert all(n in text for n in RESERVED_ENV_NAMES)

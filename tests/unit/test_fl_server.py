@@ -83,7 +83,16 @@ def test_s3_storage_gives_the_server_the_bucket_and_the_secret() -> None:
     assert args[args.index("--storage") + 1] == "s3://fl/runs"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9000" and env["AWS_REGION"] == "eu-1"
-    assert container["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    # Only the AWS keys come from the Secret (its other keys never become env).
+    assert "envFrom" not in container
+    refs = {
+        e["name"]: e["valueFrom"]["secretKeyRef"]
+        for e in container["env"]
+        if "secretKeyRef" in e.get("valueFrom", {})
+    }
+    assert refs["AWS_ACCESS_KEY_ID"] == {"name": "s3-creds", "key": "AWS_ACCESS_KEY_ID"}
+    assert refs["AWS_SECRET_ACCESS_KEY"]["name"] == "s3-creds"
+    assert refs["AWS_SESSION_TOKEN"]["optional"] is True
     assert desired_model_claim(REF, spec(storage={"type": "S3", "s3": s3})) is None
 
 
@@ -160,8 +169,12 @@ def test_model_location_names_the_host_directory_or_the_claim_not_the_container_
     from hub_controller.operator.desired.server import MODEL_DIR, model_location
 
     inside = f"{MODEL_DIR}/final/model.npz"
-    host = spec(storage={"type": "HostPath", "path": "/srv/models/"})
-    assert model_location(REF, host, inside) == "/srv/models/final/model.npz"
+    host = spec(storage={"type": "HostPath"})
+    # Under the admin's root, in the resource's own directory (namespace, name, uid).
+    assert (
+        model_location(REF, host, inside, "/srv/models/")
+        == f"/srv/models/{REF.namespace}/{REF.name}-{REF.uid}/final/model.npz"
+    )
     pvc = spec(storage={"type": "PVC", "claimName": "mine"})
     assert model_location(REF, pvc, inside) == "pvc://mine/final/model.npz"
     incumbent = spec(storage={"type": "PersistentVolumeClaim", "name": "theirs"})

@@ -57,14 +57,29 @@ def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
     assert labels[constants.LABEL_OWNER_UID] == REF.uid
     assert labels[constants.LABEL_CLUSTER] == "c1"
     kinds = [m["kind"] for m in work["spec"]["workload"]["manifests"]]
-    assert kinds == ["Namespace", "ServiceAccount", "ConfigMap", "Secret", "Job"]
+    assert kinds == [
+        "Namespace",
+        "ServiceAccount",
+        "ConfigMap",
+        "Secret",
+        "PersistentVolume",
+        "PersistentVolumeClaim",
+        "Job",
+    ]
 
 
 def test_client_job_mounts_the_claimed_path_read_only_at_mount_path() -> None:
     work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
     pod = _manifest(work, "Job")["spec"]["template"]["spec"]
     [data] = [v for v in pod["volumes"] if v["name"] == "data"]
-    assert data["hostPath"]["path"] == "/srv/digits-a"
+    # Through a claim pre-bound to a hostPath PV: a restricted pod may not name a hostPath.
+    pvc, pv = _manifest(work, "PersistentVolumeClaim"), _manifest(work, "PersistentVolume")
+    assert data["persistentVolumeClaim"] == {"claimName": pvc["metadata"]["name"], "readOnly": True}
+    assert pv["spec"]["hostPath"] == {"path": "/srv/digits-a", "type": "Directory"}
+    assert pvc["spec"]["volumeName"] == pv["metadata"]["name"]
+    assert pv["spec"]["claimRef"]["name"] == pvc["metadata"]["name"]
+    assert pv["spec"]["claimRef"]["namespace"] == pvc["metadata"]["namespace"]
+    assert pv["spec"]["accessModes"] == pvc["spec"]["accessModes"] == ["ReadOnlyMany"]
     [mount] = [m for m in _container(work)["volumeMounts"] if m["name"] == "data"]
     assert mount == {"name": "data", "mountPath": "/data", "readOnly": True}
 

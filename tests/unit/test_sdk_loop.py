@@ -100,15 +100,17 @@ def test_a_restarted_server_resumes_with_global_round_numbers(tmp_path: Path) ->
     assert {r for _, r in grid.rounds_seen} == {3}  # clients saw round 3, not round 1
     starts = store.manifest()["info"]["starts"]
     assert starts[-1]["round"] == 2 and starts[-1]["rounds_to_run"] == 1
-    # Another resource (new uid) on the same storage starts over instead.
+    # Another resource (new uid) on the same storage is refused: it cannot resume from (or
+    # overwrite) this resource's checkpoints.
     other = LocalGrid({11: client("cluster1", 3), 12: client("cluster2", 3)})
-    run_strategy(
-        FedAvg(),
-        other,
-        initial_arrays=_initial(),
-        platform=ServerPlatform(storage=str(tmp_path), resource_uid="uid-2", rounds=1),
-    )
-    assert {r for _, r in other.rounds_seen} == {1}
+    with pytest.raises(StartModelError, match="belongs to resource uid 'uid-1'"):
+        run_strategy(
+            FedAvg(),
+            other,
+            initial_arrays=_initial(),
+            platform=ServerPlatform(storage=str(tmp_path), resource_uid="uid-2", rounds=1),
+        )
+    assert other.rounds_seen == []
 
 
 def test_the_initial_model_comes_from_a_pth_in_the_store(tmp_path: Path) -> None:
@@ -125,7 +127,9 @@ def test_the_initial_model_comes_from_a_pth_in_the_store(tmp_path: Path) -> None
     start = ModelStore(tmp_path, "uid-1").manifest()["info"]["starts"][0]
     assert start["from"] == "initModel base.pth" and start["server"] == {"w-mean": 7.0}
 
-    torch.save({"w": torch.zeros(3, 3), "b": torch.ones(2)}, tmp_path / "wrong.pth")
+    # Another resource (its own store: this one belongs to uid-1) with a model of wrong shape.
+    (tmp_path / "u3").mkdir()
+    torch.save({"w": torch.zeros(3, 3), "b": torch.ones(2)}, tmp_path / "u3" / "wrong.pth")
     with pytest.raises(StartModelError, match=r"initModel wrong\.pth .*'w' has shape \[3, 3\]"):
         run_strategy(
             FedAvg(),
@@ -133,7 +137,7 @@ def test_the_initial_model_comes_from_a_pth_in_the_store(tmp_path: Path) -> None
             initial_arrays=_initial(),
             num_rounds=1,
             platform=ServerPlatform(
-                storage=str(tmp_path), resource_uid="u3", init_model="wrong.pth"
+                storage=str(tmp_path / "u3"), resource_uid="u3", init_model="wrong.pth"
             ),
         )
 

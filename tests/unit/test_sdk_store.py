@@ -19,6 +19,7 @@ from workloads.sdk.formats import (
     write_safetensors,
 )
 from workloads.sdk.storage import DirectoryBackend, StorageError, open_backend
+from workloads.sdk.store import StoreOwnedError
 
 
 def _arrays(v: float) -> dict[str, np.ndarray]:
@@ -92,13 +93,15 @@ def test_latest_returns_the_newest_intact_checkpoint_of_the_same_resource(tmp_pa
     latest = store.latest()
     assert latest is not None and latest.round == 1
     np.testing.assert_array_equal(to_numpy(latest.arrays)["w"], _arrays(1.0)["w"])
-    # Another resource (a new uid) never resumes from it, and keeps the old manifest aside.
+    # Another resource (a new uid) is refused: it neither resumes from nor overwrites it.
     other = ModelStore(tmp_path, "uid-2")
-    assert other.latest() is None and other.final() is None
-    other.save_checkpoint(1, _arrays(5.0), {})
-    assert json.loads((tmp_path / "manifest-uid-1.json").read_text())["uid"] == "uid-1"
-    assert ModelStore(tmp_path, "uid-1").latest() is None
-    assert other.manifest()["checkpoints"][0]["uid"] == "uid-2"
+    with pytest.raises(StoreOwnedError, match="belongs to resource uid 'uid-1'"):
+        other.latest()
+    with pytest.raises(StoreOwnedError):
+        other.save_checkpoint(1, _arrays(5.0), {})
+    assert other.final() is None
+    latest = ModelStore(tmp_path, "uid-1").latest()
+    assert latest is not None and latest.round == 1
 
 
 def test_final_model_and_info(tmp_path: Path) -> None:

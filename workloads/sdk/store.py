@@ -8,9 +8,10 @@ Layout under the store's root (a directory or ``s3://bucket/prefix``)::
     final/model.npz
 
 An entry is ``{"round", "path" (relative), "sha256", "metrics", "created", "uid"}``; ``uid``
-is the FederatedLearning resource's uid. Resuming (``latest``) only ever picks a checkpoint
-of the same uid: a new resource that reuses the storage starts over, and the manifest it
-finds is kept as ``manifest-<old uid>.json``. Files are written before the manifest that
+is the FederatedLearning resource's uid. A store belongs to the uid in its manifest: a store
+that another resource's manifest already claims is refused (StoreOwnedError), never resumed,
+overwritten or set aside, so nobody trains on another resource's (or a planted) checkpoint.
+Files are written before the manifest that
 points to them, each atomically, so a crash never leaves the manifest pointing at half a file.
 """
 
@@ -48,6 +49,10 @@ Arrays = ArrayRecord | Mapping[str, npt.NDArray[Any]]
 
 class ModelStoreError(Exception):
     """The store or a model in it is unreadable or fails its digest check."""
+
+
+class StoreOwnedError(ModelStoreError):
+    """The store's manifest belongs to another resource (uid)."""
 
 
 @dataclass(frozen=True)
@@ -115,14 +120,23 @@ class ModelStore:
         manifest.setdefault("final", None)
         return manifest
 
-    def _own_manifest(self) -> dict[str, Any]:
-        """The manifest to update: ours, or a fresh one (an older resource's is archived)."""
+    def check_owner(self) -> dict[str, Any]:
+        """The manifest, when this store is empty or ours; StoreOwnedError when another
+        resource's manifest claims it."""
         manifest = self.manifest()
-        if manifest.get("uid", "") == self.uid:
-            return manifest
-        old = _uid_dir(str(manifest.get("uid", "")))
-        self._write(f"manifest-{old}.json", json.dumps(manifest, indent=2).encode())
-        return {"format": STORE_FORMAT, "uid": self.uid, "checkpoints": [], "final": None}
+        owner = str(manifest.get("uid", ""))
+        if owner != self.uid:
+            raise StoreOwnedError(
+                f"model store {self.backend.url(MANIFEST)} belongs to resource uid {owner!r}, "
+                f"not to this one ({self.uid!r}): refusing to resume, overwrite or set aside "
+                "another resource's checkpoints; give this resource its own storage (another "
+                "prefix or claim) or have the store's owner remove it"
+            )
+        return manifest
+
+    def _own_manifest(self) -> dict[str, Any]:
+        """The manifest to update (ours; StoreOwnedError for another resource's store)."""
+        return self.check_owner()
 
     def _write(self, rel: str, data: bytes) -> None:
         try:
@@ -189,10 +203,9 @@ class ModelStore:
             raise ModelStoreError(str(exc)) from None
 
     def latest(self) -> Checkpoint | None:
-        """The newest intact checkpoint of this resource (same uid), or None."""
-        manifest = self.manifest()
-        if manifest.get("uid", "") != self.uid:
-            return None
+        """The newest intact checkpoint of this resource, or None (StoreOwnedError for
+        another resource's store)."""
+        manifest = self.check_owner()
         for entry in reversed(manifest["checkpoints"]):
             if entry.get("uid", "") != self.uid:
                 continue

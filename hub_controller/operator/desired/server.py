@@ -11,7 +11,7 @@ import json
 from typing import Any, Final
 
 from hub_controller.api import FederatedLearningSpec, FLRef
-from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired import credentials, security
 from hub_controller.operator.desired.works import safe_name
 from ocmfl import constants
 
@@ -27,6 +27,33 @@ FLEET_PORT_NAME: Final = "fleet"
 def server_name(ref: FLRef) -> str:
     """Name of the server Job and Service."""
     return safe_name(ref.name, "server")
+
+
+def hostpath_store_dir(root: str, ref: FLRef) -> str:
+    """A HostPath store on the hub node: `<root>/<namespace>/<name>-<uid>`, one directory per
+    resource under the admin's root (a re-created resource gets a new one; names and uids
+    are DNS labels and UUIDs, so no part can climb out of the root)."""
+    return f"{root.rstrip('/')}/{ref.namespace}/{ref.name}-{ref.uid}"
+
+
+def _store_owner_init(image: str) -> dict[str, Any]:
+    """Init container that hands the HostPath store directory to the workload uid: the kubelet
+    creates it root-owned, and hostPath volumes ignore fsGroup. It runs the platform's image
+    (never the tenant's) as root with CAP_CHOWN only, and does nothing else."""
+    uid = constants.WORKLOAD_UID
+    return {
+        "name": "store-owner",
+        "image": image,
+        "command": ["chown", f"{uid}:{uid}", MODEL_DIR],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN"]},
+            "readOnlyRootFilesystem": True,
+        },
+        "volumeMounts": [{"name": "models", "mountPath": MODEL_DIR}],
+    }
 
 
 def model_claim_name(ref: FLRef, spec: FederatedLearningSpec) -> str | None:
@@ -107,18 +134,41 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
     return args
 
 
-def storage_env(spec: FederatedLearningSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(env, envFrom) giving the server its S3 endpoint, region and credentials."""
+# Keys of spec.server.storage.s3.credentialsSecret the server gets, and whether each must exist.
+S3_CREDENTIAL_KEYS: Final = (
+    ("AWS_ACCESS_KEY_ID", False),
+    ("AWS_SECRET_ACCESS_KEY", False),
+    ("AWS_SESSION_TOKEN", True),
+)
+
+
+def storage_env(spec: FederatedLearningSpec) -> list[dict[str, Any]]:
+    """Env giving the server its S3 endpoint, region and credentials. Only the AWS keys are
+    taken from the credentials Secret, one by one: the Secret's other keys (LD_PRELOAD,
+    OCMFL_STORAGE, ...) never become env."""
     s3 = spec.server.storage.s3
     if not spec.server.storage.is_s3 or s3 is None:
-        return [], []
-    env = []
+        return []
+    env: list[dict[str, Any]] = []
     if s3.endpoint:
         env.append({"name": "AWS_ENDPOINT_URL_S3", "value": s3.endpoint})
     if s3.region:
         env.append({"name": "AWS_REGION", "value": s3.region})
-    env_from = [{"secretRef": {"name": s3.credentials_secret}}] if s3.credentials_secret else []
-    return env, env_from
+    if s3.credentials_secret:
+        env += [
+            {
+                "name": key,
+                "valueFrom": {
+                    "secretKeyRef": {
+                        "name": s3.credentials_secret,
+                        "key": key,
+                        **({"optional": True} if optional else {}),
+                    }
+                },
+            }
+            for key, optional in S3_CREDENTIAL_KEYS
+        ]
+    return env
 
 
 def _meta(ref: FLRef, name: str) -> dict[str, Any]:
@@ -171,8 +221,15 @@ def desired_model_claim(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, An
     }
 
 
-def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
-    """The server Job: runs the rounds and exits with the training outcome (no retries)."""
+def desired_job(
+    ref: FLRef,
+    spec: FederatedLearningSpec,
+    hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT,
+) -> dict[str, Any]:
+    """The server Job: runs the rounds and exits with the training outcome (no retries).
+
+    A HostPath store is `hostpath_store_dir(hostpath_root, ref)`; the pod runs under the
+    restricted profile's settings (security.harden), apart from that hostPath volume."""
     server = spec.server
     labels = {**ref.labels(COMPONENT)}
     claim = model_claim_name(ref, spec)
@@ -184,9 +241,12 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
     else:
         volume = {
             "name": "models",
-            "hostPath": {"path": server.storage.path, "type": "DirectoryOrCreate"},
+            "hostPath": {
+                "path": hostpath_store_dir(hostpath_root, ref),
+                "type": "DirectoryOrCreate",
+            },
         }
-    extra_env, env_from = storage_env(spec)
+    extra_env = storage_env(spec)
     container: dict[str, Any] = {
         "name": "server",
         "image": server.image,
@@ -208,53 +268,47 @@ def desired_job(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, Any]:
         ],
         "terminationMessagePolicy": "File",
     }
-    if env_from:
-        container["envFrom"] = env_from
     if server.resources is not None and server.resources.to_k8s():
         container["resources"] = server.resources.to_k8s()
     template_meta: dict[str, Any] = {"labels": labels}
     pod_spec: dict[str, Any] = {"restartPolicy": "Never"}
     server.pod.apply(pod_spec, template_meta)
+    pod_spec["containers"] = [container]
+    pod_spec["volumes"] = [
+        volume,
+        {"name": "state", "emptyDir": {}},
+        {
+            "name": "tls",
+            "secret": {
+                "secretName": credentials.credentials_secret_name(server_name(ref)),
+                "defaultMode": 0o400,
+                "items": [
+                    {"key": k, "path": k}
+                    for k in (
+                        credentials.CA,
+                        credentials.SUPERLINK_CERT,
+                        credentials.SUPERLINK_KEY,
+                        credentials.GATEWAY_CERT,
+                        credentials.GATEWAY_KEY,
+                    )
+                ],
+            },
+        },
+        {
+            "name": "node-keys",
+            "secret": {"secretName": credentials.node_keys_secret_name(server_name(ref))},
+        },
+    ]
+    security.harden(pod_spec)
+    if "hostPath" in volume:
+        pod_spec["initContainers"] = [_store_owner_init(constants.WORKLOAD_IMAGE)]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": _meta(ref, server_name(ref)),
         "spec": {
             "backoffLimit": 0,
-            "template": {
-                "metadata": template_meta,
-                "spec": {
-                    **pod_spec,
-                    "containers": [container],
-                    "volumes": [
-                        volume,
-                        {"name": "state", "emptyDir": {}},
-                        {
-                            "name": "tls",
-                            "secret": {
-                                "secretName": credentials.credentials_secret_name(server_name(ref)),
-                                "defaultMode": 0o400,
-                                "items": [
-                                    {"key": k, "path": k}
-                                    for k in (
-                                        credentials.CA,
-                                        credentials.SUPERLINK_CERT,
-                                        credentials.SUPERLINK_KEY,
-                                        credentials.GATEWAY_CERT,
-                                        credentials.GATEWAY_KEY,
-                                    )
-                                ],
-                            },
-                        },
-                        {
-                            "name": "node-keys",
-                            "secret": {
-                                "secretName": credentials.node_keys_secret_name(server_name(ref))
-                            },
-                        },
-                    ],
-                },
-            },
+            "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
 
@@ -285,7 +339,12 @@ def gateway_server_name(ref: FLRef, address: str) -> str:
     return f"{server_name(ref)}.{ref.namespace}.svc" if is_ip else host
 
 
-def model_location(ref: FLRef, spec: FederatedLearningSpec, path: str) -> str:
+def model_location(
+    ref: FLRef,
+    spec: FederatedLearningSpec,
+    path: str,
+    hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT,
+) -> str:
     """Where a model the server wrote at `path` (inside its container) lives for the admin:
     the host directory for HostPath storage, ``pvc://<claim>/<file>`` for a PVC."""
     if not path.startswith(MODEL_DIR):
@@ -294,4 +353,4 @@ def model_location(ref: FLRef, spec: FederatedLearningSpec, path: str) -> str:
     claim = model_claim_name(ref, spec)
     if claim:
         return f"pvc://{claim}/{rel}"
-    return f"{spec.server.storage.path.rstrip('/')}/{rel}"
+    return f"{hostpath_store_dir(hostpath_root, ref)}/{rel}"

@@ -1,11 +1,13 @@
 """Desired ManifestWorks: one per cluster that has data, in the hub namespace `<cluster>`.
 
-Each work carries a Namespace, a ServiceAccount, a ConfigMap with the client's run config, the
-client's TLS Secret, the federation's local-API token Secret (`constants.CLIENT_TOKEN_SECRET`:
-the agent takes metrics posts for this federation only with it) and the client Job, which
-mounts the cluster's claimed data path (hostPath) read-only. Per-cluster overrides (by cluster
-name or ManagedCluster labels; later entries win) change env, resources and run config.
-Status feedback rules bring the Job's counters back to the hub.
+Each work carries a Namespace (Pod Security level `restricted` enforced), a ServiceAccount, a
+ConfigMap with the client's run config, the client's TLS Secret, the federation's local-API token
+Secret (`constants.CLIENT_TOKEN_SECRET`: the agent takes metrics posts for this federation only
+with it), the client Job, and the data volume: a PersistentVolume for the cluster's claimed data
+path, pre-bound to a claim in the client namespace (a pod in a `restricted` namespace may not
+name a hostPath itself), mounted read-only unless spec.client.dataMount.readOnly is false.
+Per-cluster overrides (by cluster name or ManagedCluster labels; later entries win) change env,
+resources and run config. Status feedback rules bring the Job's counters back to the hub.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from hub_controller.api import (
     SelectorOperator,
 )
 from hub_controller.membership import ClusterResolution
+from hub_controller.operator.desired import security
 from ocmfl import constants
 from ocmfl.names import cluster_side_name
 from ocmfl.names import safe_name as safe_name  # server.py names its objects with it
@@ -52,6 +55,9 @@ DEFAULT_AGENT_ENDPOINT: Final = (
 FEEDBACK_ACTIVE: Final = "active"
 FEEDBACK_SUCCEEDED: Final = "succeeded"
 FEEDBACK_FAILED: Final = "failed"
+# The data volume's nominal size: a pre-bound hostPath volume is not provisioned, but a PV and
+# its claim must state a capacity.
+DATA_CAPACITY: Final = "1Gi"
 # Hash of the work's spec, so an unchanged work is not re-applied on every reconcile.
 SPEC_HASH_ANNOTATION: Final = f"{constants.LABEL_PREFIX}/spec-hash"
 
@@ -191,6 +197,51 @@ def client_env(
     return [{"name": k, "value": v} for k, v in env.items()]
 
 
+def data_volume_names(ref: FLRef, data_path: str) -> tuple[str, str]:
+    """(PersistentVolume, PersistentVolumeClaim) names for a cluster's data path. The PV is
+    cluster-scoped, so it carries the client namespace (unique per resource); both carry a
+    digest of the path because a PV's source and a claim's volumeName cannot change."""
+    digest = hashlib.sha256(data_path.encode()).hexdigest()[:8]
+    return f"{client_namespace(ref)}-data-{digest}", f"data-{digest}"
+
+
+def _data_volume(
+    ref: FLRef, spec: FederatedLearningSpec, data_path: str, labels: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The PV (hostPath = the claimed data directory, reserved for our claim) and the claim
+    bound to it by name: no provisioner or storage class is involved."""
+    pv_name, pvc_name = data_volume_names(ref, data_path)
+    namespace = client_namespace(ref)
+    modes = ["ReadOnlyMany"] if spec.client.data_mount.read_only else ["ReadWriteOnce"]
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name, "labels": labels},
+        "spec": {
+            "capacity": {"storage": DATA_CAPACITY},
+            "accessModes": modes,
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "volumeMode": "Filesystem",
+            "claimRef": {"kind": "PersistentVolumeClaim", "namespace": namespace, "name": pvc_name},
+            "hostPath": {"path": data_path, "type": "Directory"},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": pvc_name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "accessModes": modes,
+            "storageClassName": "",
+            "volumeMode": "Filesystem",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": DATA_CAPACITY}},
+        },
+    }
+    return [pv, pvc]
+
+
 def _client_job(
     ref: FLRef,
     spec: FederatedLearningSpec,
@@ -229,7 +280,10 @@ def _client_job(
         "volumes": [
             {
                 "name": "data",
-                "hostPath": {"path": resolution.data_path, "type": "Directory"},
+                "persistentVolumeClaim": {
+                    "claimName": data_volume_names(ref, resolution.data_path)[1],
+                    "readOnly": mount.read_only,
+                },
             },
             {"name": "config", "configMap": {"name": CONFIG_MAP_NAME}},
             {"name": "tls", "secret": {"secretName": TLS_SECRET_NAME, "defaultMode": 0o400}},
@@ -247,6 +301,7 @@ def _client_job(
             }
         )
     spec.client.pod.apply(pod_spec, template_meta)
+    security.harden(pod_spec)
     # Job pod templates are immutable: a changed template gets a new Job name, and the work
     # agent deletes the old Job when it leaves the manifest list.
     template = {"metadata": template_meta, "spec": pod_spec}
@@ -304,7 +359,7 @@ def desired_work(
         {
             "apiVersion": "v1",
             "kind": "Namespace",
-            "metadata": {"name": namespace, "labels": labels},
+            "metadata": {"name": namespace, "labels": {**labels, **security.PSA_LABELS}},
         },
         {
             "apiVersion": "v1",
@@ -324,6 +379,7 @@ def desired_work(
             "metadata": {"name": TLS_SECRET_NAME, "namespace": namespace, "labels": labels},
             "data": {k: base64.b64encode(v).decode() for k, v in sorted(tls.items())},
         },
+        *_data_volume(ref, spec, resolution.data_path, labels),
         job,
     ]
     if client_token is not None:
