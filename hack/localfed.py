@@ -115,7 +115,6 @@ def grant_namespace(
 ) -> dict[str, Any]:
     """What the hub admin does for a tenant namespace: create it (if needed) and its
     FederationPolicy `default` saying what FederatedLearning resources there may use."""
-    hub.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
     spec = policy.FederationPolicySpec(
         allowed_image_prefixes=list(image_prefixes),
         allowed_data_claims=list(data_claims),
@@ -123,11 +122,18 @@ def grant_namespace(
         allow_writable_data_mount=writable_data_mount,
         allow_host_path_store=host_path_store,
     )
+    return apply_policy(hub, namespace, spec.model_dump(by_alias=True))
+
+
+def apply_policy(hub: Kube, namespace: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the namespace (if needed) and apply its FederationPolicy `default` with `spec`;
+    return once the apiserver's admission policy sees it."""
+    hub.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
     body = {
         "apiVersion": constants.API_VERSION,
         "kind": policy.KIND,
         "metadata": {"name": policy.POLICY_NAME, "namespace": namespace},
-        "spec": spec.model_dump(by_alias=True),
+        "spec": dict(spec),
     }
     applied = hub.apply(body, f"{POLICY_PATH.format(ns=namespace)}/{policy.POLICY_NAME}")
     wait_policy_admitted(hub, namespace)

@@ -210,6 +210,9 @@ metadata:
 spec:
   clusterSet: global
 EOF
+  # The admin's FederationPolicy for the namespace: without it the FederatedLearning is refused.
+  sed "s/^  namespace: fl$/  namespace: $FL_NAMESPACE/" examples/federationpolicy.yaml |
+    kubectl --context "$hub_ctx" apply -f -
   kubectl --context "$hub_ctx" apply -f - <<<"$manifest"
   local deadline=$((SECONDS + TIMEOUT_SECONDS)) phase=""
   while ((SECONDS < deadline)); do

@@ -13,6 +13,7 @@ import yaml
 from hack.codegen import admissiongen
 from hack.helm import helm_binary
 from hub_controller import policy
+from hub_controller.api import parse_spec
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "ocm-federated-learning"
 RELEASE = "ocm-fl"
@@ -94,3 +95,15 @@ def test_advertise_domain_rule() -> None:
     assert not allows("0.0.1", "127.0.0.1")  # an IP entry is never a suffix
     assert policy.advertised_host("[::1]:9443") == "::1"
     assert policy.advertised_host("Hub.Example.com:443") == "hub.example.com"
+
+
+def test_example_policy_allows_the_example_resource_and_the_demos_apply_it() -> None:
+    root = CHART.parents[2]
+    doc = yaml.safe_load((root / "examples" / "federationpolicy.yaml").read_text())
+    assert (doc["kind"], doc["metadata"]["name"]) == (policy.KIND, policy.POLICY_NAME)
+    fl = yaml.safe_load((root / "examples" / "federatedlearning.yaml").read_text())
+    assert doc["metadata"]["namespace"] == fl["metadata"]["namespace"]
+    spec = parse_spec(fl["spec"], fl["metadata"]["name"])
+    assert policy.violations(spec, policy.parse_policy(doc["spec"]), "fl") == []
+    assert "examples/federationpolicy.yaml" in (root / "examples" / "kind" / "demo.sh").read_text()
+    assert "federationpolicy.yaml" in (root / "examples" / "demo.py").read_text()
