@@ -31,11 +31,11 @@ from pydantic.alias_generators import to_camel
 from hub_controller.api import FederatedLearningSpec, StorageType, data_claim_of
 from ocmfl import constants
 
-KIND: Final = "FederationPolicy"
-PLURAL: Final = "federationpolicies"
-SHORT_NAME: Final = "flpolicy"
+KIND: Final = constants.POLICY_KIND
+PLURAL: Final = constants.POLICY_PLURAL
+SHORT_NAME: Final = constants.POLICY_SHORT_NAME
 # The one policy object the admission policy and the controller read in each namespace.
-POLICY_NAME: Final = "default"
+POLICY_NAME: Final = constants.POLICY_NAME
 ADMISSION_API_VERSION: Final = "admissionregistration.k8s.io/v1"
 
 # An IP address (v4 digits and dots, or anything with a colon: v6). Such a domain entry
