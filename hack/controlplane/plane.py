@@ -37,7 +37,9 @@ AGENT_NAMESPACE = "open-cluster-management-agent"
 KCM_CONTROLLERS = (
     "namespace-controller,garbage-collector-controller,job-controller,"
     "deployment-controller,replicaset-controller,serviceaccount-controller,"
-    "root-ca-certificate-publisher-controller,ttl-after-finished-controller"
+    "root-ca-certificate-publisher-controller,ttl-after-finished-controller,"
+    # Type-checks ValidatingAdmissionPolicies (the chart's) into their status, as on a real hub.
+    "validatingadmissionpolicy-status-controller"
 )
 
 
