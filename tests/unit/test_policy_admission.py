@@ -54,7 +54,8 @@ def test_rendered_policy_and_bindings_are_the_policy_modules(helm: str) -> None:
     for got, expected in zip(docs, want, strict=True):
         assert got["spec"] == expected["spec"]
         assert got["metadata"]["labels"]["app.kubernetes.io/instance"] == RELEASE
-    [binding] = [d for d in docs if d["spec"]["paramRef"]["parameterNotFoundAction"] == "Deny"]
+    bindings = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    [binding] = [d for d in bindings if d["spec"]["paramRef"]["parameterNotFoundAction"] == "Deny"]
     # The apiserver's only words when the namespace has no policy are the binding's name.
     assert "needs-federationpolicy-default" in binding["metadata"]["name"]
     assert binding["spec"]["matchResources"]["resourceRules"][0]["operations"] == ["CREATE"]
