@@ -528,17 +528,36 @@ def create_fl(
 ) -> dict[str, Any]:
     """Create the namespace (if needed), its cluster-set binding and the FederatedLearning.
 
-    `grant`: also create the namespace's FederationPolicy allowing what `body` uses
-    (`grant_for`), unless the namespace has one already (the admin's word stands).
+    `grant`: also extend the namespace's FederationPolicy (create it if absent) so it allows
+    what `body` uses (`grant_for`), for tests and benchmarks whose subject is not the policy.
     """
     hub.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
-    if grant and hub.get(f"{POLICY_PATH.format(ns=namespace)}/{policy.POLICY_NAME}") is None:
-        grant_namespace(hub, namespace, **grant_for(body))
+    if grant:
+        current = hub.get(f"{POLICY_PATH.format(ns=namespace)}/{policy.POLICY_NAME}") or {}
+        have = policy.parse_policy(current.get("spec"))
+        want = grant_for(body)
+        grant_namespace(
+            hub,
+            namespace,
+            image_prefixes=sorted({*have.allowed_image_prefixes, *want["image_prefixes"]}),
+            data_claims=sorted({*have.allowed_data_claims, *want["data_claims"]}),
+            advertise_domains=sorted({*have.allowed_advertise_domains, *want["advertise_domains"]}),
+            writable_data_mount=have.allow_writable_data_mount or want["writable_data_mount"],
+            host_path_store=have.allow_host_path_store or want["host_path_store"],
+        )
     bind_global_cluster_set(hub, namespace)
     obj = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
-    created = hub.create(FL_PATH.format(ns=namespace), obj, exist_ok=False)
-    assert created is not None
-    return created
+    deadline = time.monotonic() + (10.0 if grant else 0.0)
+    while True:
+        try:
+            created = hub.create(FL_PATH.format(ns=namespace), obj, exist_ok=False)
+            assert created is not None
+            return created
+        except KubeError as exc:
+            # A policy just extended reaches the admission policy's cache a moment later.
+            if "ValidatingAdmissionPolicy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def wait_fl(
