@@ -382,3 +382,56 @@ def test_apiserver_refuses_a_namespace_without_policy(hub: Kube, namespace: str)
     # The apiserver names only the binding here; its name carries the fix.
     assert "needs-federationpolicy-default-in-namespace" in message, message
     assert "no params found" in message, message
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_controller_refuses_what_the_policy_no_longer_allows_and_applies_nothing(
+    control_plane: ControlPlane,
+    hub: Kube,
+    team_a: str,
+    tmp_path: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Admitted under the old policy, then the admin withdrew the claim before the controller
+    saw the resource: the controller (kopf, in-process, on the real hub) fails it naming the
+    field and creates nothing, on the hub or for any cluster."""
+    from kopf.testing import KopfRunner
+
+    from hack.localfed import grant_namespace
+    from hack.testing import kopf_registry, wait_for
+
+    hub.create(fl_path(team_a), fl_body(team_a, tenant_spec()), exist_ok=False)
+    grant_namespace(
+        hub, team_a, image_prefixes=GRANT["allowedImagePrefixes"], data_claims=["other.claim"]
+    )
+    monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
+    pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("attack-hub-ca"), None)
+    monkeypatch.setenv(constants.ENV_CA_DIR, str(tmp_path / "hub-ca"))
+    watched = [f"--namespace={n}" for n in (team_a, *control_plane.clusters)]
+    registry = kopf_registry("hub_controller.operator.handlers")
+    path = fl_path(team_a, "digits")
+    with KopfRunner(["run", "--standalone", *watched], registry=registry, timeout=60) as runner:
+
+        def failed() -> dict[str, Any] | None:
+            status = (hub.get(path) or {}).get("status") or {}
+            return status if status.get("phase") == "Failed" else None
+
+        status = wait_for(failed, 60, "the resource Failed by policy")
+        hub.delete(path)
+        wait_for(lambda: hub.get(path) is None, 60, "the resource gone")
+    assert runner.exception is None, runner.exception
+    assert "spec.client.dataClaim" in status["message"], status
+    assert "allowedDataClaims" in status["message"], status
+    [cond] = status["conditions"]
+    assert cond["reason"] == "PolicyViolation"
+    for kind_path in (
+        f"/apis/{constants.CLUSTER_GROUP}/v1beta1/namespaces/{team_a}/placements",
+        f"/api/v1/namespaces/{team_a}/services",
+        f"/api/v1/namespaces/{team_a}/persistentvolumeclaims",
+        f"/apis/batch/v1/namespaces/{team_a}/jobs",
+    ):
+        assert not (hub.get(kind_path) or {}).get("items"), kind_path
+    selector = f"{constants.LABEL_OWNER_NAMESPACE}={team_a}"
+    works = hub.get(f"/apis/{constants.WORK_GROUP}/v1/manifestworks", {"labelSelector": selector})
+    assert not (works or {}).get("items")
