@@ -1,10 +1,11 @@
 """kopf handlers for FederatedLearning: one reconcile loop per resource, woken by changes.
 
 Each resource gets a kopf daemon (`run`) that loops: wait for a wake-up, then one pass of
-`reconcile` (observe -> desire -> apply -> fold status), in a worker thread. What wakes it:
+`reconcile` (validate, check the namespace's FederationPolicy -> observe -> desire -> apply
+-> fold status), in a worker thread. What wakes it:
 - an event on the resource itself (spec change) or on an object it depends on (Placement,
-  PlacementDecision, ManifestWork, server Job/Service/Pod, any ManagedCluster): the
-  `@kopf.on.event` handlers below call the resource's waker;
+  PlacementDecision, ManifestWork, server Job/Service/Pod, any ManagedCluster, its
+  namespace's FederationPolicy): the `@kopf.on.event` handlers below call the resource's waker;
 - a new agent report of its run (the report store calls the waker it subscribed by uid);
 - a deadline the last pass asked for (the ClientsReady countdown, a periodic resync).
 Observations come from the kopf indexes (indexes.py) and the report store, never from API

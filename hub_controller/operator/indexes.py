@@ -2,10 +2,10 @@
 
 Placements, PlacementDecisions, ManifestWorks and the server Job, Service and Pod are indexed
 under the owning resource's (namespace, name), as the small values `observed.py` reads from
-them; ManagedClusters by name, the addon's ManagedClusterAddOns by cluster and the hub admin's
-FederationPolicy `default` (its spec) by namespace. The last two are
+them; ManagedClusters by name and the addon's ManagedClusterAddOns by cluster. The last two are
 the hub's one source of cluster membership: the operator resolves federation members from them,
-and the aggregator and the signer ask `membership.AddonMembers` over them who may report.
+and the aggregator and the signer ask `membership.AddonMembers` over them who may report. The
+hub admin's FederationPolicy `default` is indexed (its spec) by namespace.
 `gather` turns what the indexes hold for one resource into its `Observations`, without any
 API read.
 """
