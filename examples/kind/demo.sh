@@ -130,6 +130,9 @@ install_chart() {
   local helm
   helm=${HELM:-$(bash hack/tools/build-helm.sh)}
   bash hack/sync-chart-crds.sh
+  # Helm installs crds/ only on a first install: a re-run (upgrade) gets new or changed CRDs
+  # (FederationPolicy) this way.
+  kubectl --context "$hub_ctx" apply --server-side -f deploy/helm/ocm-federated-learning/crds/
   "$helm" upgrade --install ocm-fl deploy/helm/ocm-federated-learning \
     --kube-context "$hub_ctx" --namespace "$HUB_NAMESPACE" --create-namespace \
     --set aggregator.service.type=NodePort \
