@@ -25,7 +25,7 @@ from rich.live import Live
 from rich.table import Table
 
 from hack import controlplane as cp
-from hack.localfed import LocalFederation, create_fl, prepare_data, wait_fl
+from hack.localfed import LocalFederation, apply_policy, create_fl, prepare_data, wait_fl
 from ocmfl.kube import Kube
 from ocmfl_cli.dashboard import (
     LiveView,
@@ -38,6 +38,7 @@ from ocmfl_cli.dashboard import (
 from workloads.sdk import ModelStore
 
 EXAMPLE = Path(__file__).resolve().parent / "federatedlearning.yaml"
+POLICY = Path(__file__).resolve().parent / "federationpolicy.yaml"
 NAMESPACE = "fl"
 
 
@@ -109,7 +110,10 @@ def main(argv: list[str] | None = None) -> int:
 
         console.rule("[bold]4/5 FederatedLearning applied; training")
         name = body["metadata"]["name"]
-        create_fl(hub, NAMESPACE, body)
+        # The admin's word first: what namespace fl may use (else the resource is refused).
+        apply_policy(hub, NAMESPACE, yaml.safe_load(POLICY.read_text())["spec"])
+        console.print(f"  FederationPolicy default in {NAMESPACE}: {POLICY.name}")
+        create_fl(hub, NAMESPACE, body, grant=False)
         final = follow(console, hub, name, a.timeout, fed)
 
         console.rule("[bold]5/5 result")

@@ -28,7 +28,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,16 +39,25 @@ from cryptography.x509.oid import NameOID
 
 from hack.controlplane.plane import ControlPlane
 from hack.testing import WaitTimeout, wait_for
-from hub_controller.api import FLRef, run_finished
+from hub_controller import policy
+from hub_controller.api import FLRef, PlacementSpec, exists_claim_keys, run_finished
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from hub_controller.operator.desired.server import hostpath_store_dir
 from ocmfl import constants, pki
-from ocmfl.kube import Kube
+from ocmfl.kube import Kube, KubeError
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
-CRD_FILE = REPO / "crds" / "federatedlearnings.yaml"
+CRD_DIR = REPO / "crds"
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+ADMISSION = "/apis/admissionregistration.k8s.io/v1"
+ADMISSION_PATHS = {
+    "ValidatingAdmissionPolicy": f"{ADMISSION}/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": f"{ADMISSION}/validatingadmissionpolicybindings",
+}
+# Names the admission policy's objects like a chart release "ocm-fl-local" would.
+ADMISSION_PREFIX = "ocm-fl-local"
+POLICY_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{policy.PLURAL}"
 MCA_PATH = f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{{ns}}/managedclusteraddons"
 CLAIMS_PATH = f"/apis/{constants.CLUSTER_GROUP}/v1alpha1/clusterclaims"
 BINDINGS_PATH = (
@@ -72,16 +81,103 @@ def _port_open(host: str, port: int) -> bool:
 
 # --- what the Helm chart and OCM registration would do -------------------------------------
 def install_crd(hub: Kube) -> None:
-    """Apply the FederatedLearning CRD (server-side apply) and wait until it is served."""
-    crd = yaml.safe_load(CRD_FILE.read_text())
-    name = crd["metadata"]["name"]
-    hub.apply(crd, f"{CRDS}/{name}")
+    """Apply the project's CRDs (crds/: FederatedLearning, FederationPolicy; server-side
+    apply), wait until they are served, then the chart's admission policy, so the apiserver
+    checks every FederatedLearning against its namespace's FederationPolicy as on a real hub."""
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        name = crd["metadata"]["name"]
+        hub.apply(crd, f"{CRDS}/{name}")
 
-    def established() -> bool:
-        conds = ((hub.get(f"{CRDS}/{name}") or {}).get("status") or {}).get("conditions") or []
-        return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+        def established(name: str = name) -> bool:
+            got = hub.get(f"{CRDS}/{name}") or {}
+            conds = (got.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
-    wait_for(established, 30, "the FederatedLearning CRD to be established", error=FederationError)
+        wait_for(established, 30, f"the CRD {name} to be established", error=FederationError)
+    install_admission_policy(hub)
+
+
+def install_admission_policy(hub: Kube) -> None:
+    """The ValidatingAdmissionPolicy and bindings the chart ships (hub_controller.policy)."""
+    for obj in policy.admission_objects(ADMISSION_PREFIX):
+        hub.apply(obj, f"{ADMISSION_PATHS[obj['kind']]}/{obj['metadata']['name']}")
+
+
+def grant_namespace(
+    hub: Kube,
+    namespace: str,
+    *,
+    image_prefixes: Sequence[str] = (constants.IMAGE_REGISTRY + "/",),
+    data_claims: Sequence[str] = (),
+    advertise_domains: Sequence[str] = (),
+    writable_data_mount: bool = False,
+    host_path_store: bool = False,
+) -> dict[str, Any]:
+    """What the hub admin does for a tenant namespace: create it (if needed) and its
+    FederationPolicy `default` saying what FederatedLearning resources there may use."""
+    spec = policy.FederationPolicySpec(
+        allowed_image_prefixes=list(image_prefixes),
+        allowed_data_claims=list(data_claims),
+        allowed_advertise_domains=list(advertise_domains),
+        allow_writable_data_mount=writable_data_mount,
+        allow_host_path_store=host_path_store,
+    )
+    return apply_policy(hub, namespace, spec.model_dump(by_alias=True))
+
+
+def apply_policy(hub: Kube, namespace: str, spec: Mapping[str, Any]) -> dict[str, Any]:
+    """Create the namespace (if needed) and apply its FederationPolicy `default` with `spec`;
+    return once the apiserver's admission policy sees it."""
+    hub.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    body = {
+        "apiVersion": constants.API_VERSION,
+        "kind": policy.KIND,
+        "metadata": {"name": policy.POLICY_NAME, "namespace": namespace},
+        "spec": dict(spec),
+    }
+    applied = hub.apply(body, f"{POLICY_PATH.format(ns=namespace)}/{policy.POLICY_NAME}")
+    wait_policy_admitted(hub, namespace)
+    return applied
+
+
+def wait_policy_admitted(hub: Kube, namespace: str, timeout: float = 30.0) -> None:
+    """Wait until the apiserver's admission policy sees the namespace's FederationPolicy (its
+    parameter cache lags the API a moment): a dry-run create no longer fails for want of it."""
+    probe = {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": "policy-probe", "namespace": namespace},
+        "spec": {"client": {"dataClaim": "probe"}},
+    }
+
+    def seen() -> bool:
+        try:
+            hub.request("POST", FL_PATH.format(ns=namespace), probe, query={"dryRun": "All"})
+        except KubeError as exc:
+            return "no params found" not in str(exc)
+        return True
+
+    wait_for(seen, timeout, f"admission to see {namespace}'s FederationPolicy", interval=0.3)
+
+
+def grant_for(body: Mapping[str, Any]) -> dict[str, Any]:
+    """grant_namespace's arguments that allow exactly what a FederatedLearning body uses
+    (its images, data claim, storage and advertised host): for tests and demos whose subject
+    is not the policy."""
+    spec = body["spec"]
+    server, client = spec.get("server") or {}, spec["client"]
+    default = constants.WORKLOAD_IMAGE
+    address = server.get("advertiseAddress")
+    return {
+        "image_prefixes": sorted({server.get("image", default), client.get("image", default)}),
+        "data_claims": [client["dataClaim"]]
+        if client.get("dataClaim")
+        else exists_claim_keys(PlacementSpec.model_validate(client.get("placement") or {})),
+        "advertise_domains": [policy.advertised_host(address)] if address else [],
+        "writable_data_mount": (client.get("dataMount") or {}).get("readOnly") is False,
+        "host_path_store": (server.get("storage") or {}).get("type", "HostPath") == "HostPath",
+    }
 
 
 def enable_addon(hub: Kube, cluster: str) -> None:
@@ -440,14 +536,41 @@ def prepare_data(
     return paths
 
 
-def create_fl(hub: Kube, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-    """Create the namespace (if needed), its cluster-set binding and the FederatedLearning."""
+def create_fl(
+    hub: Kube, namespace: str, body: Mapping[str, Any], *, grant: bool = True
+) -> dict[str, Any]:
+    """Create the namespace (if needed), its cluster-set binding and the FederatedLearning.
+
+    `grant`: also extend the namespace's FederationPolicy (create it if absent) so it allows
+    what `body` uses (`grant_for`), for tests and benchmarks whose subject is not the policy.
+    """
     hub.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+    if grant:
+        current = hub.get(f"{POLICY_PATH.format(ns=namespace)}/{policy.POLICY_NAME}") or {}
+        have = policy.parse_policy(current.get("spec"))
+        want = grant_for(body)
+        grant_namespace(
+            hub,
+            namespace,
+            image_prefixes=sorted({*have.allowed_image_prefixes, *want["image_prefixes"]}),
+            data_claims=sorted({*have.allowed_data_claims, *want["data_claims"]}),
+            advertise_domains=sorted({*have.allowed_advertise_domains, *want["advertise_domains"]}),
+            writable_data_mount=have.allow_writable_data_mount or want["writable_data_mount"],
+            host_path_store=have.allow_host_path_store or want["host_path_store"],
+        )
     bind_global_cluster_set(hub, namespace)
     obj = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
-    created = hub.create(FL_PATH.format(ns=namespace), obj, exist_ok=False)
-    assert created is not None
-    return created
+    deadline = time.monotonic() + (10.0 if grant else 0.0)
+    while True:
+        try:
+            created = hub.create(FL_PATH.format(ns=namespace), obj, exist_ok=False)
+            assert created is not None
+            return created
+        except KubeError as exc:
+            # A policy just extended reaches the admission policy's cache a moment later.
+            if "ValidatingAdmissionPolicy" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
 
 
 def wait_fl(

@@ -12,6 +12,11 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "FederatedLearning"
 PLURAL: Final = "federatedlearnings"
 SHORT_NAME: Final = "fl"
+# The hub admin's per-namespace policy (hub_controller/policy.py); only one name is read.
+POLICY_KIND: Final = "FederationPolicy"
+POLICY_PLURAL: Final = "federationpolicies"
+POLICY_SHORT_NAME: Final = "flpolicy"
+POLICY_NAME: Final = "default"
 
 # --- OCM -----------------------------------------------------------------------------------
 CLUSTER_GROUP: Final = "cluster.open-cluster-management.io"

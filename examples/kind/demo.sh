@@ -131,6 +131,9 @@ install_chart() {
   local helm
   helm=${HELM:-$(bash hack/tools/build-helm.sh)}
   bash hack/sync-chart-crds.sh
+  # Helm installs crds/ only on a first install: a re-run (upgrade) gets new or changed CRDs
+  # (FederationPolicy) this way.
+  kubectl --context "$hub_ctx" apply --server-side -f deploy/helm/ocm-federated-learning/crds/
   "$helm" upgrade --install ocm-fl deploy/helm/ocm-federated-learning \
     --kube-context "$hub_ctx" --namespace "$HUB_NAMESPACE" --create-namespace \
     --set aggregator.service.type=NodePort \
@@ -205,6 +208,9 @@ metadata:
 spec:
   clusterSet: global
 EOF
+  # The admin's FederationPolicy for the namespace: without it the FederatedLearning is refused.
+  sed "s/^  namespace: fl$/  namespace: $FL_NAMESPACE/" examples/federationpolicy.yaml |
+    kubectl --context "$hub_ctx" apply -f -
   kubectl --context "$hub_ctx" apply -f - <<<"$manifest"
   local deadline=$((SECONDS + TIMEOUT_SECONDS)) phase=""
   while ((SECONDS < deadline)); do

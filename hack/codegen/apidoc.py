@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from hack.codegen import crdgen
-from hub_controller import api
+from hub_controller import api, policy
 from ocmfl import constants
 
 _CONSTRAINTS = (
@@ -203,6 +203,19 @@ def render() -> str:
         + ".",
         "",
         *_table(api.FederatedLearningStatus, "status"),
+        "",
+        f"## {policy.KIND}",
+        "",
+        f"`apiVersion: {constants.API_VERSION}`, `kind: {policy.KIND}`, plural"
+        f" `{policy.PLURAL}`, short name `{policy.SHORT_NAME}`, namespaced. Written by the hub"
+        f" admin, one named `{policy.POLICY_NAME}` per tenant namespace; tenants need no access"
+        " to it. It says what FederatedLearning resources in its namespace may use; a namespace"
+        " without it may use nothing. The chart's ValidatingAdmissionPolicy refuses a create or"
+        " spec change that breaks it, and the controller refuses it again (phase Failed,"
+        " condition `Validated=False`, reason `PolicyViolation`), each naming the field and the"
+        " fix (docs/security.md).",
+        "",
+        *_table(policy.FederationPolicySpec, "spec"),
         "",
     ]
     return "\n".join(lines)

@@ -42,7 +42,9 @@ KCM_CONTROLLERS = (
     "deployment-controller,replicaset-controller,serviceaccount-controller,"
     "root-ca-certificate-publisher-controller,ttl-after-finished-controller,"
     "persistentvolume-binder-controller,persistentvolume-protection-controller,"
-    "persistentvolumeclaim-protection-controller"
+    "persistentvolumeclaim-protection-controller,"
+    # Type-checks ValidatingAdmissionPolicies (the chart's) into their status, as on a real hub.
+    "validatingadmissionpolicy-status-controller"
 )
 
 

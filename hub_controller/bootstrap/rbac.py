@@ -46,6 +46,8 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     # The FederatedLearning API.
     Rule(constants.GROUP, constants.PLURAL, (*READ, "update", "patch"), why="reconcile, finalizer"),
     Rule(constants.GROUP, f"{constants.PLURAL}/status", ("get", "update", "patch"), why="status"),
+    # The hub admin's tenant policy (hub_controller/policy.py): read, never written.
+    Rule(constants.GROUP, constants.POLICY_PLURAL, READ, why="tenant policy per namespace"),
     # kopf itself: discovers CRDs, watches namespaces, posts events on the objects it handles.
     Rule("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), why="kopf scan"),
     Rule("", "namespaces", ("list", "watch"), why="kopf namespace discovery"),

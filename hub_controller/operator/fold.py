@@ -349,16 +349,17 @@ def invalid_status(
     generation: int | None,
     previous: FederatedLearningStatus | None,
     now: datetime,
+    reason: str = "InvalidSpec",
 ) -> FederatedLearningStatus:
-    """Status of a resource whose spec the controller refuses: Failed, nothing applied."""
-    message = "invalid spec: " + "; ".join(problems)
+    """Status of a resource whose spec the controller refuses (reason InvalidSpec, or
+    PolicyViolation: the namespace's FederationPolicy refuses it): Failed, nothing applied."""
+    what = "invalid spec" if reason == "InvalidSpec" else "refused by the namespace's policy"
+    message = f"{what}: " + "; ".join(problems)
     prev_conds = previous.conditions if previous else []
     return FederatedLearningStatus(
         phase=Phase.FAILED,
         conditions=[
-            _condition(
-                prev_conds, CONDITION_VALIDATED, "False", "InvalidSpec", message, now, generation
-            )
+            _condition(prev_conds, CONDITION_VALIDATED, "False", reason, message, now, generation)
         ],
         observed_generation=generation,
         message=message,

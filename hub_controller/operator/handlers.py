@@ -1,10 +1,11 @@
 """kopf handlers for FederatedLearning: one reconcile loop per resource, woken by changes.
 
 Each resource gets a kopf daemon (`run`) that loops: wait for a wake-up, then one pass of
-`reconcile` (observe -> desire -> apply -> fold status), in a worker thread. What wakes it:
+`reconcile` (validate, check the namespace's FederationPolicy -> observe -> desire -> apply
+-> fold status), in a worker thread. What wakes it:
 - an event on the resource itself (spec change) or on an object it depends on (Placement,
-  PlacementDecision, ManifestWork, server Job/Service/Pod, any ManagedCluster): the
-  `@kopf.on.event` handlers below call the resource's waker;
+  PlacementDecision, ManifestWork, server Job/Service/Pod, any ManagedCluster, its
+  namespace's FederationPolicy): the `@kopf.on.event` handlers below call the resource's waker;
 - a new agent report of its run (the report store calls the waker it subscribed by uid);
 - a deadline the last pass asked for (the ClientsReady countdown, a periodic resync).
 Observations come from the kopf indexes (indexes.py) and the report store, never from API
@@ -32,7 +33,15 @@ from typing import Any, Final, cast
 
 import kopf
 
-from hub_controller.api import FLRef, SpecError, parse_spec
+from hub_controller import policy as policy_mod
+from hub_controller.api import (
+    CONDITION_VALIDATED,
+    FederatedLearningSpec,
+    FederatedLearningStatus,
+    FLRef,
+    SpecError,
+    parse_spec,
+)
 from hub_controller.ca import HubCA, HubCAUnavailable
 from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import placement as placement_mod
@@ -74,6 +83,7 @@ RESYNC_S: Final = 600.0  # apply everything again this often (credential renewal
 COUNTDOWN_S: Final = 10.0  # re-fold this often while the ClientsReady countdown runs
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
+REASON_POLICY: Final = "PolicyViolation"  # condition/event reason of a policy refusal
 # Delete dependents too (a Job's pods; without it the Job API orphans them).
 BACKGROUND: Final = {"propagationPolicy": "Background"}
 
@@ -93,6 +103,11 @@ class Operator:
         waker = self.wakers.get(key)
         if waker is not None:
             waker()
+
+    def wake_namespace(self, namespace: str) -> None:
+        for (ns, _), waker in list(self.wakers.items()):
+            if ns == namespace:
+                waker()
 
     def wake_all(self) -> None:
         for waker in list(self.wakers.values()):
@@ -302,6 +317,23 @@ def _foreign_owner(kube: Kube, work: Mapping[str, Any], ref: FLRef) -> str | Non
     return None if uid == ref.uid else uid
 
 
+def _refused_by_policy(status: FederatedLearningStatus | None) -> bool:
+    return status is not None and any(
+        c.type == CONDITION_VALIDATED and c.reason == REASON_POLICY for c in status.conditions
+    )
+
+
+def policy_problems(fl: FederatedLearningSpec, idx: Indexes, namespace: str) -> list[str]:
+    """What the namespace's FederationPolicy refuses in `fl` (empty: allowed), each naming
+    the field and the fix; an unreadable policy refuses everything, saying why."""
+    raw = idx.policy(namespace)
+    try:
+        policy = policy_mod.parse_policy(raw) if raw is not None else None
+    except ValueError as exc:
+        return [f"{exc}: the hub admin must fix the policy"]
+    return [str(v) for v in policy_mod.violations(fl, policy, namespace)]
+
+
 def reconcile(
     op: Operator,
     reports: ReportSource,
@@ -327,6 +359,17 @@ def reconcile(
     except SpecError as exc:
         kopf.warn(cast(kopf.Body, body), reason="InvalidSpec", message=str(exc))
         _write_status(op.kube, run, invalid_status(exc.problems, generation, previous, now))
+        return None
+    # The admin's policy, checked before anything is applied (the admission policy checked
+    # the same at create time; this also covers a policy changed since then). A run that
+    # ended otherwise keeps its outcome: it takes no new clusters anyway.
+    check = not finished(previous, generation) or _refused_by_policy(previous)
+    refused = policy_problems(fl, idx, ref.namespace) if check else []
+    if refused:
+        message = "; ".join(refused)
+        kopf.warn(cast(kopf.Body, body), reason=REASON_POLICY, message=message)
+        status = invalid_status(refused, generation, previous, now, reason=REASON_POLICY)
+        _write_status(op.kube, run, status)
         return None
     obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root)
     inputs = (generation, observation_digest(obs))
@@ -430,6 +473,14 @@ async def decision_changed(
 @kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters")
 async def cluster_changed(memo: kopf.Memo, **_: Any) -> None:
     memo.operator.wake_all()
+
+
+@kopf.on.event(
+    GROUP, VERSION, policy_mod.PLURAL, when=lambda name, **_: name == policy_mod.POLICY_NAME
+)
+async def policy_changed(namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+    """The admin changed a namespace's policy: its resources are checked again."""
+    memo.operator.wake_namespace(namespace or "")
 
 
 # --- deletion ------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ Placements, PlacementDecisions, ManifestWorks and the server Job, Service and Po
 under the owning resource's (namespace, name), as the small values `observed.py` reads from
 them; ManagedClusters by name and the addon's ManagedClusterAddOns by cluster. The last two are
 the hub's one source of cluster membership: the operator resolves federation members from them,
-and the aggregator and the signer ask `membership.AddonMembers` over them who may report.
+and the aggregator and the signer ask `membership.AddonMembers` over them who may report. The
+hub admin's FederationPolicy `default` is indexed (its spec) by namespace.
 `gather` turns what the indexes hold for one resource into its `Observations`, without any
 API read.
 """
@@ -17,6 +18,7 @@ from typing import Any, Final
 
 import kopf
 
+from hub_controller import policy as policy_mod
 from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, data_claim_of
 from hub_controller.membership import (
     AddonMembers,
@@ -133,6 +135,16 @@ def server_pod_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
     return _owned_by(labels, outcome_from_termination_message(body))
 
 
+@kopf.index(
+    constants.GROUP,
+    constants.VERSION,
+    policy_mod.PLURAL,
+    when=lambda name, **_: name == policy_mod.POLICY_NAME,
+)
+def policy_idx(namespace: str | None, spec: Mapping[str, Any], **_: Any) -> Any:
+    return {namespace or "": dict(spec)}
+
+
 @dataclass(frozen=True)
 class Indexes:
     """The indexes a handler receives, bundled."""
@@ -145,6 +157,7 @@ class Indexes:
     jobs: kopf.Index[Key, Owned]
     services: kopf.Index[Key, Owned]
     pods: kopf.Index[Key, Owned]
+    policies: kopf.Index[str, dict[str, Any]]
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> Indexes:
@@ -157,7 +170,14 @@ class Indexes:
             jobs=kwargs["server_job_idx"],
             services=kwargs["server_service_idx"],
             pods=kwargs["server_pod_idx"],
+            policies=kwargs["policy_idx"],
         )
+
+    def policy(self, namespace: str) -> dict[str, Any] | None:
+        """The spec of the namespace's FederationPolicy `default`, or None when it has none."""
+        for spec in self.policies.get(namespace, []):
+            return spec
+        return None
 
     def members(self) -> AddonMembers:
         """Addon membership over these (live) indexes."""

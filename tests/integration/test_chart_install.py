@@ -23,6 +23,7 @@ import yaml
 
 from hack.controlplane.plane import ControlPlane
 from hack.helm import helm_binary
+from hack.testing import wait_for
 from hub_controller.bootstrap import ca_init, rbac
 from ocmfl import constants
 from ocmfl.kube import Kube
@@ -57,6 +58,16 @@ _PATHS: dict[str, tuple[str, str, bool]] = {
     "CustomResourceDefinition": (
         "/apis/apiextensions.k8s.io/v1",
         "customresourcedefinitions",
+        False,
+    ),
+    "ValidatingAdmissionPolicy": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicies",
+        False,
+    ),
+    "ValidatingAdmissionPolicyBinding": (
+        "/apis/admissionregistration.k8s.io/v1",
+        "validatingadmissionpolicybindings",
         False,
     ),
 }
@@ -131,6 +142,18 @@ def test_rendered_chart_passes_server_side_dry_run_and_installs(
     cma = hub.get(f"/apis/{constants.ADDON_GROUP}/v1alpha1/clustermanagementaddons/{addon}")
     assert cma is not None
     assert cma["spec"]["installStrategy"]["type"] == "Manual"
+    # The admission policy's CEL type-checks against the real CRD schemas (its params too).
+    vap = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy")
+    vap_path = f"{_collection(vap)}/{vap['metadata']['name']}"
+
+    def checked() -> dict[str, Any] | None:
+        live = hub.get(vap_path) or {}
+        status = live.get("status") or {}
+        done = status.get("observedGeneration") == live["metadata"]["generation"]
+        return status if done else None
+
+    status = wait_for(checked, 60, "the admission policy to be type-checked")
+    assert not (status.get("typeChecking") or {}).get("expressionWarnings"), status
     template_name = next(d for d in docs if d["kind"] == "AddOnTemplate")["metadata"]["name"]
     template = hub.get(f"/apis/{constants.ADDON_GROUP}/v1alpha1/addontemplates/{template_name}")
     assert template is not None

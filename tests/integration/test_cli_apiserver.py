@@ -19,7 +19,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hack.controlplane.plane import ControlPlane
-from hack.localfed import install_crd
+from hack.localfed import grant_for, grant_namespace, install_crd
 from ocmfl import constants
 from ocmfl.kube import Kube
 from ocmfl_cli import commands as cli
@@ -124,6 +124,7 @@ def fl(hub: Kube, namespace: str, control_plane: ControlPlane) -> FL:
         "metadata": {"name": NAME, "namespace": namespace},
         "spec": {"server": {"rounds": 3}, "client": {"dataClaim": "fl-data"}},
     }
+    grant_namespace(hub, namespace, **grant_for(body))
     hub.create(f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}", body)
     res = FL(hub, namespace, control_plane.hub_kubeconfig)
     res.set_status(running_status(datetime.now(UTC)))

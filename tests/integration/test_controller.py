@@ -17,7 +17,7 @@ import pytest
 from kopf.testing import KopfRunner
 
 from hack.controlplane.plane import ControlPlane
-from hack.localfed import install_crd
+from hack.localfed import grant_namespace, install_crd
 from hack.testing import kopf_registry, wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired.works import work_name
@@ -54,8 +54,12 @@ def spokes(control_plane: ControlPlane) -> Iterator[dict[str, Kube]]:
 
 
 @pytest.fixture
-def bound(hub: Kube, namespace: str) -> str:
-    """The test namespace with the `global` cluster set bound (an admin's step)."""
+def bound(hub: Kube, namespace: str, claim: str) -> str:
+    """The test namespace with the `global` cluster set bound and a FederationPolicy allowing
+    the test's claim, the workload image, HostPath storage and 127.0.0.1 (the admin's steps)."""
+    grant_namespace(
+        hub, namespace, data_claims=[claim], advertise_domains=["127.0.0.1"], host_path_store=True
+    )
     hub.create(
         f"/apis/{CLUSTER}/v1beta2/namespaces/{namespace}/managedclustersetbindings",
         {

@@ -28,6 +28,8 @@ from hack.localfed import (
     CSR_RBAC_NAME,
     addon_agent_kubeconfig,
     ensure_agent_csr_rbac,
+    grant_for,
+    grant_namespace,
     install_crd,
 )
 from hack.testing import TestPKI, await_for, free_port, kopf_registry, wait_for
@@ -182,6 +184,7 @@ def fl(
             },
         },
     }
+    grant_namespace(hub, namespace, **grant_for(body))
     yield hub.request("POST", fl_path(namespace), body)
     spoke.delete(f"{CLAIMS}/{claim}")
     spoke.close()

@@ -25,6 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from hack.helm import helm_binary
 from hack.images.deploy import dockerfile_instructions
+from hub_controller import policy
 from hub_controller.bootstrap import ca_init, rbac
 from ocmfl import constants, pki
 from ocmfl.kube import KINDS
@@ -125,8 +126,8 @@ def test_default_render_has_hub_and_addon_objects(helm: str) -> None:
 
 def test_crds_render_from_the_charts_crds_dir(helm: str) -> None:
     docs = render(helm, crds=True)
-    crd = one(docs, "CustomResourceDefinition")
-    assert crd["metadata"]["name"] == f"{constants.PLURAL}.{constants.GROUP}"
+    names = {d["metadata"]["name"] for d in docs if d["kind"] == "CustomResourceDefinition"}
+    assert names == {f"{constants.PLURAL}.{constants.GROUP}", f"{policy.PLURAL}.{constants.GROUP}"}
 
 
 def test_hub_deployment_runs_ocm_fl_hub_non_root_with_read_only_root(helm: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from hack.codegen import crdgen
@@ -35,6 +36,31 @@ def test_committed_crd_matches_the_models() -> None:
         "crds/federatedlearnings.yaml is stale: run "
         "`python -m hack.codegen.crdgen > crds/federatedlearnings.yaml`"
     )
+
+
+@pytest.mark.parametrize("name", sorted(crdgen.FILES))
+def test_every_committed_crd_matches_the_models(name: str) -> None:
+    assert (CRD_FILE.parent / name).read_text() == crdgen.FILES[name](), (
+        f"crds/{name} is stale: run `python -m hack.codegen.crdgen --write` and "
+        "hack/sync-chart-crds.sh"
+    )
+
+
+def test_policy_crd_is_structural_with_defaults() -> None:
+    version = crdgen.policy_crd()["spec"]["versions"][0]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert schema["required"] == ["spec"]
+    spec = schema["properties"]["spec"]
+    # Defaults make every field present for the admission policy's CEL.
+    assert {k: v["default"] for k, v in spec["properties"].items()} == {
+        "allowedImagePrefixes": [],
+        "allowedDataClaims": [],
+        "allowWritableDataMount": False,
+        "allowHostPathStore": False,
+        "allowedAdvertiseDomains": [],
+    }
+    for path, node in _nodes(schema):
+        assert not {"$ref", "anyOf", "allOf", "title"} & set(node), path
 
 
 def test_schema_is_structural() -> None:

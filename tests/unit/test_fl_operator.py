@@ -92,6 +92,12 @@ def op(kube: FakeKube, tmp_path: Any) -> handlers.Operator:
 
 KEY = (REF.namespace, REF.name)
 PLACEMENT_UID = "placement-uid"
+POLICY = {
+    "allowedImagePrefixes": ["quay.io/ocm-fl/"],
+    "allowedDataClaims": ["fl.data-path"],
+    "allowedAdvertiseDomains": ["127.0.0.1"],
+    "allowHostPathStore": True,
+}
 META = {"namespace": REF.namespace, "name": REF.name, "uid": REF.uid, "generation": 1}
 
 
@@ -118,6 +124,8 @@ def indexes(
             "server_job_idx": {KEY: [Owned(REF.uid, job)]} if job else {},
             "server_service_idx": {},
             "server_pod_idx": {},
+            # The admin's policy allowing what spec_dict() uses (hub_controller/policy.py).
+            "policy_idx": {REF.namespace: [POLICY]},
         }
     )
 
