@@ -41,6 +41,12 @@ LABEL_OCM_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
 SIGNER_NAME: Final = "federated-learning.open-cluster-management.io/agent"
 CERT_ORGANIZATION: Final = "federated-learning:agents"
 CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
+# Fleet (Flower traffic) client certificates: signed by one federation's own Fleet CA, never by
+# the hub CA, and with a subject no agent check accepts (CN "fleet:<cluster>", this O, and a
+# URI SAN naming the federation), so a Fleet key can never pass as a cluster's agent.
+FLEET_ORGANIZATION: Final = "federated-learning:fleet"
+FLEET_CN_PREFIX: Final = "fleet:"  # CN = "fleet:<cluster-name>"
+FLEET_URI_PREFIX: Final = "urn:ocm-fl:fleet:"  # + "<federation uid>:cluster:<cluster-name>"
 
 # --- images (the local node maps these repositories to local entry points) -----------------
 IMAGE_REGISTRY: Final = "quay.io/ocm-fl"

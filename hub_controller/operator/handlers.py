@@ -168,9 +168,10 @@ def _write_status(kube: Kube, run: Run, new: Any) -> None:
 
 
 def ensure_credentials(
-    kube: Kube, ca: HubCA, ref: FLRef, server_address: str, members: list[str]
+    kube: Kube, ref: FLRef, server_address: str, members: list[str]
 ) -> dict[str, bytes]:
-    """Issue/renew the resource's credentials (hub CA) and store them in its hub Secrets."""
+    """Issue/renew the resource's credentials (its own Fleet CA, never the hub CA) and store
+    them in its hub Secrets."""
     name = server_mod.server_name(ref)
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
     secret = kube.get(secret_path)
@@ -179,7 +180,8 @@ def ensure_credentials(
         current,
         clusters=members,
         gateway=server_mod.gateway_names(ref, server_address),
-        ca=ca.get(),
+        federation_uid=ref.uid,
+        ca_name=credentials.fleet_ca_name(ref.namespace, ref.name),
     )
     if data != current or secret is None:
         meta = {
@@ -211,7 +213,7 @@ def apply_desired(
     if obs.server_address is None:
         return
     members = [r.name for r in obs.resolutions if r.has_data]
-    creds = ensure_credentials(kube, op.ca, ref, obs.server_address, members)
+    creds = ensure_credentials(kube, ref, obs.server_address, members)
     desired = works_mod.desired_works(
         ref,
         fl,

@@ -56,10 +56,12 @@ def _write(directory: Path, files: dict[str, bytes]) -> Path:
 
 
 def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> None:
-    ca = pki.create_ca("hub-ca")
     gateway_name = "fl-server.team.svc"
     data = cr.reconcile_credentials(
-        {}, clusters=list(CLUSTERS), gateway=cr.GatewayNames(dns=(gateway_name,)), ca=ca
+        {},
+        clusters=list(CLUSTERS),
+        gateway=cr.GatewayNames(dns=(gateway_name,)),
+        federation_uid="fl-uid",
     )
     server_tls = _write(tmp_path / "server-tls", cr.server_tls_bundle(data))
     node_keys = _write(tmp_path / "node-keys", cr.server_node_keys(data))
@@ -150,8 +152,8 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         assert result["ok"], result
         gateway_log = (tmp_path / "server-state" / "gateway" / "nginx.log").read_text()
         for cluster in CLUSTERS:
-            # Every Fleet call came in with the cluster's certificate.
-            assert f"CN=cluster:{cluster}" in gateway_log
+            # Every Fleet call came in with the cluster's Fleet certificate.
+            assert f"CN=fleet:{cluster}" in gateway_log
         assert "/v1/control/" not in gateway_log
     finally:
         for proc in procs:
