@@ -7,6 +7,7 @@ a federation's Fleet certificates come from that federation's own Fleet CA.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import ssl
 import tempfile
@@ -17,6 +18,7 @@ import grpc
 import grpc.aio
 import pytest
 from cryptography import x509
+from google.protobuf.timestamp_pb2 import Timestamp
 from kopf.testing import KopfRunner
 
 from hack.testing import TestPKI, wait_for
@@ -100,8 +102,18 @@ async def aggregator(hub_pki: TestPKI) -> AsyncIterator[AggregatorServer]:
 
 
 def _report(cluster: str) -> report_pb2.Report:
+    """A well-formed report as cluster-a's agent would send it, for another tenant's run."""
+    ts = Timestamp()
+    ts.FromDatetime(dt.datetime.now(dt.UTC))
     return report_pb2.Report(
-        cluster=cluster, fl_namespace="victim", fl_name="fl", fl_uid="victim-uid", sequence=1
+        cluster=cluster,
+        fl_namespace="victim",
+        fl_name="fl",
+        fl_uid="victim-uid",
+        client_phase=report_pb2.CLIENT_PHASE_RUNNING,
+        round=1,
+        timestamp=ts,
+        sequence=1,
     )
 
 
