@@ -161,6 +161,7 @@ class Agent:
         self._watcher: ClientWatcher | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._saver: asyncio.Task[None] | None = None
+        self._fleet: asyncio.Task[None] | None = None
 
     @property
     def pending_file(self) -> Path | None:
@@ -227,6 +228,8 @@ class Agent:
             self._watcher.start()
         if self.config.csr_hub_kubeconfig:
             self._renewer = asyncio.create_task(self._renew_loop(), name="csr-renewal")
+            if self.config.watch:
+                self._fleet = asyncio.create_task(self._fleet_loop(), name="fleet-identities")
         self.streamer.start()
         log.info(
             "agent for cluster %s: local API on port %d, hub %s",
@@ -250,13 +253,23 @@ class Agent:
                 log.exception("certificate renewal failed")
             await asyncio.sleep(self.config.csr_check_interval_s)
 
+    async def _fleet_loop(self) -> None:
+        """Each federation's client keys, made here; certificates from the hub's Fleet
+        signer (agent_addon.fleet_identity)."""
+        from agent_addon.fleet_identity import FleetIdentities
+        from ocmfl.kube import Kube
+
+        hub = Kube(self.config.csr_hub_kubeconfig, field_manager="ocm-fl-agent")
+        local = Kube(self.config.kubeconfig, field_manager="ocm-fl-agent")
+        await FleetIdentities(self.config.cluster, local, hub).run()
+
     async def stop(self, drain_s: float = 0.0) -> None:
         """Stop; first wait up to `drain_s` for pending reports to be delivered."""
         if drain_s > 0:
             await self.buffer.wait_empty(drain_s)
         if self._watcher is not None:
             self._watcher.stop()
-        for task in (self._renewer, self._saver):
+        for task in (self._renewer, self._saver, self._fleet):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -47,6 +47,12 @@ CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
 FLEET_ORGANIZATION: Final = "federated-learning:fleet"
 FLEET_CN_PREFIX: Final = "fleet:"  # CN = "fleet:<cluster-name>"
 FLEET_URI_PREFIX: Final = "urn:ocm-fl:fleet:"  # + "<federation uid>:cluster:<cluster-name>"
+# Fleet certificates are requested by each cluster's agent (the key is made on the cluster)
+# from this signer; the CSR also carries the cluster's SuperNode public key as a URI SAN.
+FLEET_SIGNER_NAME: Final = "federated-learning.open-cluster-management.io/fleet"
+SUPERNODE_KEY_URI_PREFIX: Final = "urn:ocm-fl:supernode-key:"  # + base64url(OpenSSH key)
+# The Secret the agent writes in each client namespace: Fleet key + cert, SuperNode key.
+CLIENT_IDENTITY_SECRET: Final = "fl-client-identity"
 
 # --- images (the local node maps these repositories to local entry points) -----------------
 IMAGE_REGISTRY: Final = "quay.io/ocm-fl"

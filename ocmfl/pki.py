@@ -10,6 +10,7 @@ signed by a federation's own Fleet CA, so they never pass as an agent.
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import os
@@ -231,6 +232,75 @@ def parse_fleet_uri(uri: str) -> tuple[str, str]:
     if not sep or not uid or not is_valid_cluster_name(cluster):
         raise IdentityError(f"{uri!r} does not name a federation uid and a cluster")
     return uid, cluster
+
+
+def supernode_key_uri(public_openssh: bytes) -> str:
+    """A URI SAN carrying a SuperNode public key (OpenSSH line, comment dropped)."""
+    fields = public_openssh.split()
+    if len(fields) < 2:
+        raise ValueError("not an OpenSSH public key line")
+    blob = base64.urlsafe_b64encode(b" ".join(fields[:2])).decode().rstrip("=")
+    return constants.SUPERNODE_KEY_URI_PREFIX + blob
+
+
+def supernode_key_from_uri(uri: str) -> bytes:
+    """The OpenSSH public key line (no comment, no newline) of a `supernode_key_uri`.
+
+    ValueError unless it is an ECDSA key (what Flower's node authentication takes)."""
+    if not uri.startswith(constants.SUPERNODE_KEY_URI_PREFIX):
+        raise ValueError(f"{uri!r} is not a SuperNode key URI")
+    blob = uri[len(constants.SUPERNODE_KEY_URI_PREFIX) :]
+    line = base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))
+    key = serialization.load_ssh_public_key(line)
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ValueError("a SuperNode key must be ECDSA")
+    return line
+
+
+def create_fleet_csr(
+    federation_uid: str, cluster: str, key: PrivateKey, supernode_public: bytes
+) -> x509.CertificateSigningRequest:
+    """The CSR an agent sends for its cluster's Fleet identity in one federation."""
+    sans = [
+        x509.UniformResourceIdentifier(fleet_uri(federation_uid, cluster)),
+        x509.UniformResourceIdentifier(supernode_key_uri(supernode_public)),
+    ]
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(fleet_subject(cluster))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def sign_fleet_csr(
+    csr: x509.CertificateSigningRequest,
+    fleet_ca: CertAndKey,
+    federation_uid: str,
+    cluster: str,
+    *,
+    lifetime: dt.timedelta = DEFAULT_CLIENT_LIFETIME,
+    now: dt.datetime | None = None,
+) -> x509.Certificate:
+    """A Fleet client certificate for the CSR's key; subject and SAN are set here, never
+    copied from the request."""
+    verify_csr(csr)
+    lifetime = min(lifetime, MAX_CLIENT_LIFETIME)
+    builder = _leaf_builder(
+        fleet_subject(cluster),
+        csr.public_key(),
+        fleet_ca,
+        lifetime=lifetime,
+        now=now,
+        client=True,
+        server=False,
+    ).add_extension(
+        x509.SubjectAlternativeName(
+            [x509.UniformResourceIdentifier(fleet_uri(federation_uid, cluster))]
+        ),
+        critical=False,
+    )
+    return builder.sign(fleet_ca.key, hashes.SHA256())
 
 
 def issue_fleet_client_cert(

@@ -72,6 +72,7 @@ FIELD_MANAGER: Final = "ocm-fl-hub"
 PERSISTENCE_PREFIX: Final = f"operator.{constants.LABEL_PREFIX}"
 RESYNC_S: Final = 600.0  # apply everything again this often (credential renewal, drift)
 COUNTDOWN_S: Final = 10.0  # re-fold this often while the ClientsReady countdown runs
+KEYS_WAIT_S: Final = 2.0  # look again this soon while the server waits for SuperNode keys
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
 # Delete dependents too (a Job's pods; without it the Job API orphans them).
@@ -176,12 +177,17 @@ def ensure_credentials(
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
     secret = kube.get(secret_path)
     current = credentials.secret_data(secret)
+    enrolled_path = path_of(
+        "v1", "Secret", ref.namespace, credentials.enrolled_keys_secret_name(name)
+    )
+    enrolled = credentials.secret_data(kube.get(enrolled_path))
     data = credentials.reconcile_credentials(
         current,
         clusters=members,
         gateway=server_mod.gateway_names(ref, server_address),
         federation_uid=ref.uid,
         ca_name=credentials.fleet_ca_name(ref.namespace, ref.name),
+        enrolled=enrolled,
     )
     if data != current or secret is None:
         meta = {
@@ -201,9 +207,10 @@ def apply_desired(
     obs: Observations,
     done: bool,
     logger: kopf.Logger | logging.Logger,
-) -> None:
+) -> dict[str, bytes] | None:
     """Apply the Placement, the server Service (and PVC), the credentials and the works; delete
-    the works of clusters that left. A finished run takes no new clusters."""
+    the works of clusters that left. A finished run takes no new clusters. Returns the
+    credentials (None before the server address is known)."""
     kube = op.kube
     kube.apply(placement_mod.desired_placement(ref, fl))
     kube.apply(server_mod.desired_service(ref))
@@ -211,7 +218,7 @@ def apply_desired(
     if claim is not None:
         kube.create(path_of("v1", "PersistentVolumeClaim", ref.namespace), claim)
     if obs.server_address is None:
-        return
+        return None
     members = [r.name for r in obs.resolutions if r.has_data]
     creds = ensure_credentials(kube, ref, obs.server_address, members)
     desired = works_mod.desired_works(
@@ -220,7 +227,6 @@ def apply_desired(
         obs.resolutions,
         obs.server_address,
         op.agent_endpoints,
-        tls={c: credentials.client_bundle(creds, c) for c in members},
         server_name=server_mod.gateway_server_name(ref, obs.server_address),
     )
     if done:
@@ -235,6 +241,7 @@ def apply_desired(
         kube.delete(
             path_of(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name), body=BACKGROUND
         )
+    return creds
 
 
 def reconcile(
@@ -265,16 +272,30 @@ def reconcile(
         return None
     obs = gather(ref, fl, idx, reports)
     inputs = (generation, observation_digest(obs))
+    waiting_for_keys = False
     try:
         if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
-            apply_desired(op, ref, fl, obs, finished(previous, generation), logger)
+            creds = apply_desired(op, ref, fl, obs, finished(previous, generation), logger)
+            keys_missing = False
             if should_start_server(fl, obs, previous, generation):
-                logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
-                op.kube.create(
-                    path_of("batch/v1", "Job", ref.namespace), server_mod.desired_job(ref, fl)
-                )
-                obs = replace(obs, server_job=JobState(exists=True))
-            run.applied, run.applied_at = inputs, clock()
+                # The server registers SuperNode keys once, at start: wait until enough
+                # clusters' agents have sent theirs (through the Fleet signer).
+                have = len(credentials.server_node_keys(creds or {}))
+                keys_missing = have < fl.server.min_available_clients
+                if keys_missing:
+                    logger.info("waiting for SuperNode keys: %d of %d clusters have sent one",
+                                have, fl.server.min_available_clients)  # fmt: skip
+                else:
+                    logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
+                    op.kube.create(
+                        path_of("batch/v1", "Job", ref.namespace),
+                        server_mod.desired_job(ref, fl),
+                    )
+                    obs = replace(obs, server_job=JobState(exists=True))
+            # Waiting for keys: the signer's write wakes nothing, so look again soon.
+            run.applied, run.applied_at = (None if keys_missing else inputs), clock()
+            if keys_missing:
+                waiting_for_keys = True
     except KubeError as exc:
         if exc.status != 422:
             raise
@@ -290,6 +311,8 @@ def reconcile(
     counting_down = new.phase.value == "Running" and len(ready_clusters(obs)) < (
         fl.server.min_available_clients
     )
+    if waiting_for_keys:
+        return KEYS_WAIT_S
     return COUNTDOWN_S if counting_down else RESYNC_S
 
 

@@ -55,6 +55,12 @@ def tenant_credentials(*clusters: str, gateway_host: str = "fl.team.example") ->
     )
 
 
+def tenant_fleet_identity(data: dict[str, bytes], cluster: str) -> pki.CertAndKey:
+    """A Fleet client identity as the federation's Fleet CA issues them."""
+    fleet_ca = pki.load_cert_and_key(data[cr.CA], data[cr.FLEET_CA_KEY])
+    return pki.issue_fleet_client_cert(fleet_ca, FL_UID, cluster)
+
+
 def agent_accepts(server_cert: bytes, server_key: bytes, trust: bytes, host: str) -> bool:
     """Whether a TLS client trusting `trust` (as an agent trusts the hub CA) completes a
     handshake with a server presenting `server_cert` for `host` (in memory, no sockets)."""
@@ -130,13 +136,13 @@ async def _spoof(aggregator: AggregatorServer, hub_ca: bytes, cert: bytes, key: 
 async def test_report_spoofed_with_a_fleet_key_is_refused(
     aggregator: AggregatorServer, hub_pki: TestPKI
 ) -> None:
-    # A tenant reads cluster-a's Fleet key from its own credentials Secret and reports as
-    # cluster-a into the hub, e.g. into another tenant's federation.
-    data = tenant_credentials("cluster-a")
-    crt, key, _, _ = cr.cluster_keys("cluster-a")
+    # A tenant holds a valid Fleet identity for cluster-a: its client pod's, or one minted
+    # with its own federation's Fleet CA (its credentials Secret). It reports as cluster-a
+    # into the hub, e.g. into another tenant's federation.
+    fleet = tenant_fleet_identity(tenant_credentials("cluster-a"), "cluster-a")
     hub_ca = pki.cert_to_pem(hub_pki.ca.cert)
     with pytest.raises(grpc.aio.AioRpcError) as err:
-        await _spoof(aggregator, hub_ca, data[crt], data[key])
+        await _spoof(aggregator, hub_ca, fleet.cert_pem, fleet.key_pem)
     assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAUTHENTICATED)
     assert aggregator.store.runs() == []  # nothing of the spoofed report was kept
 
@@ -159,10 +165,12 @@ async def test_fleet_certificate_is_refused_even_if_signed_by_the_hub_ca(
 
 def test_no_fleet_certificate_chains_to_the_hub_ca(hub_pki: TestPKI) -> None:
     data = tenant_credentials("cluster-a", "cluster-b")
-    for name in ("cluster-a.tls.crt", "cluster-b.tls.crt", cr.GATEWAY_CERT, cr.SUPERLINK_CERT):
-        cert = pki.load_cert_pem(data[name])
+    fleet_ca = pki.load_cert_pem(data[cr.CA])
+    certs = {n: pki.load_cert_pem(data[n]) for n in (cr.GATEWAY_CERT, cr.SUPERLINK_CERT)}
+    certs["fleet"] = tenant_fleet_identity(data, "cluster-a").cert
+    for name, cert in certs.items():
         assert not pki.verify_issued_by(cert, hub_pki.ca.cert), name
-        assert pki.verify_issued_by(cert, pki.load_cert_pem(data[cr.CA])), name
+        assert pki.verify_issued_by(cert, fleet_ca), name
 
 
 # --- advertiseAddress yields no certificate agents trust for the aggregator ---------------

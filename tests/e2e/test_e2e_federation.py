@@ -19,6 +19,7 @@ import pytest
 
 from examples.demo import demo_resource, held_out_scores
 from hack import controlplane as cp
+from hack import keyscan
 from hack.localfed import (
     FL_PATH,
     LocalFederation,
@@ -142,6 +143,22 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     before, after = held_out_scores(final, workdir / "models")
     assert after["test-accuracy"] > before["test-accuracy"] + 0.3, (before, after)
     assert status["model"]["metrics"]["test-accuracy"] == after["test-accuracy"]
+
+    # Keys were born where they are used: each cluster's agent wrote its client's identity
+    # there, and no object on the hub (Secrets, ConfigMaps, works, CSRs) holds a private key
+    # of any cluster.
+    for cluster in with_data:
+        spoke = Kube(plane.cluster_kubeconfigs[cluster])
+        try:
+            ns = client_namespace(ref)
+            identity = spoke.get(
+                f"/api/v1/namespaces/{ns}/secrets/{constants.CLIENT_IDENTITY_SECRET}"
+            )
+        finally:
+            spoke.close()
+        assert identity is not None and "node.key" in identity["data"]
+    findings = keyscan.scan(keyscan.read_hub(hub))
+    assert findings == [], [str(f) for f in findings]
 
     # Deleting the resource cleans the hub and every cluster, and nothing else.
     hub.delete(f"{FL_PATH.format(ns=NAMESPACE)}/{name}")

@@ -11,10 +11,10 @@ a new Fleet CA):
 * ``ca.crt``/``fleet-ca.key``: the federation's Fleet CA (made here, one per resource);
 * ``superlink.crt/.key``: the SuperLink's TLS certificate, loopback only (DNS ``localhost``);
 * ``gateway.crt/.key``: the Fleet gateway's server certificate for the names clusters dial;
-* per cluster ``<c>.tls.crt/.key``: the cluster's client identity for the Fleet tunnel
-  (CN ``fleet:<c>``, URI SAN naming the federation uid and cluster), and
-  ``<c>.node.key/.node.pub``: its SuperNode authentication key pair (Flower's second factor;
-  the server registers the public key under the cluster's name).
+* per cluster only ``<c>.node.pub``: its SuperNode public key, which the Fleet signer
+  (hub_controller.signer.fleet) stored from the cluster's CSR; the server registers it under
+  the cluster's name. The cluster's Fleet key and SuperNode key are made on the cluster by
+  its agent (agent_addon.fleet_identity) and never reach the hub.
 
 `reconcile_credentials` is pure apart from key generation; the operator stores its result.
 """
@@ -40,7 +40,8 @@ RENEW_BELOW = 0.3
 
 
 def cluster_keys(cluster: str) -> tuple[str, str, str, str]:
-    """Secret keys of one cluster's material: (tls.crt, tls.key, node.key, node.pub)."""
+    """Names of one cluster's material: (tls.crt, tls.key, node.key, node.pub); only the
+    last is ever stored on the hub (the others name what must never be there)."""
     return (
         f"{cluster}.tls.crt",
         f"{cluster}.tls.key",
@@ -111,6 +112,7 @@ def reconcile_credentials(
     gateway: GatewayNames,
     federation_uid: str,
     ca_name: str = "ocm-fl-fleet-ca",
+    enrolled: Mapping[str, bytes] | None = None,
     now: dt.datetime | None = None,
 ) -> dict[str, bytes]:
     """The Secret data to store: `current` where still good, newly issued where not.
@@ -120,6 +122,7 @@ def reconcile_credentials(
     ends with their membership).
     """
     now = now or pki.utcnow()
+    enrolled = enrolled or {}
     ca = fleet_ca(current, ca_name, now)
     out: dict[str, bytes] = {CA: pki.cert_to_pem(ca.cert), FLEET_CA_KEY: pki.key_to_pem(ca.key)}
 
@@ -140,29 +143,13 @@ def reconcile_credentials(
         )
         out[GATEWAY_CERT], out[GATEWAY_KEY] = pair.cert_pem, pair.key_pem
 
+    # Per cluster only public material: the SuperNode key the Fleet signer took from the
+    # cluster's CSR (`enrolled`), for members only. Keys are made on the cluster (agent).
     for cluster in sorted(set(clusters)):
-        crt, key, node_key, node_pub = cluster_keys(cluster)
-        if _fresh(current, crt, ca, now) and current.get(key):
-            out[crt], out[key] = current[crt], current[key]
-        else:
-            pair = pki.issue_fleet_client_cert(ca, federation_uid, cluster, now=now)
-            out[crt], out[key] = pair.cert_pem, pair.key_pem
-        if current.get(node_key) and current.get(node_pub):
-            out[node_key], out[node_pub] = current[node_key], current[node_pub]
-        else:
-            out[node_key], out[node_pub] = nodekeys.generate_keypair(comment=cluster)
+        _, _, _, node_pub = cluster_keys(cluster)
+        if enrolled.get(node_pub):
+            out[node_pub] = enrolled[node_pub]
     return out
-
-
-def client_bundle(data: Mapping[str, bytes], cluster: str) -> dict[str, bytes]:
-    """What one cluster's client pod mounts: its identity, the CA and its SuperNode key."""
-    crt, key, node_key, _ = cluster_keys(cluster)
-    return {
-        pki.CERT_FILE: data[crt],
-        pki.KEY_FILE: data[key],
-        pki.CA_FILE: data[CA],
-        "node.key": data[node_key],
-    }
 
 
 def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -182,6 +169,12 @@ def server_tls_bundle(data: Mapping[str, bytes]) -> dict[str, bytes]:
 def credentials_secret_name(server_name: str) -> str:
     """The Secret holding all of a resource's credentials (the server pod mounts parts)."""
     return f"{server_name}-credentials"
+
+
+def enrolled_keys_secret_name(server_name: str) -> str:
+    """The Secret where the Fleet signer puts each cluster's SuperNode public key (from its
+    CSR); the operator copies members' keys into the credentials and node-keys Secrets."""
+    return f"{server_name}-enrolled-keys"
 
 
 def node_keys_secret_name(server_name: str) -> str:

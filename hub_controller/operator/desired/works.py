@@ -8,7 +8,6 @@ and run config. Status feedback rules bring the Job's counters back to the hub.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
@@ -35,8 +34,10 @@ CONFIG_DIR: Final = "/etc/ocm-fl"
 RUN_CONFIG_FILE: Final = "run-config.json"
 SERVICE_ACCOUNT: Final = "fl-client"
 CLIENT_COMMAND: Final = "ocm-fl-client"
-TLS_SECRET_NAME: Final = "fl-client-tls"
-TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.client_bundle: tls.crt/key, ca.crt, node.key
+# The client's Fleet identity: a Secret the cluster's agent writes in the client namespace
+# (agent_addon.fleet_identity: tls.crt/key, ca.crt, node.key, keys made on the cluster). The
+# pod starts once it exists; the work itself carries no key.
+TLS_DIR: Final = "/var/run/ocm-fl/tls"
 STATE_DIR: Final = "/var/lib/ocm-fl-client"
 # Where the client posts local metrics: the addon agent's Service in its namespace.
 DEFAULT_AGENT_ENDPOINT: Final = (
@@ -139,7 +140,8 @@ def client_args(
       --server HOST:PORT     the hub server's Fleet gateway (mTLS)
       --server-name NAME     the DNS name on the gateway's certificate
       --root-certificates, --client-certfile, --client-keyfile, --auth-key
-                             the hub CA, this cluster's identity and SuperNode key (TLS_DIR)
+                             the Fleet CA, this cluster's Fleet identity and SuperNode key
+                             (TLS_DIR: the identity Secret the cluster's agent writes)
       --cluster NAME         this managed cluster's name (also in OCMFL_CLUSTER_NAME)
       --data-dir PATH        the mounted data directory (also in OCMFL_DATA_DIR)
       --run-config FILE      JSON object of this cluster's values, given to the ClientApp as
@@ -234,7 +236,13 @@ def _client_job(
                 "hostPath": {"path": resolution.data_path, "type": "Directory"},
             },
             {"name": "config", "configMap": {"name": CONFIG_MAP_NAME}},
-            {"name": "tls", "secret": {"secretName": TLS_SECRET_NAME, "defaultMode": 0o400}},
+            {
+                "name": "tls",
+                "secret": {
+                    "secretName": constants.CLIENT_IDENTITY_SECRET,
+                    "defaultMode": 0o400,
+                },
+            },
             {"name": "state", "emptyDir": {}},
         ],
     }
@@ -265,13 +273,12 @@ def desired_work(
     server_address: str,
     agent_endpoint: str = DEFAULT_AGENT_ENDPOINT,
     *,
-    tls: Mapping[str, bytes],
     server_name: str,
 ) -> dict[str, Any]:
     """The ManifestWork for one cluster that has data.
 
-    `tls` is the cluster's credentials.client_bundle (its identity for the Fleet gateway, the
-    hub CA and its SuperNode key); `server_name` the DNS name on the gateway certificate.
+    `server_name` is the DNS name on the gateway certificate. The work carries no key: the
+    client's Fleet identity comes from the cluster's agent (TLS_DIR).
     """
     if resolution.data_path is None:
         raise ValueError(f"cluster {resolution.name} has no data path: it gets no work")
@@ -297,13 +304,6 @@ def desired_work(
             "kind": "ConfigMap",
             "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": labels},
             "data": {RUN_CONFIG_FILE: json.dumps(effective.run_config, sort_keys=True)},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "Opaque",
-            "metadata": {"name": TLS_SECRET_NAME, "namespace": namespace, "labels": labels},
-            "data": {k: base64.b64encode(v).decode() for k, v in sorted(tls.items())},
         },
         job,
     ]
@@ -359,12 +359,11 @@ def desired_works(
     server_address: str,
     agent_endpoints: Mapping[str, str] | None = None,
     *,
-    tls: Mapping[str, Mapping[str, bytes]],
     server_name: str,
 ) -> dict[str, dict[str, Any]]:
     """Works keyed by cluster name, for the clusters that have data.
 
-    `tls` maps each such cluster to its credentials bundle; `agent_endpoints` overrides where
+    `agent_endpoints` overrides where
     a cluster's client finds its agent (default: the agent Service, DEFAULT_AGENT_ENDPOINT).
     """
     endpoints = agent_endpoints or {}
@@ -375,7 +374,6 @@ def desired_works(
             r,
             server_address,
             endpoints.get(r.name, DEFAULT_AGENT_ENDPOINT),
-            tls=tls[r.name],
             server_name=server_name,
         )
         for r in resolutions
