@@ -47,6 +47,9 @@ class AgentConfig:
     # kubeconfig (OCM KubeClient registration mounts one at /managed/hub-kubeconfig/kubeconfig).
     csr_hub_kubeconfig: str | None = None
     csr_check_interval_s: float = 300.0
+    # Hub kubeconfig for the clients' Fleet CSRs (agent_addon.fleet_identity); default: the
+    # CSR-mode one. Without either, client pods get no Fleet identity and do not start.
+    fleet_hub_kubeconfig: str | None = None
     # Unsent reports are saved here (and reloaded on start); None keeps them in memory only.
     state_dir: Path | None = None
     save_interval_s: float = 1.0
@@ -111,6 +114,11 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         help="CSR mode: renew the client cert via the hub CSR signer",
     )
     p.add_argument(
+        "--fleet-hub-kubeconfig",
+        default=_env(constants.ENV_FLEET_HUB_KUBECONFIG),
+        help="hub kubeconfig for client Fleet CSRs (default: --csr-hub-kubeconfig)",
+    )
+    p.add_argument(
         "--state-dir",
         default=_env(constants.ENV_AGENT_STATE_DIR),
         help=f"keep unsent reports here (default {constants.AGENT_STATE_DIR} when it exists)",
@@ -136,6 +144,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         buffer_size=a.buffer_size,
         server_name=a.server_name,
         csr_hub_kubeconfig=a.csr_hub_kubeconfig,
+        fleet_hub_kubeconfig=a.fleet_hub_kubeconfig or a.csr_hub_kubeconfig,
         state_dir=_state_dir(a.state_dir),
     )
 
@@ -228,8 +237,8 @@ class Agent:
             self._watcher.start()
         if self.config.csr_hub_kubeconfig:
             self._renewer = asyncio.create_task(self._renew_loop(), name="csr-renewal")
-            if self.config.watch:
-                self._fleet = asyncio.create_task(self._fleet_loop(), name="fleet-identities")
+        if self.config.fleet_hub_kubeconfig and self.config.watch:
+            self._fleet = asyncio.create_task(self._fleet_loop(), name="fleet-identities")
         self.streamer.start()
         log.info(
             "agent for cluster %s: local API on port %d, hub %s",
@@ -259,7 +268,7 @@ class Agent:
         from agent_addon.fleet_identity import FleetIdentities
         from ocmfl.kube import Kube
 
-        hub = Kube(self.config.csr_hub_kubeconfig, field_manager="ocm-fl-agent")
+        hub = Kube(self.config.fleet_hub_kubeconfig, field_manager="ocm-fl-agent")
         local = Kube(self.config.kubeconfig, field_manager="ocm-fl-agent")
         await FleetIdentities(self.config.cluster, local, hub).run()
 

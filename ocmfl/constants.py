@@ -105,6 +105,8 @@ ENV_HUB_AGGREGATOR_ADDRESS: Final = "OCMFL_HUB_AGGREGATOR_ADDRESS"  # hub (cert 
 ENV_LOG_LEVEL: Final = "OCMFL_LOG_LEVEL"
 ENV_AGENT_CERT_DIR: Final = "OCMFL_AGENT_CERT_DIR"
 ENV_HUB_CA_FILE: Final = "OCMFL_HUB_CA_FILE"  # agent: PEM file of the hub CA
+# agent: hub kubeconfig for Fleet CSRs (OCM KubeClient registration's HUB_KUBECONFIG)
+ENV_FLEET_HUB_KUBECONFIG: Final = "OCMFL_FLEET_HUB_KUBECONFIG"
 ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the CA tls.crt/tls.key
 ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
 ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all
