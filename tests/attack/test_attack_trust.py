@@ -8,6 +8,7 @@ a federation's Fleet certificates come from that federation's own Fleet CA.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import ssl
 import tempfile
@@ -21,11 +22,14 @@ from cryptography import x509
 from google.protobuf.timestamp_pb2 import Timestamp
 from kopf.testing import KopfRunner
 
+from hack import keyscan
 from hack.testing import TestPKI, wait_for
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
-from hub_controller.membership import StaticMembers
+from hub_controller.membership import ClusterResolution, StaticMembers
 from hub_controller.operator.desired import credentials as cr
+from hub_controller.operator.desired import server as server_mod
+from hub_controller.operator.desired import works as works_mod
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
@@ -38,6 +42,8 @@ from tests.integration.test_controller import (  # noqa: F401 (fixtures by name)
     operator,
     spokes,
 )
+from tests.unit.fl_fixtures import REF as FIXTURE_REF
+from tests.unit.fl_fixtures import spec as fixture_spec
 
 pytestmark = [pytest.mark.attack, pytest.mark.timeout(60)]
 
@@ -185,6 +191,23 @@ def test_tenant_chosen_advertise_address_is_no_aggregator_certificate(hub_pki: T
     # The real aggregator certificate still passes: the check is not vacuous.
     real = pki.issue_server_cert(hub_pki.ca, dns_names=[AGGREGATOR_HOST])
     assert agent_accepts(real.cert_pem, real.key_pem, hub_ca, AGGREGATOR_HOST)
+
+
+# --- no private key of a cluster on the hub -------------------------------------------------
+def test_a_federations_hub_objects_hold_no_cluster_private_key() -> None:
+    # What the controller writes for a federation with members: its hub Secrets and each
+    # cluster's ManifestWork. A reader of any of them (the tenant, a hub admin, the work
+    # store) must not get a key a cluster uses.
+    members = [ClusterResolution(c, f"/srv/{c}", "claim") for c in ("cluster-a", "cluster-b")]
+    data = tenant_credentials("cluster-a", "cluster-b")
+    server = server_mod.server_name(FIXTURE_REF)
+    secrets = cr.hub_secrets({"namespace": FIXTURE_REF.namespace}, server, data)
+    works = works_mod.desired_works(
+        FIXTURE_REF, fixture_spec(), members, "127.0.0.1:9443", server_name="fl.team.example"
+    )
+    findings = keyscan.scan({"Secret": secrets, "ManifestWork": list(works.values())})
+    assert findings == [], [str(f) for f in findings]
+    assert "PRIVATE KEY" not in json.dumps(list(works.values()))
 
 
 # --- the same through the controller on the local plane --------------------------------------
