@@ -103,7 +103,7 @@ def operator(
     """The operator alone, kopf in-process against the hub; at the end the test's resources
     are deleted while the operator still runs, so its finalizer can do its job."""
     monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
-    # The hub CA the controller issues per-resource credentials from (ca_init on a real hub).
+    # The hub CA (ca_init on a real hub): agents trust it; tenant credentials never come from it.
     ca_dir = tmp_path_factory.mktemp("hub-ca")
     pki.save_tls_dir(ca_dir, pki.create_ca("test-hub-ca"), None)
     monkeypatch.setenv(constants.ENV_CA_DIR, str(ca_dir))
