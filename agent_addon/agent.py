@@ -48,6 +48,9 @@ class AgentConfig:
     # kubeconfig (OCM KubeClient registration mounts one at /managed/hub-kubeconfig/kubeconfig).
     csr_hub_kubeconfig: str | None = None
     csr_check_interval_s: float = 300.0
+    # Hub kubeconfig for the clients' Fleet CSRs (agent_addon.fleet_identity); default: the
+    # CSR-mode one. Without either, client pods get no Fleet identity and do not start.
+    fleet_hub_kubeconfig: str | None = None
     # Unsent reports are saved here (and reloaded on start); None keeps them in memory only.
     state_dir: Path | None = None
     save_interval_s: float = 1.0
@@ -112,6 +115,11 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         help="CSR mode: renew the client cert via the hub CSR signer",
     )
     p.add_argument(
+        "--fleet-hub-kubeconfig",
+        default=_env(constants.ENV_FLEET_HUB_KUBECONFIG),
+        help="hub kubeconfig for client Fleet CSRs (default: --csr-hub-kubeconfig)",
+    )
+    p.add_argument(
         "--state-dir",
         default=_env(constants.ENV_AGENT_STATE_DIR),
         help=f"keep unsent reports here (default {constants.AGENT_STATE_DIR} when it exists)",
@@ -137,6 +145,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         buffer_size=a.buffer_size,
         server_name=a.server_name,
         csr_hub_kubeconfig=a.csr_hub_kubeconfig,
+        fleet_hub_kubeconfig=a.fleet_hub_kubeconfig or a.csr_hub_kubeconfig,
         state_dir=_state_dir(a.state_dir),
     )
 
@@ -162,6 +171,7 @@ class Agent:
         self._watcher: ClientWatcher | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._saver: asyncio.Task[None] | None = None
+        self._fleet: asyncio.Task[None] | None = None
 
     @property
     def pending_file(self) -> Path | None:
@@ -240,6 +250,8 @@ class Agent:
             self._watcher.start()
         if self.config.csr_hub_kubeconfig:
             self._renewer = asyncio.create_task(self._renew_loop(), name="csr-renewal")
+        if self.config.fleet_hub_kubeconfig and self.config.watch:
+            self._fleet = asyncio.create_task(self._fleet_loop(), name="fleet-identities")
         self.streamer.start()
         log.info(
             "agent for cluster %s: local API on port %d, hub %s",
@@ -263,13 +275,23 @@ class Agent:
                 log.exception("certificate renewal failed")
             await asyncio.sleep(self.config.csr_check_interval_s)
 
+    async def _fleet_loop(self) -> None:
+        """Each federation's client keys, made here; certificates from the hub's Fleet
+        signer (agent_addon.fleet_identity)."""
+        from agent_addon.fleet_identity import FleetIdentities
+        from ocmfl.kube import Kube
+
+        hub = Kube(self.config.fleet_hub_kubeconfig, field_manager="ocm-fl-agent")
+        local = Kube(self.config.kubeconfig, field_manager="ocm-fl-agent")
+        await FleetIdentities(self.config.cluster, local, hub).run()
+
     async def stop(self, drain_s: float = 0.0) -> None:
         """Stop; first wait up to `drain_s` for pending reports to be delivered."""
         if drain_s > 0:
             await self.buffer.wait_empty(drain_s)
         if self._watcher is not None:
             self._watcher.stop()
-        for task in (self._renewer, self._saver):
+        for task in (self._renewer, self._saver, self._fleet):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_aggregator:
         import hub_controller.aggregator.handlers
     if os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").lower() == "true":
-        import hub_controller.signer.handlers  # noqa: F401
+        import hub_controller.signer.handlers
+    # Always: client Fleet identities come only through this signer (keys made on clusters).
+    import hub_controller.signer.fleet  # noqa: F401
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

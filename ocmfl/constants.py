@@ -46,6 +46,18 @@ LABEL_OCM_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
 SIGNER_NAME: Final = "federated-learning.open-cluster-management.io/agent"
 CERT_ORGANIZATION: Final = "federated-learning:agents"
 CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
+# Fleet (Flower traffic) client certificates: signed by one federation's own Fleet CA, never by
+# the hub CA, and with a subject no agent check accepts (CN "fleet:<cluster>", this O, and a
+# URI SAN naming the federation), so a Fleet key can never pass as a cluster's agent.
+FLEET_ORGANIZATION: Final = "federated-learning:fleet"
+FLEET_CN_PREFIX: Final = "fleet:"  # CN = "fleet:<cluster-name>"
+FLEET_URI_PREFIX: Final = "urn:ocm-fl:fleet:"  # + "<federation uid>:cluster:<cluster-name>"
+# Fleet certificates are requested by each cluster's agent (the key is made on the cluster)
+# from this signer; the CSR also carries the cluster's SuperNode public key as a URI SAN.
+FLEET_SIGNER_NAME: Final = "federated-learning.open-cluster-management.io/fleet"
+SUPERNODE_KEY_URI_PREFIX: Final = "urn:ocm-fl:supernode-key:"  # + base64url(OpenSSH key)
+# The Secret the agent writes in each client namespace: Fleet key + cert, SuperNode key.
+CLIENT_IDENTITY_SECRET: Final = "fl-client-identity"
 
 # --- images (the local node maps these repositories to local entry points) -----------------
 IMAGE_REGISTRY: Final = "quay.io/ocm-fl"
@@ -106,6 +118,8 @@ ENV_HUB_AGGREGATOR_ADDRESS: Final = "OCMFL_HUB_AGGREGATOR_ADDRESS"  # hub (cert 
 ENV_LOG_LEVEL: Final = "OCMFL_LOG_LEVEL"
 ENV_AGENT_CERT_DIR: Final = "OCMFL_AGENT_CERT_DIR"
 ENV_HUB_CA_FILE: Final = "OCMFL_HUB_CA_FILE"  # agent: PEM file of the hub CA
+# agent: hub kubeconfig for Fleet CSRs (OCM KubeClient registration's HUB_KUBECONFIG)
+ENV_FLEET_HUB_KUBECONFIG: Final = "OCMFL_FLEET_HUB_KUBECONFIG"
 ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the CA tls.crt/tls.key
 ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
 ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all

@@ -1,11 +1,12 @@
 """SuperNode authentication keys: ECDSA key pairs in OpenSSH format (what Flower expects).
 
-Flow on OCM: the hub controller calls ``generate_keypair`` once per (FederatedLearning,
-cluster), ships the private key to the cluster inside that cluster's ManifestWork as a Secret
-(mounted into the client pod, passed to ``ocm-fl-client --auth-key``) and gives the public
-keys to the server Job as a directory of ``<cluster>.pub`` files (``ocm-fl-server
---supernode-keys``), which registers each under the cluster's name. No key ever has to travel
-from a managed cluster to the hub, and a key is useless for any other FederatedLearning.
+Flow on OCM: each cluster's agent calls ``generate_keypair`` once per (FederatedLearning,
+cluster) on that cluster and keeps the private key in the client namespace's identity Secret
+(mounted into the client pod, passed to ``ocm-fl-client --auth-key``); the public key reaches
+the hub inside the Fleet CSR (agent_addon.fleet_identity), and the server Job gets the public
+keys as a directory of ``<cluster>.pub`` files (``ocm-fl-server --supernode-keys``), which
+registers each under the cluster's name. The private key never leaves the cluster, and a key
+is useless for any other FederatedLearning.
 """
 
 from __future__ import annotations

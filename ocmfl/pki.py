@@ -3,11 +3,14 @@
 Everything here is pure except the `save_*`/`load_*_file` helpers. Agent (client)
 certificates carry CN = ``CERT_CN_PREFIX + cluster`` and O = ``CERT_ORGANIZATION``;
 `cluster_from_certificate` maps such a certificate (or one issued through OCM's default
-CustomSigner subject) to exactly one cluster name, or raises `IdentityError`.
+CustomSigner subject) to exactly one cluster name, or raises `IdentityError`. Fleet client
+certificates (`fleet_subject`, `fleet_uri`) have a distinct subject and a URI SAN, and are
+signed by a federation's own Fleet CA, so they never pass as an agent.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import ipaddress
 import os
@@ -173,13 +176,150 @@ def cluster_from_subject(name: x509.Name) -> str:
 
 
 def cluster_from_certificate(cert: x509.Certificate | bytes | str) -> str:
-    """The cluster an agent certificate (object or PEM) identifies, or IdentityError."""
+    """The cluster an agent certificate (object or PEM) identifies, or IdentityError.
+
+    Beyond the subject, a certificate that is not for client authentication or that carries
+    a Fleet URI SAN is refused: Fleet certificates must never pass as an agent.
+    """
     if not isinstance(cert, x509.Certificate):
         try:
             cert = load_cert_pem(cert)
         except ValueError as e:
             raise IdentityError(f"unreadable certificate: {e}") from e
+    try:
+        eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+        if ExtendedKeyUsageOID.CLIENT_AUTH not in eku:
+            raise IdentityError("certificate is not for client authentication (EKU)")
+    except x509.ExtensionNotFound:
+        pass  # no EKU means any usage (RFC 5280); the subject check below still applies
+    if any(u.startswith(constants.FLEET_URI_PREFIX) for u in uris_of(cert)):
+        raise IdentityError("a Fleet certificate is not an agent identity")
     return cluster_from_subject(subject_of(cert))
+
+
+def uris_of(obj: x509.Certificate | x509.CertificateSigningRequest) -> list[str]:
+    """The URI SANs of a certificate or (requested in) a CSR."""
+    try:
+        san = obj.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return list(san.get_values_for_type(x509.UniformResourceIdentifier))
+
+
+# --- Fleet identities (one federation's Flower traffic) ---------------------------------------
+def fleet_subject(cluster: str) -> x509.Name:
+    """Subject of a Fleet client certificate: CN=fleet:<name>, O=FLEET_ORGANIZATION."""
+    if not is_valid_cluster_name(cluster):
+        raise IdentityError(f"invalid cluster name {cluster!r}")
+    return x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, constants.FLEET_ORGANIZATION),
+            name_attribute(NameOID.COMMON_NAME, constants.FLEET_CN_PREFIX + cluster),
+        ]
+    )
+
+
+def fleet_uri(federation_uid: str, cluster: str) -> str:
+    """The URI SAN binding a Fleet certificate to one federation (by uid) and cluster."""
+    return f"{constants.FLEET_URI_PREFIX}{federation_uid}:cluster:{cluster}"
+
+
+def parse_fleet_uri(uri: str) -> tuple[str, str]:
+    """(federation uid, cluster) of a `fleet_uri`, or IdentityError."""
+    if not uri.startswith(constants.FLEET_URI_PREFIX):
+        raise IdentityError(f"{uri!r} is not a Fleet URI")
+    uid, sep, cluster = uri[len(constants.FLEET_URI_PREFIX) :].partition(":cluster:")
+    if not sep or not uid or not is_valid_cluster_name(cluster):
+        raise IdentityError(f"{uri!r} does not name a federation uid and a cluster")
+    return uid, cluster
+
+
+def supernode_key_uri(public_openssh: bytes) -> str:
+    """A URI SAN carrying a SuperNode public key (OpenSSH line, comment dropped)."""
+    fields = public_openssh.split()
+    if len(fields) < 2:
+        raise ValueError("not an OpenSSH public key line")
+    blob = base64.urlsafe_b64encode(b" ".join(fields[:2])).decode().rstrip("=")
+    return constants.SUPERNODE_KEY_URI_PREFIX + blob
+
+
+def supernode_key_from_uri(uri: str) -> bytes:
+    """The OpenSSH public key line (no comment, no newline) of a `supernode_key_uri`.
+
+    ValueError unless it is an ECDSA key (what Flower's node authentication takes)."""
+    if not uri.startswith(constants.SUPERNODE_KEY_URI_PREFIX):
+        raise ValueError(f"{uri!r} is not a SuperNode key URI")
+    blob = uri[len(constants.SUPERNODE_KEY_URI_PREFIX) :]
+    line = base64.urlsafe_b64decode(blob + "=" * (-len(blob) % 4))
+    key = serialization.load_ssh_public_key(line)
+    if not isinstance(key, ec.EllipticCurvePublicKey):
+        raise ValueError("a SuperNode key must be ECDSA")
+    return line
+
+
+def create_fleet_csr(
+    federation_uid: str, cluster: str, key: PrivateKey, supernode_public: bytes
+) -> x509.CertificateSigningRequest:
+    """The CSR an agent sends for its cluster's Fleet identity in one federation."""
+    sans = [
+        x509.UniformResourceIdentifier(fleet_uri(federation_uid, cluster)),
+        x509.UniformResourceIdentifier(supernode_key_uri(supernode_public)),
+    ]
+    return (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(fleet_subject(cluster))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+
+
+def sign_fleet_csr(
+    csr: x509.CertificateSigningRequest,
+    fleet_ca: CertAndKey,
+    federation_uid: str,
+    cluster: str,
+    *,
+    lifetime: dt.timedelta = DEFAULT_CLIENT_LIFETIME,
+    now: dt.datetime | None = None,
+) -> x509.Certificate:
+    """A Fleet client certificate for the CSR's key; subject and SAN are set here, never
+    copied from the request."""
+    verify_csr(csr)
+    lifetime = min(lifetime, MAX_CLIENT_LIFETIME)
+    builder = _leaf_builder(
+        fleet_subject(cluster),
+        csr.public_key(),
+        fleet_ca,
+        lifetime=lifetime,
+        now=now,
+        client=True,
+        server=False,
+    ).add_extension(
+        x509.SubjectAlternativeName(
+            [x509.UniformResourceIdentifier(fleet_uri(federation_uid, cluster))]
+        ),
+        critical=False,
+    )
+    return builder.sign(fleet_ca.key, hashes.SHA256())
+
+
+def issue_fleet_client_cert(
+    fleet_ca: CertAndKey,
+    federation_uid: str,
+    cluster: str,
+    *,
+    lifetime: dt.timedelta = DEFAULT_CLIENT_LIFETIME,
+    now: dt.datetime | None = None,
+) -> CertAndKey:
+    """A fresh key and Fleet client certificate for `cluster` in one federation."""
+    return issue_cert(
+        fleet_ca,
+        fleet_subject(cluster),
+        client=True,
+        uris=[fleet_uri(federation_uid, cluster)],
+        lifetime=lifetime,
+        now=now,
+    )
 
 
 # --- building certificates ---------------------------------------------------------------------
@@ -312,6 +452,7 @@ def issue_cert(
     server: bool = False,
     dns_names: Sequence[str] = (),
     ip_addresses: Sequence[str] = (),
+    uris: Sequence[str] = (),
     lifetime: dt.timedelta = DEFAULT_CLIENT_LIFETIME,
     now: dt.datetime | None = None,
     key_kind: KeyKind = "ec",
@@ -323,6 +464,7 @@ def issue_cert(
     )
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
     sans += [x509.IPAddress(ipaddress.ip_address(i)) for i in ip_addresses]
+    sans += [x509.UniformResourceIdentifier(u) for u in uris]
     if sans:
         builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
     return CertAndKey(builder.sign(ca.key, hashes.SHA256()), key)

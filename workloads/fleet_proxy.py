@@ -5,7 +5,8 @@ and Runtime APIs on the same port as the Fleet API. So the SuperLink listens on 
 pod's loopback only, and two nginx instances carry the traffic between clusters and hub:
 
 * hub side (`fleet_gateway_conf`, next to the SuperLink in the server pod): terminates
-  TLS, requires a client certificate from the project's CA whose subject names a cluster,
+  TLS, requires a client certificate from the federation's Fleet CA whose subject names a
+  cluster's Fleet identity,
   forwards only ``/v1/fleet/`` to the SuperLink (over TLS, verifying it), and answers 403
   to anything else;
 * cluster side (`fleet_tunnel_conf`, next to each SuperNode): the SuperNode cannot present a
@@ -25,8 +26,8 @@ from ocmfl import constants
 
 FLEET_PATH = "/v1/fleet/"
 
-# A client certificate must name a cluster: CN=cluster:<name> (ocmfl.pki.cluster_subject).
-_CLUSTER_DN_REGEX = f"(^|,)CN={constants.CERT_CN_PREFIX}[a-z0-9]"
+# A client certificate must be a Fleet identity: CN=fleet:<name> (ocmfl.pki.fleet_subject).
+_CLUSTER_DN_REGEX = f"(^|,)CN={constants.FLEET_CN_PREFIX}[a-z0-9]"
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def fleet_gateway_conf(
 ) -> str:
     """The hub-side gateway: mTLS in, Fleet API only, TLS to the SuperLink.
 
-    `server_tls.ca` is the CA that client certificates must chain to (the project's CA).
+    `server_tls.ca` is the CA that client certificates must chain to (the federation's Fleet
+    CA).
     nginx 1.22 checks an upstream certificate against DNS names only (an IP SAN never
     matches), so the SuperLink certificate must carry `superlink_server_name` as a DNS SAN.
     """

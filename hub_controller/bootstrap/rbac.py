@@ -98,8 +98,8 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
         "certificates.k8s.io",
         "signers",
         ("approve", "sign"),
-        resource_names=(constants.SIGNER_NAME,),
-        why="only our signer",
+        resource_names=(constants.SIGNER_NAME, constants.FLEET_SIGNER_NAME),
+        why="only our signers",
     ),
     # Its own namespace: leader lease (if enabled).
     Rule("coordination.k8s.io", "leases", CRUD, Scope.RELEASE_NAMESPACE, why="leader lease"),

@@ -81,6 +81,7 @@ FIELD_MANAGER: Final = "ocm-fl-hub"
 PERSISTENCE_PREFIX: Final = f"operator.{constants.LABEL_PREFIX}"
 RESYNC_S: Final = 600.0  # apply everything again this often (credential renewal, drift)
 COUNTDOWN_S: Final = 10.0  # re-fold this often while the ClientsReady countdown runs
+KEYS_WAIT_S: Final = 2.0  # look again this soon while the server waits for SuperNode keys
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
 REASON_POLICY: Final = "PolicyViolation"  # condition/event reason of a policy refusal
@@ -198,18 +199,25 @@ def _write_status(kube: Kube, run: Run, new: Any) -> None:
 
 
 def ensure_credentials(
-    kube: Kube, ca: HubCA, ref: FLRef, server_address: str, members: list[str]
+    kube: Kube, ref: FLRef, server_address: str, members: list[str]
 ) -> dict[str, bytes]:
-    """Issue/renew the resource's credentials (hub CA) and store them in its hub Secrets."""
+    """Issue/renew the resource's credentials (its own Fleet CA, never the hub CA) and store
+    them in its hub Secrets."""
     name = server_mod.server_name(ref)
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
     secret = kube.get(secret_path)
     current = credentials.secret_data(secret)
+    enrolled_path = path_of(
+        "v1", "Secret", ref.namespace, credentials.enrolled_keys_secret_name(name)
+    )
+    enrolled = credentials.secret_data(kube.get(enrolled_path))
     data = credentials.reconcile_credentials(
         current,
         clusters=members,
         gateway=server_mod.gateway_names(ref, server_address),
-        ca=ca.get(),
+        federation_uid=ref.uid,
+        ca_name=credentials.fleet_ca_name(ref.namespace, ref.name),
+        enrolled=enrolled,
     )
     if data != current or secret is None:
         meta = {
@@ -246,12 +254,13 @@ def apply_desired(
     obs: Observations,
     done: bool,
     logger: kopf.Logger | logging.Logger,
-) -> dict[str, str]:
+) -> tuple[dict[str, str], dict[str, bytes] | None]:
     """Apply the Placement, the server Service (and PVC), the credentials and the works; delete
     the works of clusters that left. A finished run takes no new clusters.
 
     A work whose name is taken on a cluster by a ManifestWork of another uid (or of no owner)
-    is never applied over it; returns those clusters -> the other owner's uid."""
+    is never applied over it. Returns those clusters -> the other owner's uid, and the
+    credentials (None before the server address is known)."""
     kube = op.kube
     kube.apply(placement_mod.desired_placement(ref, fl))
     kube.apply(server_mod.desired_service(ref))
@@ -259,9 +268,9 @@ def apply_desired(
     if claim is not None:
         kube.create(path_of("v1", "PersistentVolumeClaim", ref.namespace), claim)
     if obs.server_address is None:
-        return {}
+        return {}, None
     members = [r.name for r in obs.resolutions if r.has_data]
-    creds = ensure_credentials(kube, op.ca, ref, obs.server_address, members)
+    creds = ensure_credentials(kube, ref, obs.server_address, members)
     token = ensure_client_token(kube, ref, logger)
     desired = works_mod.desired_works(
         ref,
@@ -269,7 +278,6 @@ def apply_desired(
         obs.resolutions,
         obs.server_address,
         op.agent_endpoints,
-        tls={c: credentials.client_bundle(creds, c) for c in members},
         server_name=server_mod.gateway_server_name(ref, obs.server_address),
         client_token=token,
     )
@@ -300,7 +308,7 @@ def apply_desired(
         kube.delete(
             path_of(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name), body=BACKGROUND
         )
-    return conflicts
+    return conflicts, creds
 
 
 def _foreign_owner(kube: Kube, work: Mapping[str, Any], ref: FLRef) -> str | None:
@@ -373,17 +381,32 @@ def reconcile(
         return None
     obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root)
     inputs = (generation, observation_digest(obs))
+    waiting_for_keys = False
     try:
         if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
-            run.conflicts = apply_desired(op, ref, fl, obs, finished(previous, generation), logger)
+            run.conflicts, creds = apply_desired(
+                op, ref, fl, obs, finished(previous, generation), logger
+            )
+            keys_missing = False
             if should_start_server(fl, obs, previous, generation):
-                logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
-                op.kube.create(
-                    path_of("batch/v1", "Job", ref.namespace),
-                    server_mod.desired_job(ref, fl, op.hostpath_root),
-                )
-                obs = replace(obs, server_job=JobState(exists=True))
-            run.applied, run.applied_at = inputs, clock()
+                # The server registers SuperNode keys once, at start: wait until enough
+                # clusters' agents have sent theirs (through the Fleet signer).
+                have = len(credentials.server_node_keys(creds or {}))
+                keys_missing = have < fl.server.min_available_clients
+                if keys_missing:
+                    logger.info("waiting for SuperNode keys: %d of %d clusters have sent one",
+                                have, fl.server.min_available_clients)  # fmt: skip
+                else:
+                    logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
+                    op.kube.create(
+                        path_of("batch/v1", "Job", ref.namespace),
+                        server_mod.desired_job(ref, fl, op.hostpath_root),
+                    )
+                    obs = replace(obs, server_job=JobState(exists=True))
+            # Waiting for keys: the signer's write wakes nothing, so look again soon.
+            run.applied, run.applied_at = (None if keys_missing else inputs), clock()
+            if keys_missing:
+                waiting_for_keys = True
     except KubeError as exc:
         if exc.status != 422:
             raise
@@ -401,6 +424,8 @@ def reconcile(
     counting_down = new.phase.value == "Running" and len(ready_clusters(obs)) < (
         fl.server.min_available_clients
     )
+    if waiting_for_keys:
+        return KEYS_WAIT_S
     return COUNTDOWN_S if counting_down else RESYNC_S
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from examples.demo import demo_resource, held_out_scores
 from hack import controlplane as cp
+from hack import keyscan
 from hack.localfed import (
     FL_PATH,
     LocalFederation,
@@ -30,6 +31,8 @@ from hack.localfed import (
 )
 from hack.testing import wait_for
 from hub_controller.api import FLRef
+from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired.server import server_name
 from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
@@ -60,7 +63,8 @@ def _post_when_up(address: str, ctx: ssl.SSLContext) -> httpx.Response:
 
 
 def _gateway_refuses(address: str, ca_file: Path, tmp: Path) -> None:
-    """No certificate, or one from another CA: the Fleet API is out of reach."""
+    """No certificate, or one from another CA: the Fleet API is out of reach. `ca_file` is
+    the federation's Fleet CA (the gateway's certificate is not under the hub CA)."""
     ctx = ssl.create_default_context(cafile=str(ca_file))
     ctx.check_hostname = False  # the point here is the client side of the handshake
     r = _post_when_up(address, ctx)
@@ -70,7 +74,7 @@ def _gateway_refuses(address: str, ca_file: Path, tmp: Path) -> None:
     ctx.load_cert_chain(str(tmp / "foreign" / "tls.crt"), str(tmp / "foreign" / "tls.key"))
     with httpx.Client(verify=ctx, timeout=5) as client:
         r = client.post(f"https://{address}/v1/fleet/pull-messages", content=b"")
-    assert r.status_code == 400, r.text  # certificate not from the hub CA
+    assert r.status_code == 400, r.text  # certificate not from the federation's Fleet CA
     assert "fleet" not in r.text.lower()
 
 
@@ -95,7 +99,16 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     svc_path = f"/api/v1/namespaces/{NAMESPACE}/services"
     [svc] = (hub.get(svc_path, {"labelSelector": OWNER}) or {})["items"]
     lb = svc["status"]["loadBalancer"]["ingress"][0]["ip"]
-    _gateway_refuses(f"{lb}:{constants.FLEET_PROXY_PORT}", fed.ca_dir / "tls.crt", tmp_path)
+    # The gateway's certificate comes from the federation's own Fleet CA (never the hub CA
+    # agents trust for the aggregator): verify it with that.
+    creds = hub.get(
+        f"/api/v1/namespaces/{NAMESPACE}/secrets/"
+        + credentials.credentials_secret_name(server_name(ref))
+    )
+    assert creds is not None
+    fleet_ca = tmp_path / "fleet-ca.crt"
+    fleet_ca.write_bytes(credentials.secret_data(creds)[credentials.CA])
+    _gateway_refuses(f"{lb}:{constants.FLEET_PROXY_PORT}", fleet_ca, tmp_path)
 
     final = wait_fl(hub, NAMESPACE, name, 900, fed=fed)
     status = final["status"]
@@ -130,6 +143,22 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     before, after = held_out_scores(final, fed.store_dir(final))
     assert after["test-accuracy"] > before["test-accuracy"] + 0.3, (before, after)
     assert status["model"]["metrics"]["test-accuracy"] == after["test-accuracy"]
+
+    # Keys were born where they are used: each cluster's agent wrote its client's identity
+    # there, and no object on the hub (Secrets, ConfigMaps, works, CSRs) holds a private key
+    # of any cluster.
+    for cluster in with_data:
+        spoke = Kube(plane.cluster_kubeconfigs[cluster])
+        try:
+            ns = client_namespace(ref)
+            identity = spoke.get(
+                f"/api/v1/namespaces/{ns}/secrets/{constants.CLIENT_IDENTITY_SECRET}"
+            )
+        finally:
+            spoke.close()
+        assert identity is not None and "node.key" in identity["data"]
+    findings = keyscan.scan(keyscan.read_hub(hub))
+    assert findings == [], [str(f) for f in findings]
 
     # Deleting the resource cleans the hub and every cluster, and nothing else.
     hub.delete(f"{FL_PATH.format(ns=NAMESPACE)}/{name}")

@@ -8,6 +8,7 @@ starts: these tests are about placement, cluster resolution, works and cleanup.
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Iterator
@@ -20,8 +21,10 @@ from hack.controlplane.plane import ControlPlane
 from hack.localfed import grant_namespace, install_crd
 from hack.testing import kopf_registry, wait_for
 from hub_controller.api import FLRef
+from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
-from ocmfl import constants, pki
+from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import Kube, KubeError
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -104,7 +107,7 @@ def operator(
     """The operator alone, kopf in-process against the hub; at the end the test's resources
     are deleted while the operator still runs, so its finalizer can do its job."""
     monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
-    # The hub CA the controller issues per-resource credentials from (ca_init on a real hub).
+    # The hub CA (ca_init on a real hub): agents trust it; tenant credentials never come from it.
     ca_dir = tmp_path_factory.mktemp("hub-ca")
     pki.save_tls_dir(ca_dir, pki.create_ca("test-hub-ca"), None)
     monkeypatch.setenv(constants.ENV_CA_DIR, str(ca_dir))
@@ -151,6 +154,19 @@ def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
             },
         },
     }
+
+
+def enrol_supernode_key(hub: Kube, ref: FLRef, cluster: str) -> None:
+    """Write `cluster`'s SuperNode public key where the Fleet signer puts it."""
+    name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref))
+    _, public = nodekeys.generate_keypair(cluster)
+    hub.create(
+        f"/api/v1/namespaces/{ref.namespace}/secrets",
+        {
+            "metadata": {"name": name, "namespace": ref.namespace},
+            "data": {f"{cluster}.node.pub": base64.b64encode(public).decode()},
+        },
+    )
 
 
 def works_of(hub: Kube, namespace: str) -> dict[str, dict[str, Any]]:
@@ -350,13 +366,19 @@ def test_server_starts_once_enough_clusters_are_ready(
     namespace = bound
     first = sorted(spokes)[0]
     set_claim(spokes[first], claim, "/srv/data/x")
-    hub.create(fl_path(namespace), fl_body(namespace, claim, minAvailableClients=1))
+    created = hub.create(fl_path(namespace), fl_body(namespace, claim, minAvailableClients=1))
+    assert created is not None
+    ref = FLRef(namespace=namespace, name=FL_NAME, uid=created["metadata"]["uid"])
     selector = f"{constants.LABEL_OWNER_NAME}={FL_NAME},{constants.LABEL_COMPONENT}=server"
+    jobs_path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
+    # The work is there, but no cluster has sent its SuperNode key: no server yet.
+    wait_for(lambda: works_of(hub, namespace).get(first), 60, "the work")
+    time.sleep(5)
+    assert not (hub.get(jobs_path, {"labelSelector": selector}) or {}).get("items")
+    # What the Fleet signer does for the cluster's agent CSR (no agent runs here).
+    enrol_supernode_key(hub, ref, first)
     jobs = wait_for(
-        lambda: (
-            hub.get(f"/apis/batch/v1/namespaces/{namespace}/jobs", {"labelSelector": selector})
-            or {}
-        ).get("items"),
+        lambda: (hub.get(jobs_path, {"labelSelector": selector}) or {}).get("items"),
         60,
         "server Job",
     )

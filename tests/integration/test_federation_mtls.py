@@ -21,13 +21,14 @@ import pytest
 
 from hack.testing import free_port
 from hub_controller.operator.desired import credentials as cr
-from ocmfl import pki
+from ocmfl import nodekeys, pki
 from workloads.data import partition
 
 pytestmark = [pytest.mark.federation, pytest.mark.timeout(600)]
 
 BIN = Path(sys.executable).parent
 CLUSTERS = ("cluster1", "cluster2")
+UID = "fl-uid"
 DIGITS_APP = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 
 
@@ -56,10 +57,30 @@ def _write(directory: Path, files: dict[str, bytes]) -> Path:
 
 
 def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> None:
-    ca = pki.create_ca("hub-ca")
     gateway_name = "fl-server.team.svc"
+    gateway_names = cr.GatewayNames(dns=(gateway_name,))
     data = cr.reconcile_credentials(
-        {}, clusters=list(CLUSTERS), gateway=cr.GatewayNames(dns=(gateway_name,)), ca=ca
+        {}, clusters=list(CLUSTERS), gateway=gateway_names, federation_uid=UID
+    )
+    # What each cluster's agent and the hub's Fleet signer do: keys made "on the cluster",
+    # the Fleet certificate from the federation's Fleet CA, the SuperNode key enrolled.
+    fleet_ca = pki.load_cert_and_key(data[cr.CA], data[cr.FLEET_CA_KEY])
+    bundles: dict[str, dict[str, bytes]] = {}
+    enrolled: dict[str, bytes] = {}
+    for cluster in CLUSTERS:
+        key = pki.generate_key()
+        node_private, node_public = nodekeys.generate_keypair(cluster)
+        csr = pki.create_fleet_csr(UID, cluster, key, node_public)
+        cert = pki.sign_fleet_csr(csr, fleet_ca, UID, cluster)
+        bundles[cluster] = {
+            pki.CERT_FILE: pki.cert_to_pem(cert),
+            pki.KEY_FILE: pki.key_to_pem(key),
+            pki.CA_FILE: data[cr.CA],
+            "node.key": node_private,
+        }
+        enrolled[f"{cluster}.node.pub"] = node_public
+    data = cr.reconcile_credentials(
+        data, clusters=list(CLUSTERS), gateway=gateway_names, federation_uid=UID, enrolled=enrolled
     )
     server_tls = _write(tmp_path / "server-tls", cr.server_tls_bundle(data))
     node_keys = _write(tmp_path / "node-keys", cr.server_node_keys(data))
@@ -91,7 +112,7 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         server = _spawn(server_cmd, tmp_path / "server.log")
         procs.append(server)
         for cluster in CLUSTERS:
-            bundle = _write(tmp_path / f"{cluster}-tls", cr.client_bundle(data, cluster))
+            bundle = _write(tmp_path / f"{cluster}-tls", bundles[cluster])
             client_cmd = [
                 str(BIN / "ocm-fl-client"),
                 "--server", gateway,
@@ -111,7 +132,7 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         # A node with a registered key but no client certificate: refused by the gateway
         # before Flower sees it (it dials the gateway directly, TLS without a client cert).
         no_cert = tmp_path / "no-cert-tls"
-        _write(no_cert, cr.client_bundle(data, CLUSTERS[0]))
+        _write(no_cert, bundles[CLUSTERS[0]])
         rogue = subprocess.run(
             [
                 str(BIN / "ocm-fl-client"),
@@ -150,8 +171,8 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         assert result["ok"], result
         gateway_log = (tmp_path / "server-state" / "gateway" / "nginx.log").read_text()
         for cluster in CLUSTERS:
-            # Every Fleet call came in with the cluster's certificate.
-            assert f"CN=cluster:{cluster}" in gateway_log
+            # Every Fleet call came in with the cluster's Fleet certificate.
+            assert f"CN=fleet:{cluster}" in gateway_log
         assert "/v1/control/" not in gateway_log
     finally:
         for proc in procs:

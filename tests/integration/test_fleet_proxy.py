@@ -42,7 +42,7 @@ class Pki:
     dir: Path
 
     def client(self, name: str, cluster: str, ca: pki.CertAndKey | None = None) -> tuple[str, str]:
-        pair = pki.issue_client_cert(cluster, ca or self.ca)
+        pair = pki.issue_fleet_client_cert(ca or self.ca, "fl-uid", cluster)
         return (
             _write(self.dir / f"{name}.crt", pair.cert_pem),
             _write(self.dir / f"{name}.key", pair.key_pem),
@@ -181,6 +181,16 @@ def test_gateway_refuses_a_project_certificate_that_names_no_cluster(
     # The server certificate has no clientAuth usage: refused at the handshake (400) or by
     # the subject rule (403); either way it never reaches the SuperLink.
     assert r.status_code in (400, 403)
+    assert not r.text.startswith("upstream")
+
+
+def test_gateway_refuses_an_agent_certificate_of_the_same_ca(certs: Pki, gateway: str) -> None:
+    # An agent identity (CN=cluster:<c>) is not a Fleet identity, even from the right CA.
+    pair = pki.issue_client_cert("cluster1", certs.ca)
+    cert = _write(certs.dir / "agent.crt", pair.cert_pem)
+    key = _write(certs.dir / "agent.key", pair.key_pem)
+    r = _get(gateway, "/v1/fleet/pull-messages", certs, (cert, key))
+    assert r.status_code == 403
     assert not r.text.startswith("upstream")
 
 

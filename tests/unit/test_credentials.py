@@ -7,59 +7,72 @@ import datetime as dt
 from cryptography import x509
 
 from hub_controller.operator.desired import credentials as cr
-from ocmfl import pki
+from ocmfl import nodekeys, pki
 
 GW = cr.GatewayNames(dns=("fl-server.team.svc",), ips=("127.0.1.5",))
+UID = "0b5e-uid"
 
 
-def test_first_reconcile_issues_everything_each_cluster_needs() -> None:
-    ca = pki.create_ca()
-    data = cr.reconcile_credentials({}, clusters=["cluster1", "cluster2"], gateway=GW, ca=ca)
-    for cluster in ("cluster1", "cluster2"):
-        bundle = cr.client_bundle(data, cluster)
-        cert = pki.load_cert_pem(bundle[pki.CERT_FILE])
-        assert pki.cluster_from_certificate(cert) == cluster
-        assert pki.verify_issued_by(cert, ca.cert)
-        assert bundle["node.key"].startswith(b"-----BEGIN OPENSSH PRIVATE KEY-----")
-    assert set(cr.server_node_keys(data)) == {"cluster1.pub", "cluster2.pub"}
+def _reconcile(current: dict[str, bytes], clusters: list[str], **kw: object) -> dict[str, bytes]:
+    args: dict[str, object] = {"gateway": GW, "federation_uid": UID, **kw}
+    return cr.reconcile_credentials(current, clusters=clusters, **args)  # type: ignore[arg-type]
+
+
+def enrolled(*clusters: str) -> dict[str, bytes]:
+    """SuperNode public keys as the Fleet signer stores them (from each cluster's CSR)."""
+    return {f"{c}.node.pub": nodekeys.generate_keypair(c)[1] for c in clusters}
+
+
+def test_first_reconcile_issues_the_server_side_and_only_public_cluster_material() -> None:
+    keys = enrolled("cluster1", "cluster2", "cluster9")
+    data = _reconcile({}, ["cluster1", "cluster2"], enrolled=keys)
+    # Members' SuperNode public keys reach the server; a non-member's does not.
+    assert cr.server_node_keys(data) == {
+        "cluster1.pub": keys["cluster1.node.pub"],
+        "cluster2.pub": keys["cluster2.node.pub"],
+    }
+    # No cluster private key or Fleet client certificate is made on the hub.
+    assert not [k for k in data if k.endswith((".tls.key", ".node.key", ".tls.crt"))]
+
+
+def test_every_certificate_comes_from_the_resources_own_fleet_ca() -> None:
+    # Each resource gets its own CA; none of it is signed by anything agents trust.
+    first, other = _reconcile({}, ["cluster1"]), _reconcile({}, ["cluster1"])
+    assert first[cr.CA] != other[cr.CA]
+    ca = pki.load_cert_and_key(first[cr.CA], first[cr.FLEET_CA_KEY])
+    for key in (cr.SUPERLINK_CERT, cr.GATEWAY_CERT):
+        assert pki.verify_issued_by(pki.load_cert_pem(first[key]), ca.cert)
 
 
 def test_second_reconcile_reuses_material_so_nothing_restarts() -> None:
-    ca = pki.create_ca()
-    first = cr.reconcile_credentials({}, clusters=["cluster1"], gateway=GW, ca=ca)
-    second = cr.reconcile_credentials(first, clusters=["cluster1"], gateway=GW, ca=ca)
+    first = _reconcile({}, ["cluster1"])
+    second = _reconcile(first, ["cluster1"])
     assert second == first
 
 
-def test_leaving_cluster_loses_its_material_and_joining_cluster_gets_new() -> None:
-    ca = pki.create_ca()
-    first = cr.reconcile_credentials({}, clusters=["cluster1", "cluster2"], gateway=GW, ca=ca)
-    second = cr.reconcile_credentials(first, clusters=["cluster2", "cluster3"], gateway=GW, ca=ca)
-    assert not any(k.startswith("cluster1.") for k in second)
-    assert second["cluster2.node.key"] == first["cluster2.node.key"]
-    assert "cluster3.tls.crt" in second
+def test_leaving_cluster_loses_its_key_and_joining_cluster_gets_its_enrolled_one() -> None:
+    keys = enrolled("cluster1", "cluster2", "cluster3")
+    first = _reconcile({}, ["cluster1", "cluster2"], enrolled=keys)
+    second = _reconcile(first, ["cluster2", "cluster3"], enrolled=keys)
+    assert set(cr.server_node_keys(second)) == {"cluster2.pub", "cluster3.pub"}
 
 
 def test_gateway_certificate_follows_the_advertised_address() -> None:
-    ca = pki.create_ca()
-    first = cr.reconcile_credentials({}, clusters=[], gateway=GW, ca=ca)
+    first = _reconcile({}, [])
     moved = cr.GatewayNames(dns=("fl.example.com",), ips=())
-    second = cr.reconcile_credentials(first, clusters=[], gateway=moved, ca=ca)
+    second = _reconcile(first, [], gateway=moved)
     cert = pki.load_cert_pem(second[cr.GATEWAY_CERT])
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["fl.example.com"]
     assert second[cr.SUPERLINK_CERT] == first[cr.SUPERLINK_CERT]
 
 
-def test_certificates_near_expiry_or_from_another_ca_are_reissued() -> None:
-    ca = pki.create_ca()
-    data = cr.reconcile_credentials({}, clusters=["cluster1"], gateway=GW, ca=ca)
-    later = pki.utcnow() + dt.timedelta(hours=20)  # 24 h client certs: under 30 % left
-    renewed = cr.reconcile_credentials(data, clusters=["cluster1"], gateway=GW, ca=ca, now=later)
-    assert renewed["cluster1.tls.crt"] != data["cluster1.tls.crt"]
-    assert renewed["cluster1.node.key"] == data["cluster1.node.key"]
-
-    new_ca = pki.create_ca("rotated")
-    rotated = cr.reconcile_credentials(data, clusters=["cluster1"], gateway=GW, ca=new_ca)
-    for key in ("cluster1.tls.crt", cr.SUPERLINK_CERT, cr.GATEWAY_CERT):
-        assert pki.verify_issued_by(pki.load_cert_pem(rotated[key]), new_ca.cert)
+def test_a_fleet_ca_near_its_end_is_replaced_with_everything_it_signed() -> None:
+    data = _reconcile({}, ["cluster1"])
+    assert _reconcile(data, ["cluster1"], now=pki.utcnow() + dt.timedelta(days=5)) == data
+    much_later = pki.utcnow() + dt.timedelta(days=300)
+    rotated = _reconcile(data, ["cluster1"], now=much_later)
+    new_ca = pki.load_cert_pem(rotated[cr.CA])
+    assert rotated[cr.CA] != data[cr.CA]
+    for key in (cr.SUPERLINK_CERT, cr.GATEWAY_CERT):
+        assert pki.verify_issued_by(pki.load_cert_pem(rotated[key]), new_ca)

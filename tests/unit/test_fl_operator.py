@@ -3,6 +3,7 @@ fake of the Kubernetes layer."""
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import logging
 from collections.abc import Iterator, Sequence
@@ -15,11 +16,13 @@ from fl_fixtures import REF, spec_dict
 from hub_controller.ca import HubCA
 from hub_controller.membership import ClusterInfo
 from hub_controller.operator import handlers
+from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
 from hub_controller.operator.indexes import Indexes, Owned
 from hub_controller.operator.observed import DecisionState, JobState, PlacementState, WorkState
 from hub_controller.reports import ClusterReport, NoReports
-from ocmfl import constants, pki
+from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import object_path
 
 LOG = logging.getLogger("test")
@@ -234,7 +237,29 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
     run(op, spec, indexes(works=works), state)
     # Credentials still good and works unchanged: nothing but the idempotent Placement/Service.
     assert kube.kinds(kube.applied[before:]) == ["Placement", "Service"]
-    assert kube.kinds(kube.created) == ["Job"]  # both applied: the gate opens
+    # Both applied, but no cluster's agent has sent its SuperNode key yet: no server.
+    assert kube.kinds(kube.created) == []
+    # The Fleet signer enrols both clusters' keys (from their CSRs): the gate opens.
+    kube.applied.append(enrolled_keys_secret("c1", "c2"))
+    run(op, spec, indexes(works=works), state)
+    assert kube.kinds(kube.created) == ["Job"]
+    node_keys = kube.get(
+        f"/api/v1/namespaces/{REF.namespace}/secrets/"
+        + credentials.node_keys_secret_name(server_mod.server_name(REF))
+    )
+    assert node_keys is not None and set(node_keys["data"]) == {"c1.pub", "c2.pub"}
+
+
+def enrolled_keys_secret(*clusters: str) -> dict[str, Any]:
+    """What the Fleet signer writes: each cluster's SuperNode public key from its CSR."""
+    name = credentials.enrolled_keys_secret_name(server_mod.server_name(REF))
+    data = {f"{c}.node.pub": nodekeys.generate_keypair(c)[1] for c in clusters}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": REF.namespace},
+        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
+    }
 
 
 def test_no_address_means_no_works_and_no_deletions(op: handlers.Operator, kube: FakeKube) -> None:

@@ -25,8 +25,6 @@ C1 = ClusterResolution("c1", "/srv/digits-a", "why", {"zone": "eu", "gpu": "yes"
 C2 = ClusterResolution("c2", None, "no claim")
 ADDR = "127.0.0.1:9443"
 SNI = "fl-x-server.team.svc"
-TLS = {"tls.crt": b"CERT", "tls.key": b"KEY", "ca.crt": b"CA", "node.key": b"NODE"}
-TLS_BY_CLUSTER = {"c1": TLS}
 
 
 def _manifest(work: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -46,7 +44,7 @@ def _env(work: dict[str, Any]) -> dict[str, str]:
 
 
 def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
-    works = desired_works(REF, spec(), [C1, C2], ADDR, tls=TLS_BY_CLUSTER, server_name=SNI)
+    works = desired_works(REF, spec(), [C1, C2], ADDR, server_name=SNI)
     assert list(works) == ["c1"]
     work = works["c1"]
     assert work["metadata"]["namespace"] == "c1"
@@ -61,7 +59,6 @@ def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
         "Namespace",
         "ServiceAccount",
         "ConfigMap",
-        "Secret",
         "PersistentVolume",
         "PersistentVolumeClaim",
         "Job",
@@ -69,7 +66,7 @@ def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
 
 
 def test_client_job_mounts_the_claimed_path_read_only_at_mount_path() -> None:
-    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
+    work = desired_work(REF, spec(), C1, ADDR, server_name=SNI)
     pod = _manifest(work, "Job")["spec"]["template"]["spec"]
     [data] = [v for v in pod["volumes"] if v["name"] == "data"]
     # Through a claim pre-bound to a hostPath PV: a restricted pod may not name a hostPath.
@@ -85,7 +82,7 @@ def test_client_job_mounts_the_claimed_path_read_only_at_mount_path() -> None:
 
 
 def test_client_runs_ocm_fl_client_with_server_cluster_and_data_dir() -> None:
-    container = _container(desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI))
+    container = _container(desired_work(REF, spec(), C1, ADDR, server_name=SNI))
     assert container["command"] == ["ocm-fl-client"]
     assert container["args"] == client_args(spec(), "c1", ADDR, SNI)
     args = container["args"]
@@ -96,9 +93,7 @@ def test_client_runs_ocm_fl_client_with_server_cluster_and_data_dir() -> None:
 
 def test_client_env_carries_agent_endpoint_cluster_and_owner() -> None:
     env = _env(
-        desired_work(
-            REF, spec(), C1, ADDR, agent_endpoint="http://127.0.0.1:8088", tls=TLS, server_name=SNI
-        )
+        desired_work(REF, spec(), C1, ADDR, agent_endpoint="http://127.0.0.1:8088", server_name=SNI)
     )
     assert env[constants.ENV_AGENT_ENDPOINT] == "http://127.0.0.1:8088"
     assert env[constants.ENV_CLUSTER_NAME] == "c1"
@@ -107,7 +102,7 @@ def test_client_env_carries_agent_endpoint_cluster_and_owner() -> None:
 
 
 def test_feedback_rules_read_job_counters_and_delete_is_foreground() -> None:
-    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
+    work = desired_work(REF, spec(), C1, ADDR, server_name=SNI)
     [cfg] = work["spec"]["manifestConfigs"]
     job = _manifest(work, "Job")
     assert cfg["resourceIdentifier"] == {
@@ -148,7 +143,7 @@ def test_overrides_by_name_and_label_apply_in_order_later_wins() -> None:
             {"clusterName": "other", "runConfig": {"localEpochs": 99}},
         ]
     )
-    work = desired_work(REF, s, C1, ADDR, tls=TLS, server_name=SNI)
+    work = desired_work(REF, s, C1, ADDR, server_name=SNI)
     run_config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
     assert run_config == {"localEpochs": 5, "batchSize": 32}
     assert _env(work)["A"] == "name"
@@ -170,16 +165,14 @@ def test_label_selector_expressions_select_overrides() -> None:
             },
         ]
     )
-    work = desired_work(REF, s, C1, ADDR, tls=TLS, server_name=SNI)
+    work = desired_work(REF, s, C1, ADDR, server_name=SNI)
     run_config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
     assert run_config["batchSize"] == 128
 
 
 def test_changed_pod_template_gets_a_new_job_name() -> None:
-    a = _manifest(desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI), "Job")["metadata"][
-        "name"
-    ]
-    b = _manifest(desired_work(REF, spec(), C1, "127.0.0.2:9443", tls=TLS, server_name=SNI), "Job")[
+    a = _manifest(desired_work(REF, spec(), C1, ADDR, server_name=SNI), "Job")["metadata"]["name"]
+    b = _manifest(desired_work(REF, spec(), C1, "127.0.0.2:9443", server_name=SNI), "Job")[
         "metadata"
     ]["name"]
     assert a != b and a.startswith("fl-client-")
@@ -187,8 +180,8 @@ def test_changed_pod_template_gets_a_new_job_name() -> None:
 
 def test_spec_hash_is_stable_and_stored_on_the_work() -> None:
     w1, w2 = (
-        desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI),
-        desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI),
+        desired_work(REF, spec(), C1, ADDR, server_name=SNI),
+        desired_work(REF, spec(), C1, ADDR, server_name=SNI),
     )
     assert spec_hash(w1) == spec_hash(w2)
     assert spec_hash(w1) in w1["metadata"]["annotations"].values()
@@ -218,17 +211,16 @@ def test_two_tenants_never_share_a_work_or_a_client_namespace() -> None:
 
 
 def test_clusters_that_left_have_their_works_deleted() -> None:
-    desired = desired_works(REF, spec(), [C1], ADDR, tls=TLS_BY_CLUSTER, server_name=SNI)
+    desired = desired_works(REF, spec(), [C1], ADDR, server_name=SNI)
     existing = [("c1", work_name(REF)), ("c9", work_name(REF))]
     assert works_to_delete(existing, desired) == [("c9", work_name(REF))]
 
 
 def test_client_gets_its_cluster_identity_and_reaches_the_server_only_through_mtls() -> None:
-    import base64
-
-    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
-    secret = _manifest(work, "Secret")
-    assert {k: base64.b64decode(v) for k, v in secret["data"].items()} == TLS
+    work = desired_work(REF, spec(), C1, ADDR, server_name=SNI)
+    # The work carries no key: the identity Secret is written on the cluster by its agent.
+    assert not [m for m in work["spec"]["workload"]["manifests"] if m["kind"] == "Secret"]
+    assert "PRIVATE KEY" not in json.dumps(work)
     container = _container(work)
     args = container["args"]
     flag = {args[i]: args[i + 1] for i in range(0, len(args) - 1) if args[i].startswith("--")}
@@ -241,11 +233,11 @@ def test_client_gets_its_cluster_identity_and_reaches_the_server_only_through_mt
     assert mounts["tls"]["readOnly"] is True
     pod = _manifest(work, "Job")["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
-    assert volumes["tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volumes["tls"]["secret"]["secretName"] == constants.CLIENT_IDENTITY_SECRET
 
 
 def test_client_job_is_server_side_applied_so_resyncs_never_touch_its_selector() -> None:
-    work = desired_work(REF, spec(), C1, ADDR, tls=TLS, server_name=SNI)
+    work = desired_work(REF, spec(), C1, ADDR, server_name=SNI)
     [config] = work["spec"]["manifestConfigs"]
     assert config["resourceIdentifier"]["resource"] == "jobs"
     assert config["updateStrategy"] == {"type": "ServerSideApply"}
@@ -263,7 +255,7 @@ def test_client_pods_get_the_pod_settings_and_cluster_values_as_node_config() ->
     }
     raw["client"]["runConfig"] = {"tokenizer": "bpe", "lr": 0.1}
     raw["client"]["overrides"] = [{"clusterName": "c1", "runConfig": {"lr": 0.01}}]
-    work = desired_work(REF, parse_spec(raw), C1, ADDR, tls=TLS, server_name=SNI)
+    work = desired_work(REF, parse_spec(raw), C1, ADDR, server_name=SNI)
     template = _manifest(work, "Job")["spec"]["template"]
     assert template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "edge"
     assert template["metadata"]["labels"][constants.LABEL_CLUSTER] == "c1"

@@ -1,15 +1,20 @@
 """Per-FederatedLearning credentials: what the server pod and each cluster's client need.
 
-Everything is issued on the hub by the project's CA and kept in one hub Secret owned by the
-FederatedLearning resource, so a reconcile reuses what exists and only issues what is missing,
-expiring, or no longer matches (a new cluster, a new gateway address, a new CA):
+Everything is issued by the resource's own Fleet CA, never by the hub CA: the gateway
+certificate carries the tenant-chosen advertiseAddress, so the CA that signs it must be one
+nothing but this federation's Flower traffic trusts (agents trust only the hub CA for the
+aggregator; the aggregator accepts only hub-CA agent certificates). All of it is kept in one
+hub Secret owned by the FederatedLearning resource, so a reconcile reuses what exists and only
+issues what is missing, expiring, or no longer matches (a new cluster, a new gateway address,
+a new Fleet CA):
 
-* ``ca.crt``: the project's CA certificate (public);
+* ``ca.crt``/``fleet-ca.key``: the federation's Fleet CA (made here, one per resource);
 * ``superlink.crt/.key``: the SuperLink's TLS certificate, loopback only (DNS ``localhost``);
 * ``gateway.crt/.key``: the Fleet gateway's server certificate for the names clusters dial;
-* per cluster ``<c>.tls.crt/.key``: the cluster's client identity for the Fleet tunnel
-  (CN ``cluster:<c>``), and ``<c>.node.key/.node.pub``: its SuperNode authentication key pair
-  (Flower's second factor; the server registers the public key under the cluster's name).
+* per cluster only ``<c>.node.pub``: its SuperNode public key, which the Fleet signer
+  (hub_controller.signer.fleet) stored from the cluster's CSR; the server registers it under
+  the cluster's name. The cluster's Fleet key and SuperNode key are made on the cluster by
+  its agent (agent_addon.fleet_identity) and never reach the hub.
 
 `reconcile_credentials` is pure apart from key generation; the operator stores its result.
 """
@@ -27,6 +32,7 @@ from cryptography import x509
 from ocmfl import nodekeys, pki
 
 CA = "ca.crt"
+FLEET_CA_KEY = "fleet-ca.key"
 SUPERLINK_CERT, SUPERLINK_KEY = "superlink.crt", "superlink.key"
 GATEWAY_CERT, GATEWAY_KEY = "gateway.crt", "gateway.key"
 # Renew anything with less than this share of its lifetime left.
@@ -34,7 +40,8 @@ RENEW_BELOW = 0.3
 
 
 def cluster_keys(cluster: str) -> tuple[str, str, str, str]:
-    """Secret keys of one cluster's material: (tls.crt, tls.key, node.key, node.pub)."""
+    """Names of one cluster's material: (tls.crt, tls.key, node.key, node.pub); only the
+    last is ever stored on the hub (the others name what must never be there)."""
     return (
         f"{cluster}.tls.crt",
         f"{cluster}.tls.key",
@@ -79,26 +86,52 @@ def _san_matches(cert: x509.Certificate, names: GatewayNames) -> bool:
     return dns == set(names.dns) and ips == set(names.ips)
 
 
+def fleet_ca_name(namespace: str, name: str) -> str:
+    """Common name of a resource's Fleet CA (says whose it is; trust comes from the key)."""
+    return f"ocm-fl-fleet-ca {namespace}/{name}"
+
+
+def fleet_ca(
+    current: Mapping[str, bytes], common_name: str, now: dt.datetime | None = None
+) -> pki.CertAndKey:
+    """The stored Fleet CA while readable and not due for renewal, else a new one."""
+    now = now or pki.utcnow()
+    try:
+        ca = pki.load_cert_and_key(current[CA], current[FLEET_CA_KEY])
+    except (KeyError, ValueError):
+        return pki.create_ca(common_name, key_kind="ec", now=now)
+    if pki.remaining_fraction(ca.cert, now) < RENEW_BELOW:
+        return pki.create_ca(common_name, key_kind="ec", now=now)
+    return ca
+
+
 def reconcile_credentials(
     current: Mapping[str, bytes],
     *,
     clusters: Sequence[str],
     gateway: GatewayNames,
-    ca: pki.CertAndKey,
+    federation_uid: str,
+    ca_name: str = "ocm-fl-fleet-ca",
+    enrolled: Mapping[str, bytes] | None = None,
     now: dt.datetime | None = None,
 ) -> dict[str, bytes]:
     """The Secret data to store: `current` where still good, newly issued where not.
 
+    The Fleet CA comes from `current` (made when missing or expiring, which reissues all).
     Clusters no longer in `clusters` lose their material (their identity for this resource
     ends with their membership).
     """
     now = now or pki.utcnow()
-    out: dict[str, bytes] = {CA: pki.cert_to_pem(ca.cert)}
+    enrolled = enrolled or {}
+    ca = fleet_ca(current, ca_name, now)
+    out: dict[str, bytes] = {CA: pki.cert_to_pem(ca.cert), FLEET_CA_KEY: pki.key_to_pem(ca.key)}
 
     if _fresh(current, SUPERLINK_CERT, ca, now) and current.get(SUPERLINK_KEY):
         out[SUPERLINK_CERT], out[SUPERLINK_KEY] = current[SUPERLINK_CERT], current[SUPERLINK_KEY]
     else:
-        pair = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+        pair = pki.issue_server_cert(
+            ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"], now=now
+        )
         out[SUPERLINK_CERT], out[SUPERLINK_KEY] = pair.cert_pem, pair.key_pem
 
     gw = _fresh(current, GATEWAY_CERT, ca, now)
@@ -106,33 +139,17 @@ def reconcile_credentials(
         out[GATEWAY_CERT], out[GATEWAY_KEY] = current[GATEWAY_CERT], current[GATEWAY_KEY]
     else:
         pair = pki.issue_server_cert(
-            ca, dns_names=list(gateway.dns), ip_addresses=list(gateway.ips)
+            ca, dns_names=list(gateway.dns), ip_addresses=list(gateway.ips), now=now
         )
         out[GATEWAY_CERT], out[GATEWAY_KEY] = pair.cert_pem, pair.key_pem
 
+    # Per cluster only public material: the SuperNode key the Fleet signer took from the
+    # cluster's CSR (`enrolled`), for members only. Keys are made on the cluster (agent).
     for cluster in sorted(set(clusters)):
-        crt, key, node_key, node_pub = cluster_keys(cluster)
-        if _fresh(current, crt, ca, now) and current.get(key):
-            out[crt], out[key] = current[crt], current[key]
-        else:
-            pair = pki.issue_client_cert(cluster, ca)
-            out[crt], out[key] = pair.cert_pem, pair.key_pem
-        if current.get(node_key) and current.get(node_pub):
-            out[node_key], out[node_pub] = current[node_key], current[node_pub]
-        else:
-            out[node_key], out[node_pub] = nodekeys.generate_keypair(comment=cluster)
+        _, _, _, node_pub = cluster_keys(cluster)
+        if enrolled.get(node_pub):
+            out[node_pub] = enrolled[node_pub]
     return out
-
-
-def client_bundle(data: Mapping[str, bytes], cluster: str) -> dict[str, bytes]:
-    """What one cluster's client pod mounts: its identity, the CA and its SuperNode key."""
-    crt, key, node_key, _ = cluster_keys(cluster)
-    return {
-        pki.CERT_FILE: data[crt],
-        pki.KEY_FILE: data[key],
-        pki.CA_FILE: data[CA],
-        "node.key": data[node_key],
-    }
 
 
 def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -152,6 +169,12 @@ def server_tls_bundle(data: Mapping[str, bytes]) -> dict[str, bytes]:
 def credentials_secret_name(server_name: str) -> str:
     """The Secret holding all of a resource's credentials (the server pod mounts parts)."""
     return f"{server_name}-credentials"
+
+
+def enrolled_keys_secret_name(server_name: str) -> str:
+    """The Secret where the Fleet signer puts each cluster's SuperNode public key (from its
+    CSR); the operator copies members' keys into the credentials and node-keys Secrets."""
+    return f"{server_name}-enrolled-keys"
 
 
 def node_keys_secret_name(server_name: str) -> str:

@@ -42,8 +42,10 @@ CONFIG_DIR: Final = "/etc/ocm-fl"
 RUN_CONFIG_FILE: Final = "run-config.json"
 SERVICE_ACCOUNT: Final = "fl-client"
 CLIENT_COMMAND: Final = "ocm-fl-client"
-TLS_SECRET_NAME: Final = "fl-client-tls"
-TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.client_bundle: tls.crt/key, ca.crt, node.key
+# The client's Fleet identity: a Secret the cluster's agent writes in the client namespace
+# (agent_addon.fleet_identity: tls.crt/key, ca.crt, node.key, keys made on the cluster). The
+# pod starts once it exists; the work itself carries no key.
+TLS_DIR: Final = "/var/run/ocm-fl/tls"
 STATE_DIR: Final = "/var/lib/ocm-fl-client"
 CLIENT_TOKEN_FILE: Final = f"{constants.CLIENT_TOKEN_DIR}/{constants.CLIENT_TOKEN_KEY}"
 # Where the client posts local metrics: the addon agent's Service in its namespace.
@@ -137,7 +139,8 @@ def client_args(
       --server HOST:PORT     the hub server's Fleet gateway (mTLS)
       --server-name NAME     the DNS name on the gateway's certificate
       --root-certificates, --client-certfile, --client-keyfile, --auth-key
-                             the hub CA, this cluster's identity and SuperNode key (TLS_DIR)
+                             the Fleet CA, this cluster's Fleet identity and SuperNode key
+                             (TLS_DIR: the identity Secret the cluster's agent writes)
       --cluster NAME         this managed cluster's name (also in OCMFL_CLUSTER_NAME)
       --data-dir PATH        the mounted data directory (also in OCMFL_DATA_DIR)
       --run-config FILE      JSON object of this cluster's values, given to the ClientApp as
@@ -286,7 +289,13 @@ def _client_job(
                 },
             },
             {"name": "config", "configMap": {"name": CONFIG_MAP_NAME}},
-            {"name": "tls", "secret": {"secretName": TLS_SECRET_NAME, "defaultMode": 0o400}},
+            {
+                "name": "tls",
+                "secret": {
+                    "secretName": constants.CLIENT_IDENTITY_SECRET,
+                    "defaultMode": 0o400,
+                },
+            },
             {"name": "state", "emptyDir": {}},
         ],
     }
@@ -328,16 +337,14 @@ def desired_work(
     server_address: str,
     agent_endpoint: str = DEFAULT_AGENT_ENDPOINT,
     *,
-    tls: Mapping[str, bytes],
     server_name: str,
     client_token: str | None = None,
 ) -> dict[str, Any]:
     """The ManifestWork for one cluster that has data.
 
-    `tls` is the cluster's credentials.client_bundle (its identity for the Fleet gateway, the
-    hub CA and its SuperNode key); `server_name` the DNS name on the gateway certificate;
-    `client_token` the federation's token for the agent's local API (none: the agent refuses
-    this client's metrics posts).
+    `server_name` is the DNS name on the gateway certificate; `client_token` the federation's
+    token for the agent's local API (none: the agent refuses this client's metrics posts). The
+    work carries no key: the client's Fleet identity comes from the cluster's agent (TLS_DIR).
     """
     if resolution.data_path is None:
         raise ValueError(f"cluster {resolution.name} has no data path: it gets no work")
@@ -371,13 +378,6 @@ def desired_work(
             "kind": "ConfigMap",
             "metadata": {"name": CONFIG_MAP_NAME, "namespace": namespace, "labels": labels},
             "data": {RUN_CONFIG_FILE: json.dumps(effective.run_config, sort_keys=True)},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "type": "Opaque",
-            "metadata": {"name": TLS_SECRET_NAME, "namespace": namespace, "labels": labels},
-            "data": {k: base64.b64encode(v).decode() for k, v in sorted(tls.items())},
         },
         *_data_volume(ref, spec, resolution.data_path, labels),
         job,
@@ -451,13 +451,12 @@ def desired_works(
     server_address: str,
     agent_endpoints: Mapping[str, str] | None = None,
     *,
-    tls: Mapping[str, Mapping[str, bytes]],
     server_name: str,
     client_token: str | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Works keyed by cluster name, for the clusters that have data.
 
-    `tls` maps each such cluster to its credentials bundle; `agent_endpoints` overrides where
+    `agent_endpoints` overrides where
     a cluster's client finds its agent (default: the agent Service, DEFAULT_AGENT_ENDPOINT).
     """
     endpoints = agent_endpoints or {}
@@ -468,7 +467,6 @@ def desired_works(
             r,
             server_address,
             endpoints.get(r.name, DEFAULT_AGENT_ENDPOINT),
-            tls=tls[r.name],
             server_name=server_name,
             client_token=client_token,
         )

@@ -1,0 +1,206 @@
+"""Fleet identities born on the cluster: the agent makes each federation's client keys here.
+
+For every client namespace on this cluster (labelled by the federation's ManifestWork), the
+agent keeps the Secret `constants.CLIENT_IDENTITY_SECRET` there: a Fleet TLS key and a
+SuperNode key made on this cluster, and a Fleet certificate the hub's Fleet signer issued
+for them (CSR with `constants.FLEET_SIGNER_NAME`; the SuperNode public key rides in the CSR).
+Neither private key leaves the cluster. The client pod mounts the Secret and starts once it
+exists. The SuperNode key is kept across renewals: the server registered its public key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from agent_addon.csr import CSR_API_VERSION, CSRS, RenewalError, needs_renewal, outcome
+from ocmfl import constants, nodekeys, pki
+from ocmfl.kube import Kube, KubeError, path_of
+
+log = logging.getLogger(__name__)
+
+NODE_KEY: Final = "node.key"
+CLIENT_NAMESPACES: Final = "/api/v1/namespaces"
+CLIENT_SELECTOR: Final = f"{constants.LABEL_COMPONENT}=client"
+
+
+@dataclass(frozen=True)
+class ClientNamespace:
+    """One federation's client namespace on this cluster."""
+
+    namespace: str
+    federation_uid: str
+
+
+def client_namespaces(items: Sequence[Mapping[str, Any]], cluster: str) -> list[ClientNamespace]:
+    """The client namespaces of federations on `cluster` (from the work's labels)."""
+    out = []
+    for ns in items:
+        meta = ns.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        uid = labels.get(constants.LABEL_OWNER_UID)
+        if (
+            uid
+            and labels.get(constants.LABEL_CLUSTER) == cluster
+            and not meta.get("deletionTimestamp")
+        ):
+            out.append(ClientNamespace(meta["name"], uid))
+    return out
+
+
+def fleet_csr_object(
+    cluster: str, federation_uid: str, key: pki.PrivateKey, node_public: bytes
+) -> dict[str, Any]:
+    """The CertificateSigningRequest asking for `cluster`'s Fleet identity in a federation."""
+    request = pki.csr_to_pem(pki.create_fleet_csr(federation_uid, cluster, key, node_public))
+    return {
+        "apiVersion": CSR_API_VERSION,
+        "kind": "CertificateSigningRequest",
+        "metadata": {
+            "generateName": f"{constants.ADDON_NAME}-fleet-{cluster}-",
+            "labels": {
+                constants.LABEL_OCM_CLUSTER_NAME: cluster,
+                constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME,
+                constants.LABEL_OWNER_UID: federation_uid,
+            },
+        },
+        "spec": {
+            "signerName": constants.FLEET_SIGNER_NAME,
+            "request": base64.b64encode(request).decode(),
+            "usages": ["digital signature", "key encipherment", "client auth"],
+            "expirationSeconds": 24 * 3600,
+        },
+    }
+
+
+def identity_secret(
+    namespace: str, pair: pki.CertAndKey, node_private: bytes, ca: bytes
+) -> dict[str, Any]:
+    """The client namespace's identity Secret (what the client pod mounts)."""
+    data = {
+        pki.CERT_FILE: pair.cert_pem,
+        pki.KEY_FILE: pair.key_pem,
+        pki.CA_FILE: ca,
+        NODE_KEY: node_private,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": constants.CLIENT_IDENTITY_SECRET,
+            "namespace": namespace,
+            "labels": {constants.LABEL_COMPONENT: "client-identity"},
+        },
+        "data": {k: base64.b64encode(v).decode() for k, v in sorted(data.items())},
+    }
+
+
+def current_identity(secret: Mapping[str, Any] | None) -> tuple[bytes | None, bool]:
+    """(the SuperNode private key to keep, whether the certificate is still good)."""
+    if not secret:
+        return None, False
+    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    node = data.get(NODE_KEY)
+    try:
+        if node:
+            nodekeys.public_key_of(node)
+        pair = pki.load_cert_and_key(data[pki.CERT_FILE], data[pki.KEY_FILE])
+        return node, not needs_renewal(pair.cert)
+    except (KeyError, ValueError):
+        return node, False
+
+
+def split_chain(pem: bytes) -> tuple[bytes, bytes]:
+    """(leaf certificate, the issuing Fleet CA) from the signer's answer."""
+    certs = pki.load_certs_pem(pem)
+    if len(certs) < 2:
+        raise RenewalError("the Fleet signer answered without its CA certificate")
+    return pki.cert_to_pem(certs[0]), pki.certs_to_pem(certs[1:])
+
+
+class FleetIdentities:
+    """Keeps every client namespace's identity Secret present and fresh."""
+
+    def __init__(self, cluster: str, local: Kube, hub: Kube, *, timeout_s: float = 60.0) -> None:
+        self.cluster = cluster
+        self.local = local
+        self.hub = hub
+        self.timeout_s = timeout_s
+        # namespace -> (failures, loop time before which not to try again): a denied CSR
+        # (say, the work is not visible on the hub yet) is retried with backoff, not spammed.
+        self._backoff: dict[str, tuple[int, float]] = {}
+
+    async def ensure(self, target: ClientNamespace) -> bool:
+        """Make or renew one namespace's identity; True when it wrote a new one."""
+        path = path_of("v1", "Secret", target.namespace, constants.CLIENT_IDENTITY_SECRET)
+        node, fresh = current_identity(await asyncio.to_thread(self.local.get, path))
+        if fresh:
+            return False
+        if node is None:
+            node, _ = nodekeys.generate_keypair()
+        key = pki.generate_key()
+        body = fleet_csr_object(
+            self.cluster, target.federation_uid, key, nodekeys.public_key_of(node)
+        )
+        created = await asyncio.to_thread(self.hub.create, CSRS, body, False)
+        assert created is not None
+        name = created["metadata"]["name"]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        while True:
+            current = await asyncio.to_thread(self.hub.get, f"{CSRS}/{name}")
+            if current is None:
+                raise RenewalError(f"Fleet CSR {name} was deleted before it was signed")
+            pem = outcome(current)
+            if pem is not None:
+                break
+            if loop.time() > deadline:
+                raise RenewalError(f"Fleet CSR {name} not signed within {self.timeout_s:.0f}s")
+            await asyncio.sleep(0.5)
+        leaf, ca = split_chain(pem)
+        pair = pki.load_cert_and_key(leaf, pki.key_to_pem(key))
+        uris = pki.uris_of(pair.cert)
+        if uris != [pki.fleet_uri(target.federation_uid, self.cluster)]:
+            raise RenewalError(f"Fleet CSR {name}: the certificate names {uris}")
+        secret = identity_secret(target.namespace, pair, node, ca)
+        await asyncio.to_thread(self.local.apply, secret)
+        log.info("Fleet identity for %s written (federation %s)", target.namespace,
+                 target.federation_uid)  # fmt: skip
+        return True
+
+    async def sync(self) -> None:
+        """One pass over all client namespaces of this cluster."""
+        found = await asyncio.to_thread(
+            self.local.get, CLIENT_NAMESPACES, {"labelSelector": CLIENT_SELECTOR}
+        )
+        now = asyncio.get_running_loop().time()
+        targets = client_namespaces((found or {}).get("items") or [], self.cluster)
+        for gone in set(self._backoff) - {t.namespace for t in targets}:
+            del self._backoff[gone]
+        for target in targets:
+            failures, not_before = self._backoff.get(target.namespace, (0, 0.0))
+            if now < not_before:
+                continue
+            try:
+                await self.ensure(target)
+                self._backoff.pop(target.namespace, None)
+            except (RenewalError, KubeError, ValueError) as e:
+                delay = min(2.0 * 2**failures, 60.0)
+                self._backoff[target.namespace] = (failures + 1, now + delay)
+                log.warning("Fleet identity for %s: %s (retry in %.0fs)", target.namespace, e,
+                            delay)  # fmt: skip
+
+    async def run(self, interval_s: float = 2.0) -> None:
+        while True:
+            try:
+                await self.sync()
+            except KubeError as e:
+                log.warning("Fleet identities: %s", e)
+            except Exception:
+                log.exception("Fleet identities failed")
+            await asyncio.sleep(interval_s)

@@ -1,0 +1,283 @@
+"""The Fleet signer: certificates for keys each cluster's agent made on that cluster.
+
+An agent asks, per federation that has a work on its cluster, for a Fleet client certificate
+(`constants.FLEET_SIGNER_NAME`). `decide_fleet_csr` (pure) approves only when the requester is
+that cluster's addon agent, the cluster is registered, and the federation named by uid in the
+CSR has a ManifestWork on that cluster. The certificate is signed with that federation's own
+Fleet CA (from its credentials Secret), and the SuperNode public key the CSR carries is stored
+beside it for the server to register. No private key of the cluster ever reaches the hub.
+Runs in `ocm-fl-hub` next to the agent signer (OCMFL_RUN_CSR_SIGNER=true).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import kopf
+
+from hub_controller.api import FLRef
+from hub_controller.membership import Registry
+from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired import server as server_mod
+from hub_controller.operator.indexes import Indexes
+from hub_controller.signer.policy import MAX_LIFETIME, MIN_LIFETIME, Deny, Ignore, agent_group
+from ocmfl import constants, pki
+from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
+
+log = logging.getLogger(__name__)
+
+CSR_API_VERSION: Final = "certificates.k8s.io/v1"
+ATTEMPTS: Final = 5
+ALLOWED_USAGES: Final = frozenset({"client auth", "digital signature", "key encipherment"})
+NO_CA_YET: Final = "the federation's Fleet CA is not there yet"
+WORKS: Final = f"/apis/{constants.WORK_GROUP}/v1/namespaces/{{cluster}}/manifestworks"
+
+
+@dataclass(frozen=True)
+class ApproveFleet:
+    cluster: str
+    ref: FLRef  # the federation, from its work on the cluster
+    supernode_key: bytes  # OpenSSH public key line
+    lifetime: dt.timedelta
+    already_approved: bool = False
+
+
+FleetDecision = ApproveFleet | Deny | Ignore
+# (cluster, federation uid) -> labels of that federation's work on the cluster, or None.
+WorkLookup = Callable[[str, str], Mapping[str, str] | None]
+
+
+def _conditions(csr: Mapping[str, Any]) -> set[str]:
+    return {c.get("type", "") for c in (csr.get("status") or {}).get("conditions") or []}
+
+
+def decide_fleet_csr(
+    csr: Mapping[str, Any], known_clusters: Collection[str], work_of: WorkLookup
+) -> FleetDecision:
+    """What to do with one CertificateSigningRequest for the Fleet signer."""
+    spec = csr.get("spec") or {}
+    if spec.get("signerName") != constants.FLEET_SIGNER_NAME:
+        return Ignore("not the Fleet signer")
+    if (csr.get("status") or {}).get("certificate"):
+        return Ignore("already signed")
+    conditions = _conditions(csr)
+    if conditions & {"Denied", "Failed"}:
+        return Ignore("already denied or failed")
+    try:
+        request = pki.load_csr_pem(base64.b64decode(spec.get("request") or "", validate=True))
+        pki.verify_csr(request)
+    except (ValueError, pki.CSRError) as e:
+        return Deny("InvalidRequest", f"spec.request is not a valid signed CSR: {e}")
+    uris = pki.uris_of(request)
+    fleet = [u for u in uris if u.startswith(constants.FLEET_URI_PREFIX)]
+    keys = [u for u in uris if u.startswith(constants.SUPERNODE_KEY_URI_PREFIX)]
+    if len(fleet) != 1 or len(keys) != 1 or len(uris) != 2:
+        return Deny(
+            "BadSubject",
+            "the CSR must carry exactly one Fleet URI SAN and one SuperNode key URI SAN",
+        )
+    try:
+        uid, cluster = pki.parse_fleet_uri(fleet[0])
+        supernode_key = pki.supernode_key_from_uri(keys[0])
+    except ValueError as e:
+        return Deny("BadSubject", str(e))
+    if pki.subject_of(request) != pki.fleet_subject(cluster):
+        return Deny("BadSubject", f"subject must be CN=fleet:{cluster}, O=federated-learning:fleet")
+    if cluster not in known_clusters:
+        return Deny(
+            "UnknownCluster",
+            f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
+        )
+    if agent_group(cluster) not in (spec.get("groups") or []):
+        return Deny(
+            "RequesterMismatch",
+            f"requester {spec.get('username')!r} is not the addon agent of cluster {cluster!r}",
+        )
+    usages = set(spec.get("usages") or [])
+    if "client auth" not in usages or not usages <= ALLOWED_USAGES:
+        return Deny("BadUsages", f"usages must be client auth, got {sorted(usages)}")
+    labels = work_of(cluster, uid)
+    if labels is None:
+        return Deny(
+            "NoWork",
+            f"federation {uid} has no ManifestWork on cluster {cluster!r}",
+        )
+    ns, name = labels.get(constants.LABEL_OWNER_NAMESPACE), labels.get(constants.LABEL_OWNER_NAME)
+    if not ns or not name:
+        return Deny("NoWork", f"the work of federation {uid} on {cluster!r} names no owner")
+    lifetime = MAX_LIFETIME
+    seconds = spec.get("expirationSeconds")
+    if seconds is not None:
+        if not isinstance(seconds, int) or seconds < MIN_LIFETIME.total_seconds():
+            return Deny(
+                "BadExpiration",
+                f"expirationSeconds must be at least {int(MIN_LIFETIME.total_seconds())}",
+            )
+        lifetime = min(lifetime, dt.timedelta(seconds=seconds))
+    return ApproveFleet(
+        cluster,
+        FLRef(namespace=ns, name=name, uid=uid),
+        supernode_key,
+        lifetime,
+        already_approved="Approved" in conditions,
+    )
+
+
+def node_key_entry(decision: ApproveFleet) -> tuple[str, bytes]:
+    """The credentials Secret entry holding the cluster's SuperNode public key."""
+    _, _, _, node_pub = credentials.cluster_keys(decision.cluster)
+    return node_pub, decision.supernode_key + b" " + decision.cluster.encode() + b"\n"
+
+
+def _condition(decision: ApproveFleet | Deny, now: dt.datetime) -> dict[str, Any]:
+    ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    if isinstance(decision, ApproveFleet):
+        kind, reason = "Approved", "FleetIdentity"
+        message = f"agent of {decision.cluster} for {decision.ref.namespace}/{decision.ref.name}"
+    else:
+        kind, reason, message = "Denied", decision.reason, decision.message
+    return {
+        "type": kind,
+        "status": "True",
+        "reason": reason,
+        "message": message,
+        "lastUpdateTime": ts,
+        "lastTransitionTime": ts,
+    }
+
+
+@dataclass
+class FleetSigner:
+    """Applies `decide_fleet_csr`; kept in kopf's memo as `memo.fleet_signer`."""
+
+    kube: Kube
+    clock: Callable[[], dt.datetime] = pki.utcnow
+    signed: set[str] = field(default_factory=set)
+
+    def work_of(self, cluster: str, uid: str) -> Mapping[str, str] | None:
+        selector = f"{constants.LABEL_OWNER_UID}={uid}"
+        found = self.kube.get(WORKS.format(cluster=cluster), {"labelSelector": selector})
+        for item in (found or {}).get("items") or []:
+            return dict(item["metadata"].get("labels") or {})
+        return None
+
+    def handle(self, csr: dict[str, Any], members: Registry) -> FleetDecision:
+        decision = decide_fleet_csr(csr, members.registered(), self.work_of)
+        if isinstance(decision, Ignore):
+            return decision
+        name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")
+        if isinstance(decision, ApproveFleet) and uid in self.signed:
+            return Ignore("signed by this signer already")
+        path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, name)
+        if isinstance(decision, ApproveFleet):
+            ca = self._fleet_ca(decision.ref)
+            if ca is None:
+                return Ignore(NO_CA_YET)
+        if isinstance(decision, Deny) or not decision.already_approved:
+            status = dict(csr.get("status") or {})
+            status["conditions"] = [
+                *(status.get("conditions") or []),
+                _condition(decision, self.clock()),
+            ]
+            csr = self.kube.put(f"{path}/approval", {**csr, "status": status})
+            log.info("Fleet CSR %s: %s", name, decision)
+        if isinstance(decision, ApproveFleet):
+            assert ca is not None
+            self._store_node_key(decision)
+            request = pki.load_csr_pem(base64.b64decode(csr["spec"]["request"]))
+            cert = pki.sign_fleet_csr(
+                request, ca, decision.ref.uid, decision.cluster, lifetime=decision.lifetime
+            )
+            chain = pki.cert_to_pem(cert) + pki.cert_to_pem(ca.cert)
+            self.signed.add(uid)
+            self.kube.patch(
+                f"{path}/status", {"status": {"certificate": base64.b64encode(chain).decode()}}
+            )
+            log.info("Fleet CSR %s signed for %s in %s", name, decision.cluster, decision.ref)
+        return decision
+
+    def _secret_path(self, ref: FLRef) -> str:
+        name = credentials.credentials_secret_name(server_mod.server_name(ref))
+        return path_of("v1", "Secret", ref.namespace, name)
+
+    def _fleet_ca(self, ref: FLRef) -> pki.CertAndKey | None:
+        data = credentials.secret_data(self.kube.get(self._secret_path(ref)))
+        try:
+            return pki.load_cert_and_key(data[credentials.CA], data[credentials.FLEET_CA_KEY])
+        except (KeyError, ValueError):
+            return None
+
+    def _store_node_key(self, decision: ApproveFleet) -> None:
+        """The SuperNode public key into the resource's enrolled-keys Secret; the operator
+        copies members' keys to the server's node-keys Secret."""
+        ref = decision.ref
+        name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref))
+        key, value = node_key_entry(decision)
+        data = {key: base64.b64encode(value).decode()}
+        path = path_of("v1", "Secret", ref.namespace, name)
+        if self.kube.get(path) is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "metadata": {
+                    "name": name,
+                    "namespace": ref.namespace,
+                    "labels": ref.labels(server_mod.COMPONENT),
+                    "ownerReferences": [ref.owner_reference()],
+                },
+                "data": data,
+            }
+            if self.kube.create(path_of("v1", "Secret", ref.namespace), body) is not None:
+                return
+        # Merge, not apply: one manager, many clusters' keys side by side.
+        self.kube.patch(path, {"data": data}, MERGE_PATCH)
+
+
+@kopf.on.startup()
+def start_fleet_signer(memo: kopf.Memo, **_: Any) -> None:
+    memo.fleet_signer = FleetSigner(Kube(field_manager="ocm-fl-fleet-signer"))
+
+
+@kopf.on.event(
+    "certificates.k8s.io",
+    "v1",
+    "certificatesigningrequests",
+    field="spec.signerName",
+    value=constants.FLEET_SIGNER_NAME,
+)
+def fleet_csr_changed(
+    type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
+) -> None:
+    """Every event of a Fleet CSR (kopf runs sync handlers in its thread pool)."""
+    if type == "DELETED":
+        return
+    signer: FleetSigner = memo.fleet_signer
+    members = Indexes.of(kwargs).members()
+    csr = dict(body)
+    path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, csr["metadata"]["name"])
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            if attempt > 1:
+                fresh = signer.kube.get(path)
+                if fresh is None:
+                    return
+                csr = fresh
+            decision = signer.handle(csr, members)
+            if not (isinstance(decision, Ignore) and decision.why == NO_CA_YET):
+                return
+            if attempt == ATTEMPTS:
+                logger.warning("Fleet CSR %s: %s", csr["metadata"]["name"], NO_CA_YET)
+                return
+            time.sleep(attempt)
+        except KubeError as exc:
+            if not exc.transient or attempt == ATTEMPTS:
+                logger.error("Fleet CSR %s: %s", csr["metadata"]["name"], exc)
+                return
+            time.sleep(attempt)
