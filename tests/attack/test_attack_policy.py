@@ -94,7 +94,7 @@ def _client_image_lookalike(s: dict[str, Any]) -> None:
 
 
 def _host_path(s: dict[str, Any]) -> None:
-    s["server"]["storage"] = {"type": "HostPath", "path": "/"}
+    s["server"]["storage"] = {"type": "HostPath"}
 
 
 def _advertise_elsewhere(s: dict[str, Any]) -> None:

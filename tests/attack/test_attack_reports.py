@@ -400,7 +400,6 @@ def test_the_token_reaches_only_its_federations_client_pod() -> None:
         spec,
         ClusterResolution("cluster-a", "/data", ""),
         "hub:9443",
-        tls={},
         server_name="hub",
         client_token="t" * 43,
     )
@@ -447,6 +446,18 @@ def indexes(decisions: list[DecisionState], works: list[WorkState] | None = None
             "server_job_idx": {},
             "server_service_idx": {},
             "server_pod_idx": {},
+            # The admin's policy allowing SPEC (hub_controller/policy.py): these tests are
+            # about decisions and works, not policy.
+            "policy_idx": {
+                REF.namespace: [
+                    {
+                        "allowedImagePrefixes": ["quay.io/ocm-fl/"],
+                        "allowedDataClaims": ["fl.data-path"],
+                        "allowedAdvertiseDomains": ["127.0.0.1"],
+                        "allowHostPathStore": True,
+                    }
+                ]
+            },
         }
     )
 

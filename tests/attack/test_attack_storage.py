@@ -32,7 +32,6 @@ DIGITS = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 PSA_LABELS = {
     f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")
 }
-TLS = {"tls.crt": b"CERT", "tls.key": b"KEY", "ca.crt": b"CA", "node.key": b"NODE"}
 
 
 def spec_dict(
@@ -103,9 +102,7 @@ def restricted_violations(pod: Mapping[str, Any]) -> list[str]:
 def _client_work() -> dict[str, Any]:
     spec = parse_spec(spec_dict(), REF.name)
     resolution = ClusterResolution("cluster1", "/srv/data/digits", "claim", {})
-    return works.desired_work(
-        REF, spec, resolution, "10.0.0.1:9443", tls=TLS, server_name="fl.example"
-    )
+    return works.desired_work(REF, spec, resolution, "10.0.0.1:9443", server_name="fl.example")
 
 
 def _manifest(work: Mapping[str, Any], kind: str) -> dict[str, Any]:
@@ -279,9 +276,7 @@ def test_on_the_plane_the_work_client_pod_is_admitted_and_a_hostpath_pod_refused
     data.mkdir()
     spec = parse_spec(spec_dict(), ref.name)
     resolution = ClusterResolution(cluster, str(data), "claim", {})
-    work = works.desired_work(
-        ref, spec, resolution, "127.0.0.1:1", tls=TLS, server_name="fl.example"
-    )
+    work = works.desired_work(ref, spec, resolution, "127.0.0.1:1", server_name="fl.example")
     works_path = f"/apis/{constants.WORK_GROUP}/v1/namespaces/{cluster}/manifestworks"
     namespace = works.client_namespace(ref)
     pods_path = f"/api/v1/namespaces/{namespace}/pods"
