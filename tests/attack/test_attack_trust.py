@@ -23,6 +23,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from kopf.testing import KopfRunner
 
 from hack import keyscan
+from hack.localfed import grant_namespace
 from hack.testing import TestPKI, wait_for
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
@@ -221,7 +222,16 @@ def test_plane_advertise_address_of_the_aggregator_gives_no_trusted_certificate(
 ) -> None:
     # A tenant creates a FederatedLearning whose advertiseAddress is the aggregator's name;
     # the controller issues the gateway certificate and stores it where the tenant reads it.
+    # Worst case for this test: the admin's policy even allows that domain (the admin policy's
+    # own attack tests show it refused otherwise); the trust split must hold on its own.
     namespace = bound
+    grant_namespace(
+        hub,
+        namespace,
+        data_claims=[claim],
+        advertise_domains=["127.0.0.1", AGGREGATOR_HOST],
+        host_path_store=True,
+    )
     body = fl_body(namespace, claim, advertiseAddress=f"{AGGREGATOR_HOST}:443")
     hub.create(fl_path(namespace), body)
     data = wait_for(lambda: _tenant_credentials(hub, namespace), 90, "credentials Secret")
