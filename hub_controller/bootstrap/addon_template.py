@@ -65,3 +65,22 @@ def custom_signer_registration(
     if subject is not None:
         custom["subject"] = subject
     return [{"type": "CustomSigner", "customSigner": custom}]
+
+
+# The agent's hub kubeconfig (OCM mounts it at {{HUB_KUBECONFIG}}): the agent asks the hub's
+# Fleet signer for its clients' certificates with it (agent_addon.fleet_identity), so the
+# clients' keys are made on the cluster. Its identity's groups include
+# agent_group(cluster), which the Fleet signer checks; the chart's rbac.yaml lets the addon's
+# group create CSRs. No hubPermissions: CSRs are cluster-scoped, a RoleBinding cannot grant them.
+KUBE_CLIENT_REGISTRATION: dict[str, Any] = {"type": "KubeClient"}
+
+
+def addon_registrations(
+    signing_ca_name: str, signing_ca_namespace: str = constants.HUB_NAMESPACE, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """The AddOnTemplate's whole `spec.registration`: the CustomSigner agent identity
+    (reports to the aggregator) and a KubeClient hub kubeconfig (Fleet CSRs)."""
+    return [
+        *custom_signer_registration(signing_ca_name, signing_ca_namespace, **kwargs),
+        dict(KUBE_CLIENT_REGISTRATION),
+    ]

@@ -157,8 +157,9 @@ def test_rendered_chart_passes_server_side_dry_run_and_installs(
     template_name = next(d for d in docs if d["kind"] == "AddOnTemplate")["metadata"]["name"]
     template = hub.get(f"/apis/{constants.ADDON_GROUP}/v1alpha1/addontemplates/{template_name}")
     assert template is not None
-    (reg,) = template["spec"]["registration"]
+    reg, kube_client = template["spec"]["registration"]
     assert reg["customSigner"]["signerName"] == constants.SIGNER_NAME
+    assert kube_client["type"] == "KubeClient"
     assert len(template["spec"]["agentSpec"]["workload"]["manifests"]) >= 5
     # Hook objects are valid too.
     for hook in [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]:

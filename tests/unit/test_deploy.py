@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ocm-federated-learning"
 NAMESPACE = "ocm-fl-system"
 RELEASE = "ocm-fl"
+HUB_ROLE = f"{RELEASE}-ocm-federated-learning"  # the hub controller's ClusterRole
 
 
 # --- helm ---------------------------------------------------------------------------------------
@@ -298,8 +299,10 @@ def test_placements_install_strategy_lists_placements(helm: str) -> None:
 def test_addon_template_registers_custom_signer_with_per_cluster_subject(helm: str) -> None:
     tmpl = one(render(helm), "AddOnTemplate")
     assert tmpl["spec"]["addonName"] == constants.ADDON_NAME
-    (reg,) = tmpl["spec"]["registration"]
+    reg, kube_client = tmpl["spec"]["registration"]
     assert reg["type"] == "CustomSigner"
+    # The hub kubeconfig the agent asks for its clients' Fleet certificates with.
+    assert kube_client == {"type": "KubeClient"}
     signer = reg["customSigner"]
     assert signer["signerName"] == constants.SIGNER_NAME
     assert signer["signingCA"] == {"name": "ocm-fl-ca", "namespace": NAMESPACE}
@@ -343,7 +346,7 @@ def test_every_template_variable_is_set_by_the_deployment_config(helm: str) -> N
         f"{constants.ADDON_VAR_HUB_CA_BUNDLE_PREFIX}{i}"
         for i in range(constants.ADDON_VAR_HUB_CA_BUNDLE_CHUNKS)
     }
-    builtin = {"CLUSTER_NAME"}
+    builtin = {"CLUSTER_NAME", "HUB_KUBECONFIG"}  # the latter from the KubeClient registration
     assert used - builtin - bundle <= adc_vars  # the bundle comes from the publish hook
     assert {
         constants.ADDON_VAR_HUB_AGGREGATOR_ADDRESS,
@@ -353,17 +356,44 @@ def test_every_template_variable_is_set_by_the_deployment_config(helm: str) -> N
     assert bundle <= used
 
 
-def test_agent_rbac_only_watches_pods_and_jobs_and_reads_only_token_secrets(helm: str) -> None:
+def test_agent_rbac_only_watches_pods_and_jobs_and_touches_only_its_two_secrets(helm: str) -> None:
     manifests = agent_manifests(render(helm))
     role = next(m for m in manifests if m["kind"] == "ClusterRole")
+    secrets = {}
     for rule in role["rules"]:
         if rule["resources"] == ["secrets"]:
-            # each federation's local-API token (issue 12), and no other Secret
-            assert rule["verbs"] == ["get"]
-            assert rule["resourceNames"] == [constants.CLIENT_TOKEN_SECRET]
+            # issue 12: each federation's local-API token (read) and its client identity (keys
+            # made here by the agent, written by server-side apply); no other Secret
+            [name] = rule["resourceNames"]
+            secrets[name] = set(rule["verbs"])
             continue
         assert set(rule["verbs"]) <= {"get", "list", "watch"}
-        assert set(rule["resources"]) <= {"pods", "jobs"}
+        assert set(rule["resources"]) <= {"pods", "jobs", "namespaces"}
+    assert secrets == {
+        constants.CLIENT_TOKEN_SECRET: {"get"},
+        "fl-client-identity": {"get", "create", "patch", "update"},
+    }
+
+
+def test_addon_agents_may_only_ask_for_certificates_on_the_hub(helm: str) -> None:
+    """The KubeClient identity (every cluster's agent) creates and reads CSRs, nothing more;
+    the Fleet signer decides what each may get."""
+    docs = render(helm)
+    group = f"system:open-cluster-management:addon:{constants.ADDON_NAME}"
+    [binding] = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding"
+        and any(s.get("kind") == "Group" and s["name"] == group for s in d["subjects"])
+    ]
+    role = one(docs, "ClusterRole", binding["roleRef"]["name"])
+    assert role["rules"] == [
+        {
+            "apiGroups": ["certificates.k8s.io"],
+            "resources": ["certificatesigningrequests"],
+            "verbs": ["create", "get", "list", "watch"],
+        }
+    ]
 
 
 def test_work_agents_may_apply_the_client_data_volumes_and_nothing_more(helm: str) -> None:
@@ -398,7 +428,7 @@ def test_chart_registration_equals_hub_controller_addon_template(helm: str) -> N
 
     docs = render(helm)
     rendered = one(docs, "AddOnTemplate")["spec"]["registration"]
-    assert rendered == addon_template.custom_signer_registration("ocm-fl-ca", NAMESPACE)
+    assert rendered == addon_template.addon_registrations("ocm-fl-ca", NAMESPACE)
     dep = next(m for m in agent_manifests(docs) if m["kind"] == "Deployment")
     env = {
         e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
@@ -496,7 +526,7 @@ def test_rendered_rbac_grants_nothing_undeclared(helm: str) -> None:
     """The ClusterRole stays least-privilege: each (group, resource) in it is declared."""
     docs = render(helm)
     declared = rbac.resources()
-    for r in one(docs, "ClusterRole")["rules"]:
+    for r in one(docs, "ClusterRole", HUB_ROLE)["rules"]:
         for g in r["apiGroups"]:
             for res in r["resources"]:
                 assert (g, res) in declared, f"undeclared grant {g}/{res}"
