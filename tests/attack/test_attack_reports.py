@@ -679,6 +679,7 @@ def test_on_the_plane_a_manifestwork_of_another_owner_is_not_overwritten(
 ) -> None:
     """A ManifestWork of another owner already holds the resource's work name on cluster2:
     cluster1 gets its work, cluster2's is left as it was, and the status names the conflict."""
+    from hack.localfed import grant_for, grant_namespace
     from hack.testing import wait_for
 
     hub, env = plane_operator
@@ -697,7 +698,9 @@ def test_on_the_plane_a_manifestwork_of_another_owner_is_not_overwritten(
     }  # fmt: skip
     hub.create(f"/apis/{constants.WORK_GROUP}/v1/namespaces/{second}/manifestworks", squatter)
     try:
-        hub.create(env["fls"], plane_fl(namespace, env["claim"], only=None))
+        body = plane_fl(namespace, env["claim"], only=None)
+        grant_namespace(hub, namespace, **grant_for(body))  # the admin's policy (not the subject)
+        hub.create(env["fls"], body)
         wait_for(lambda: first in plane_works(hub, namespace) or None, 90, "work on cluster1")
 
         def conflict_row() -> dict[str, Any] | None:

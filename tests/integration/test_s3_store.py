@@ -22,6 +22,7 @@ import torch
 from hack.testing import free_port
 from workloads.sdk import ModelStore, ModelStoreError, ServerPlatform, load_model, to_numpy
 from workloads.sdk.storage import s3_client
+from workloads.sdk.store import StoreOwnedError
 
 pytestmark = [pytest.mark.byo_app, pytest.mark.timeout(600)]
 
@@ -95,7 +96,9 @@ def test_checkpoints_final_model_and_resume_live_in_the_bucket(bucket: str) -> N
     assert latest is not None and latest.round == 2
     np.testing.assert_array_equal(to_numpy(latest.arrays)["w"], _arrays(2.0)["w"])
     assert again.final() is not None
-    assert ModelStore(f"s3://{bucket}/team-a/digits", "uid-2").latest() is None  # other uid
+    # Another resource (uid) is refused this store, never given or set onto its checkpoints.
+    with pytest.raises(StoreOwnedError, match="belongs to resource uid 'uid-1'"):
+        ModelStore(f"s3://{bucket}/team-a/digits", "uid-2").latest()
     # A tampered object is skipped for resume, like a corrupt file on a PVC.
     s3_client().put_object(
         Bucket=bucket, Key="team-a/digits/checkpoints/uid-1/round-0002.npz", Body=b"x"
