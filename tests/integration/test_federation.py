@@ -41,6 +41,22 @@ def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def _run(cmd: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """subprocess.run in its own process group: on timeout the whole group (the server and its
+    SuperLink) is killed, so nothing is left to disturb the next test."""
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def _kill_group(proc: subprocess.Popen[bytes], sig: int = signal.SIGKILL) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, sig)
@@ -154,7 +170,7 @@ def test_training_survives_server_restart_and_beats_the_initial_model(fed: Feder
     killed_after = max(_checkpoint_rounds(storage))
     assert killed_after < ROUNDS, "server finished before it could be killed"
 
-    second = subprocess.run(fed.server_cmd(storage), capture_output=True, text=True, timeout=600)
+    second = _run(fed.server_cmd(storage), timeout=600)
     last_line = second.stdout.strip().splitlines()[-1]
     assert second.returncode == 0, second.stdout[-3000:]
     assert last_line.startswith("ocm-fl-server: completed: ") and "3 rounds" in last_line
@@ -190,10 +206,7 @@ def test_training_survives_server_restart_and_beats_the_initial_model(fed: Feder
 def test_crashing_client_below_minimum_fails_the_run(fed: Federation) -> None:
     broken = fed.data / "cluster2" / "data.npz"
     broken.rename(broken.with_suffix(".moved"))  # its ClientApp now fails on every message
-    done = subprocess.run(
-        fed.server_cmd(fed.root / "model-2", 2, "--round-timeout", "120"),
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    done = _run(fed.server_cmd(fed.root / "model-2", 2, "--round-timeout", "120"), timeout=600)
     last_line = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 1, done.stdout[-3000:]
     assert last_line.startswith("ocm-fl-server: failed: ")
