@@ -26,7 +26,7 @@ from hub_controller.membership import Registry
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.indexes import Indexes
-from hub_controller.signer.policy import MAX_LIFETIME, MIN_LIFETIME, Deny, Ignore, agent_group
+from hub_controller.signer.policy import Deny, Ignore, agent_group, requested_lifetime
 from ocmfl import constants, pki
 from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
 
@@ -111,15 +111,9 @@ def decide_fleet_csr(
     ns, name = labels.get(constants.LABEL_OWNER_NAMESPACE), labels.get(constants.LABEL_OWNER_NAME)
     if not ns or not name:
         return Deny("NoWork", f"the work of federation {uid} on {cluster!r} names no owner")
-    lifetime = MAX_LIFETIME
-    seconds = spec.get("expirationSeconds")
-    if seconds is not None:
-        if not isinstance(seconds, int) or seconds < MIN_LIFETIME.total_seconds():
-            return Deny(
-                "BadExpiration",
-                f"expirationSeconds must be at least {int(MIN_LIFETIME.total_seconds())}",
-            )
-        lifetime = min(lifetime, dt.timedelta(seconds=seconds))
+    lifetime = requested_lifetime(spec)
+    if isinstance(lifetime, Deny):
+        return lifetime
     return ApproveFleet(
         cluster,
         FLRef(namespace=ns, name=name, uid=uid),

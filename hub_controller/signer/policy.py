@@ -98,15 +98,9 @@ def decide_csr(csr: Mapping[str, Any], known_clusters: Collection[str]) -> Decis
             f"usages must be client auth (+ digital signature, key "
             f"encipherment), got {sorted(usages)}",
         )
-    lifetime = MAX_LIFETIME
-    seconds = spec.get("expirationSeconds")
-    if seconds is not None:
-        if not isinstance(seconds, int) or seconds < MIN_LIFETIME.total_seconds():
-            return Deny(
-                "BadExpiration",
-                f"expirationSeconds must be at least {int(MIN_LIFETIME.total_seconds())}",
-            )
-        lifetime = min(lifetime, dt.timedelta(seconds=seconds))
+    lifetime = requested_lifetime(spec)
+    if isinstance(lifetime, Deny):
+        return lifetime
     return Approve(cluster, lifetime, already_approved="Approved" in conditions)
 
 
@@ -136,3 +130,17 @@ def approval_condition(decision: Approve | Deny, now: dt.datetime) -> dict[str, 
         "lastUpdateTime": ts,
         "lastTransitionTime": ts,
     }
+
+
+def requested_lifetime(spec: Mapping[str, Any]) -> dt.timedelta | Deny:
+    """A CSR's certificate lifetime: its expirationSeconds capped at MAX_LIFETIME (default
+    MAX_LIFETIME); Deny when it asks for less than MIN_LIFETIME or for a non-integer."""
+    seconds = spec.get("expirationSeconds")
+    if seconds is None:
+        return MAX_LIFETIME
+    if not isinstance(seconds, int) or seconds < MIN_LIFETIME.total_seconds():
+        return Deny(
+            "BadExpiration",
+            f"expirationSeconds must be at least {int(MIN_LIFETIME.total_seconds())}",
+        )
+    return min(MAX_LIFETIME, dt.timedelta(seconds=seconds))
