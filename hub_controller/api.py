@@ -613,7 +613,17 @@ class FederatedLearningStatus(_Model):
     accuracy: float | None = Field(
         default=None, description="Sample-weighted accuracy of the last round."
     )
-    clusters: list[ClusterStatus] = Field(default_factory=list, description="One row per cluster.")
+    clusters: list[ClusterStatus] = Field(
+        default_factory=list,
+        description="One row per cluster, up to a bound (the worst first beyond it; "
+        "clusterCounts counts them all).",
+    )
+    cluster_counts: dict[str, int] = Field(
+        default_factory=dict, description="Selected clusters by phase (all of them)."
+    )
+    clusters_omitted: int = Field(
+        default=0, ge=0, description="Clusters counted in clusterCounts but without a row."
+    )
     model: ModelArtifact | None = Field(default=None, description="The final model.")
     history: list[HistoryEntry] = Field(
         default_factory=list, description="Per-round metrics per cluster (latest entries)."

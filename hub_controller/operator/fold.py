@@ -40,6 +40,40 @@ from hub_controller.operator.observed import Observations, PlacementState, ready
 
 GLOBAL = "global"  # history rows of the federation as a whole
 MAX_HISTORY = 500
+# Status stays small at any cluster count (docs/scale.md): at most this many per-cluster rows
+# (the worst first beyond it; clusterCounts counts all), at most this many names per message.
+MAX_CLUSTER_ROWS = 200
+MAX_NAMES = 5
+# Which rows a bounded status keeps first: the clusters that need someone's attention.
+_ROW_ORDER = {
+    ClusterPhase.FAILED: 0,
+    ClusterPhase.PENDING: 1,
+    ClusterPhase.NO_DATA: 2,
+    ClusterPhase.RUNNING: 3,
+    ClusterPhase.APPLIED: 4,
+    ClusterPhase.SUCCEEDED: 5,
+}
+
+
+def some_names(names: Sequence[str], limit: int = MAX_NAMES) -> str:
+    """The first `limit` names, then how many more: a message's size does not grow with N."""
+    shown = ", ".join(names[:limit])
+    rest = len(names) - limit
+    return f"{shown} and {rest} more" if rest > 0 else shown
+
+
+def bounded_rows(
+    rows: Sequence[ClusterStatus], limit: int = MAX_CLUSTER_ROWS
+) -> tuple[list[ClusterStatus], dict[str, int]]:
+    """(rows to keep, count of all rows by phase): all rows up to `limit`, beyond it the worst
+    (Failed, then Pending, NoData, ...) `limit` rows, kept in name order."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row.phase.value] = counts.get(row.phase.value, 0) + 1
+    if len(rows) <= limit:
+        return list(rows), counts
+    worst = sorted(rows, key=lambda r: (_ROW_ORDER[r.phase], r.name))[:limit]
+    return sorted(worst, key=lambda r: r.name), counts
 
 
 def gate_open(spec: FederatedLearningSpec, obs: Observations) -> bool:
@@ -232,11 +266,13 @@ def fold(
     missing = [r for r in obs.resolutions if not r.has_data]
     detail = f"{len(ready)}/{min_clients} required clusters ready"
     if missing:
-        detail += f"; without data: {', '.join(r.name for r in missing)}"
-    not_applied = [r.name for r in with_data if r.name not in ready]
+        detail += f"; without data: {some_names([r.name for r in missing])}"
+    ready_set = set(ready)
+    not_applied = [r.name for r in with_data if r.name not in ready_set]
     if not_applied:
-        detail += f"; work not yet applied on: {', '.join(not_applied)}"
-    taken = sorted(c for c in obs.conflicts if c in {r.name for r in with_data})
+        detail += f"; work not yet applied on: {some_names(not_applied)}"
+    with_data_names = {r.name for r in with_data}
+    taken = sorted(c for c in obs.conflicts if c in with_data_names)
     if taken:
         detail += f"; {conflict_message(taken[0], obs.conflicts[taken[0]])}"
         if len(taken) > 1:
@@ -324,6 +360,7 @@ def fold(
             else r
             for r in rows
         ]
+    kept, counts = bounded_rows(rows)
     rounds = [row.round for row in rows if row.round is not None]
     model = obs.model or (previous.model if previous else None)
     current_round = max(rounds, default=previous.round if previous else 0)
@@ -337,7 +374,9 @@ def fold(
         total_rounds=spec.server.rounds,
         clients=f"{len(ready)}/{len(obs.resolutions)}",
         accuracy=_accuracy(rows),
-        clusters=rows,
+        clusters=kept,
+        cluster_counts=counts,
+        clusters_omitted=len(rows) - len(kept),
         model=model,
         history=_history(previous.history if previous else [], obs),
         message=message,
@@ -352,9 +391,13 @@ def invalid_status(
     reason: str = "InvalidSpec",
 ) -> FederatedLearningStatus:
     """Status of a resource whose spec the controller refuses (reason InvalidSpec, or
-    PolicyViolation: the namespace's FederationPolicy refuses it): Failed, nothing applied."""
-    what = "invalid spec" if reason == "InvalidSpec" else "refused by the namespace's policy"
-    message = f"{what}: " + "; ".join(problems)
+    PolicyViolation: the namespace's FederationPolicy refuses it), or whose run stopped
+    because the apiserver refused an object the controller built (ObjectRefused): Failed."""
+    what = {
+        "InvalidSpec": "invalid spec: ",
+        "ObjectRefused": "",  # the message names the object
+    }.get(reason, "refused by the namespace's policy: ")
+    message = what + "; ".join(problems)
     prev_conds = previous.conditions if previous else []
     return FederatedLearningStatus(
         phase=Phase.FAILED,

@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
+import hashlib
 import json
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Final, cast
@@ -73,7 +76,7 @@ from hub_controller.operator.observed import (
 )
 from hub_controller.reports import NoReports, ReportSource
 from ocmfl import constants
-from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
+from ocmfl.kube import MERGE_PATCH, Kube, KubeError, object_path, path_of
 
 GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
 FIELD_MANAGER: Final = "ocm-fl-hub"
@@ -87,6 +90,44 @@ CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to 
 REASON_POLICY: Final = "PolicyViolation"  # condition/event reason of a policy refusal
 # Delete dependents too (a Job's pods; without it the Job API orphans them).
 BACKGROUND: Final = {"propagationPolicy": "Background"}
+# Works are written with at most this many requests in flight (all resources together).
+WRITE_CONCURRENCY: Final = 16
+REASON_REFUSED: Final = "ObjectRefused"  # the apiserver refused an object the controller built
+
+
+class ObjectRefused(Exception):
+    """The apiserver refused (422/413) an object this controller wrote: which one, its size,
+    and whether the tenant's spec can be the cause (else it is the controller's own object)."""
+
+    def __init__(self, obj: Mapping[str, Any], exc: KubeError) -> None:
+        meta = obj.get("metadata") or {}
+        self.what = f"{obj.get('kind')} {meta.get('namespace', '')}/{meta.get('name')}"
+        self.size = len(json.dumps(obj))
+        self.status = exc.status
+        self.detail = exc.message
+        text = self.detail.lower()
+        too_big = exc.status == 413 or "too long" in text or "too large" in text
+        self.internal = too_big or obj.get("kind") == "Secret"
+        super().__init__(f"{self.what}: {self.detail}")
+
+    @property
+    def message(self) -> str:
+        if self.internal:
+            return (
+                f"the API server refused {self.what} ({self.size} bytes), an object the "
+                f"controller builds, not the spec: {self.detail}"
+            )
+        return f"the API server refused an object built from the spec ({self.what}): {self.detail}"
+
+
+def _refusable(write: Callable[[], Any], obj: Mapping[str, Any]) -> Any:
+    """Run `write` (of `obj`); a 413/422 answer becomes ObjectRefused naming `obj`."""
+    try:
+        return write()
+    except KubeError as exc:
+        if exc.status in (413, 422):
+            raise ObjectRefused(obj, exc) from exc
+        raise
 
 
 @dataclass
@@ -99,6 +140,10 @@ class Operator:
     # The admin's root for HostPath model stores ($OCMFL_HOSTPATH_ROOT).
     hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT
     wakers: dict[Key, Callable[[], None]] = field(default_factory=dict)
+    # Shared by every resource's loop, so the requests in flight stay bounded.
+    writers: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(WRITE_CONCURRENCY, "ocmfl-write")
+    )
 
     def wake(self, key: Key) -> None:
         waker = self.wakers.get(key)
@@ -187,6 +232,10 @@ class Run:
     applied: tuple[int | None, str] | None = None  # (generation, inputs digest) last applied
     applied_at: float = float("-inf")  # monotonic time of that apply
     conflicts: dict[str, str] = field(default_factory=dict)  # found by that apply (see below)
+    # REST path -> digest of the Secret body this loop last applied there (unchanged key
+    # shards are not written again; forgotten at every resync).
+    written: dict[str, str] = field(default_factory=dict)
+    works: works_mod.WorkCache = field(default_factory=works_mod.WorkCache)
 
 
 def _write_status(kube: Kube, run: Run, new: Any) -> None:
@@ -199,18 +248,24 @@ def _write_status(kube: Kube, run: Run, new: Any) -> None:
 
 
 def ensure_credentials(
-    kube: Kube, ref: FLRef, server_address: str, members: list[str]
+    kube: Kube,
+    ref: FLRef,
+    server_address: str,
+    members: list[str],
+    written: dict[str, str] | None = None,
 ) -> dict[str, bytes]:
     """Issue/renew the resource's credentials (its own Fleet CA, never the hub CA) and store
-    them in its hub Secrets."""
+    them in its hub Secrets: the credentials Secret when it changed, each node-keys shard
+    whose body differs from what `written` says this loop last applied there."""
+    written = {} if written is None else written
     name = server_mod.server_name(ref)
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
     secret = kube.get(secret_path)
     current = credentials.secret_data(secret)
-    enrolled_path = path_of(
-        "v1", "Secret", ref.namespace, credentials.enrolled_keys_secret_name(name)
+    shards = kube.list_objects(
+        path_of("v1", "Secret", ref.namespace), credentials.enrolled_selector(ref.uid)
     )
-    enrolled = credentials.secret_data(kube.get(enrolled_path))
+    enrolled = credentials.enrolled_data(shards)
     data = credentials.reconcile_credentials(
         current,
         clusters=members,
@@ -219,14 +274,21 @@ def ensure_credentials(
         ca_name=credentials.fleet_ca_name(ref.namespace, ref.name),
         enrolled=enrolled,
     )
-    if data != current or secret is None:
-        meta = {
-            "namespace": ref.namespace,
-            "labels": ref.labels(server_mod.COMPONENT),
-            "ownerReferences": [ref.owner_reference()],
-        }
-        for obj in credentials.hub_secrets(meta, name, data):
-            kube.apply(obj)
+    meta = {
+        "namespace": ref.namespace,
+        "labels": ref.labels(server_mod.COMPONENT),
+        "ownerReferences": [ref.owner_reference()],
+    }
+    for obj in credentials.hub_secrets(meta, name, data):
+        path = object_path(obj)
+        digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
+        if path == secret_path:
+            if secret is not None and credentials.without_node_keys(data) == current:
+                continue
+        elif written.get(path) == digest:
+            continue
+        _refusable(functools.partial(kube.apply, obj), obj)
+        written[path] = digest
     return data
 
 
@@ -254,6 +316,9 @@ def apply_desired(
     obs: Observations,
     done: bool,
     logger: kopf.Logger | logging.Logger,
+    written: dict[str, str] | None = None,
+    cache: works_mod.WorkCache | None = None,
+    generation: int | None = None,
 ) -> tuple[dict[str, str], dict[str, bytes] | None]:
     """Apply the Placement, the server Service (and PVC), the credentials and the works; delete
     the works of clusters that left. A finished run takes no new clusters.
@@ -262,17 +327,21 @@ def apply_desired(
     is never applied over it. Returns those clusters -> the other owner's uid, and the
     credentials (None before the server address is known)."""
     kube = op.kube
-    kube.apply(placement_mod.desired_placement(ref, fl))
-    kube.apply(server_mod.desired_service(ref))
+    placement = placement_mod.desired_placement(ref, fl)
+    _refusable(lambda: kube.apply(placement), placement)
+    service = server_mod.desired_service(ref)
+    _refusable(lambda: kube.apply(service), service)
     claim = server_mod.desired_model_claim(ref, fl)
     if claim is not None:
-        kube.create(path_of("v1", "PersistentVolumeClaim", ref.namespace), claim)
+        pvc_path = path_of("v1", "PersistentVolumeClaim", ref.namespace)
+        _refusable(lambda: kube.create(pvc_path, claim), claim)
     if obs.server_address is None:
         return {}, None
     members = [r.name for r in obs.resolutions if r.has_data]
-    creds = ensure_credentials(kube, ref, obs.server_address, members)
+    creds = ensure_credentials(kube, ref, obs.server_address, members, written)
     token = ensure_client_token(kube, ref, logger)
-    desired = works_mod.desired_works(
+    desired = (cache or works_mod.WorkCache()).works(
+        generation,
         ref,
         fl,
         obs.resolutions,
@@ -283,32 +352,59 @@ def apply_desired(
     )
     if done:
         desired = {c: w for c, w in desired.items() if c in obs.works}
-    conflicts: dict[str, str] = {}
+    # Only works the index shows missing or different are written, concurrently (at most
+    # WRITE_CONCURRENCY requests in flight); an unchanged one costs no request.
+    writes: list[tuple[str, dict[str, Any], bool]] = []
     for cluster, work in desired.items():
         if cluster in obs.conflicts:
             continue  # the index shows another uid's work there
         current = obs.works.get(cluster)
-        if current is None:
-            owner = _foreign_owner(kube, work, ref)
-            if owner is not None:
-                conflicts[cluster] = owner
-                logger.warning(
-                    "not applying ManifestWork %s/%s: it belongs to uid %r, not %s",
-                    cluster,
-                    work["metadata"]["name"],
-                    owner,
-                    ref.uid,
-                )
-                continue
         if current is None or current.spec_hash != works_mod.spec_hash(work):
-            kube.apply(work)
+            writes.append((cluster, work, current is None))
+    conflicts: dict[str, str] = {}
+    futures = [op.writers.submit(_write_work, kube, ref, work, new) for _, work, new in writes]
+    failure: BaseException | None = None
+    for (cluster, work, _), future in zip(writes, futures, strict=True):
+        try:
+            owner = future.result()
+        except (KubeError, ObjectRefused) as exc:
+            failure = failure or exc  # let the others finish; report the first
+            continue
+        if owner is not None:
+            conflicts[cluster] = owner
+            logger.warning(
+                "not applying ManifestWork %s/%s: it belongs to uid %r, not %s",
+                cluster,
+                work["metadata"]["name"],
+                owner,
+                ref.uid,
+            )
+    if failure is not None:
+        raise failure
     existing = [(w.cluster, w.name) for w in obs.works.values()]
-    for namespace, name in works_mod.works_to_delete(existing, desired):
+    gone = works_mod.works_to_delete(existing, desired)
+    for namespace, name in gone:
         logger.info("deleting ManifestWork %s/%s: cluster left", namespace, name)
-        kube.delete(
-            path_of(works_mod.WORK_API_VERSION, "ManifestWork", namespace, name), body=BACKGROUND
-        )
+    paths = [path_of(works_mod.WORK_API_VERSION, "ManifestWork", ns, n) for ns, n in gone]
+    for _ in op.writers.map(lambda p: kube.delete(p, body=BACKGROUND), paths):
+        pass
     return conflicts, creds
+
+
+def _write_work(kube: Kube, ref: FLRef, work: dict[str, Any], new: bool) -> str | None:
+    """Write one work: create it where the index shows none (one request; a name already
+    taken answers 409 and is then checked), else apply it. Returns the uid of another owner
+    whose work holds the name (never overwritten), else None."""
+    meta = work["metadata"]
+    if new:
+        collection = path_of(works_mod.WORK_API_VERSION, "ManifestWork", meta["namespace"])
+        if _refusable(lambda: kube.create(collection, work), work) is not None:
+            return None
+        owner = _foreign_owner(kube, work, ref)
+        if owner is not None:
+            return owner
+    _refusable(lambda: kube.apply(work), work)
+    return None
 
 
 def _foreign_owner(kube: Kube, work: Mapping[str, Any], ref: FLRef) -> str | None:
@@ -384,8 +480,18 @@ def reconcile(
     waiting_for_keys = False
     try:
         if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
+            if clock() - run.applied_at >= RESYNC_S:
+                run.written.clear()  # write every key shard again (drift)
             run.conflicts, creds = apply_desired(
-                op, ref, fl, obs, finished(previous, generation), logger
+                op,
+                ref,
+                fl,
+                obs,
+                finished(previous, generation),
+                logger,
+                run.written,
+                run.works,
+                generation,
             )
             keys_missing = False
             if should_start_server(fl, obs, previous, generation):
@@ -398,22 +504,20 @@ def reconcile(
                                 have, fl.server.min_available_clients)  # fmt: skip
                 else:
                     logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
-                    op.kube.create(
-                        path_of("batch/v1", "Job", ref.namespace),
-                        server_mod.desired_job(ref, fl, op.hostpath_root),
-                    )
+                    job = server_mod.desired_job(ref, fl, op.hostpath_root)
+                    jobs = path_of("batch/v1", "Job", ref.namespace)
+                    _refusable(lambda: op.kube.create(jobs, job), job)
                     obs = replace(obs, server_job=JobState(exists=True))
             # Waiting for keys: the signer's write wakes nothing, so look again soon.
             run.applied, run.applied_at = (None if keys_missing else inputs), clock()
             if keys_missing:
                 waiting_for_keys = True
-    except KubeError as exc:
-        if exc.status != 422:
-            raise
-        # The apiserver refuses an object built from this spec.
-        message = f"the API server refused an object built from the spec: {exc.message}"
-        kopf.warn(cast(kopf.Body, body), reason="Refused", message=message)
-        _write_status(op.kube, run, invalid_status([message], generation, previous, now))
+    except ObjectRefused as exc:
+        # Said as it is: the object, its size, and whether the spec can be the cause.
+        reason = REASON_REFUSED if exc.internal else "InvalidSpec"
+        kopf.warn(cast(kopf.Body, body), reason="Refused", message=exc.message)
+        status = invalid_status([exc.message], generation, previous, now, reason=reason)
+        _write_status(op.kube, run, status)
         return None
     if run.conflicts:
         obs = replace(obs, conflicts={**run.conflicts, **obs.conflicts})

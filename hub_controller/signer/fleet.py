@@ -208,10 +208,10 @@ class FleetSigner:
             return None
 
     def _store_node_key(self, decision: ApproveFleet) -> None:
-        """The SuperNode public key into the resource's enrolled-keys Secret; the operator
-        copies members' keys to the server's node-keys Secret."""
+        """The SuperNode public key into the resource's enrolled-keys shard for this cluster
+        (credentials.key_shard); the operator copies members' keys to the node-keys shards."""
         ref = decision.ref
-        name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref))
+        name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref), decision.cluster)
         key, value = node_key_entry(decision)
         data = {key: base64.b64encode(value).decode()}
         path = path_of("v1", "Secret", ref.namespace, name)
@@ -223,7 +223,10 @@ class FleetSigner:
                 "metadata": {
                     "name": name,
                     "namespace": ref.namespace,
-                    "labels": ref.labels(server_mod.COMPONENT),
+                    "labels": {
+                        **ref.labels(server_mod.COMPONENT),
+                        credentials.LABEL_KEYS: "enrolled",
+                    },
                     "ownerReferences": [ref.owner_reference()],
                 },
                 "data": data,

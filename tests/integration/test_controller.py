@@ -158,12 +158,13 @@ def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
 
 def enrol_supernode_key(hub: Kube, ref: FLRef, cluster: str) -> None:
     """Write `cluster`'s SuperNode public key where the Fleet signer puts it."""
-    name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref))
+    name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref), cluster)
     _, public = nodekeys.generate_keypair(cluster)
+    labels = {**ref.labels(server_mod.COMPONENT), credentials.LABEL_KEYS: "enrolled"}
     hub.create(
         f"/api/v1/namespaces/{ref.namespace}/secrets",
         {
-            "metadata": {"name": name, "namespace": ref.namespace},
+            "metadata": {"name": name, "namespace": ref.namespace, "labels": labels},
             "data": {f"{cluster}.node.pub": base64.b64encode(public).decode()},
         },
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 
 from cryptography import x509
@@ -76,3 +77,42 @@ def test_a_fleet_ca_near_its_end_is_replaced_with_everything_it_signed() -> None
     assert rotated[cr.CA] != data[cr.CA]
     for key in (cr.SUPERLINK_CERT, cr.GATEWAY_CERT):
         assert pki.verify_issued_by(pki.load_cert_pem(rotated[key]), new_ca)
+
+
+def test_hub_secrets_stay_bounded_at_3500_clusters() -> None:
+    # 3,500 members' public keys (the size a real SuperNode key has) over the shards: the
+    # credentials Secret holds none of them and no shard comes near the apiserver's 1 MiB.
+    key = nodekeys.generate_keypair("x")[1]
+    names = [f"cluster-{i:04d}" for i in range(3500)]
+    keys = {f"{c}.node.pub": key for c in names}
+    data = _reconcile({}, names, enrolled=keys)
+    meta = {"namespace": "team", "labels": {}, "ownerReferences": []}
+    secrets = cr.hub_secrets(meta, "fl-server", data)
+    [creds, *shards] = secrets
+    assert len(shards) == cr.NODE_KEY_SHARDS
+    assert not [k for k in creds["data"] if k.endswith(".node.pub")]
+    assert len(str(creds)) < 16 * 1024
+    sizes = [sum(len(v) for v in s["data"].values()) for s in shards]
+    assert max(sizes) < 64 * 1024
+    # Every member's key is in exactly the shard its name hashes to, and nowhere else.
+    found = {k: i for i, s in enumerate(shards) for k in s["data"]}
+    assert len(found) == len(names)
+    assert all(found[f"{c}.pub"] == cr.key_shard(c) for c in names)
+
+
+def test_enrolled_data_takes_a_key_only_from_its_clusters_shard() -> None:
+    key = enrolled("cluster1")["cluster1.node.pub"]
+    right = cr.enrolled_keys_secret_name("fl-server", "cluster1")
+    wrong = next(
+        name
+        for i in range(100)
+        if (name := cr.enrolled_keys_secret_name("fl-server", f"c{i}")) != right
+    )
+
+    def secret(name: str) -> dict[str, object]:
+        encoded = base64.b64encode(key).decode()
+        return {"metadata": {"name": name}, "data": {"cluster1.node.pub": encoded}}
+
+    assert cr.enrolled_data([secret(right)]) == {"cluster1.node.pub": key}
+    # A key in another shard was not put there by the signer: it is not taken.
+    assert cr.enrolled_data([secret(wrong)]) == {}

@@ -184,19 +184,18 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
     stale = WorkState(cluster="c9", name=work_name(REF), applied=True)
     run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=[stale]))
     kinds = kube.kinds(kube.applied)
-    # two credential Secrets and the client-token Secret
-    assert kinds == [
-        "Placement", "Service", "Secret", "Secret", "Secret", "ManifestWork", "ManifestWork"
-    ]  # fmt: skip
-    works = [o for o in kube.applied if o["kind"] == "ManifestWork"]
-    assert [w["metadata"]["namespace"] for w in works] == ["c1", "c2"]
+    # the credentials Secret, the node-keys shards and the client-token Secret
+    assert kinds == ["Placement", "Service"] + ["Secret"] * (credentials.NODE_KEY_SHARDS + 2)
+    # New works are created (one request each; a taken name would answer 409).
+    works = [o for o in kube.created if o["kind"] == "ManifestWork"]
+    assert sorted(w["metadata"]["namespace"] for w in works) == ["c1", "c2"]
     # The credentials are issued once on the hub, owned by the resource.
     secrets = [o for o in kube.applied if o["kind"] == "Secret"]
     assert all(o["metadata"]["ownerReferences"][0]["uid"] == REF.uid for o in secrets)
     assert kube.deleted == [
         f"/apis/{constants.WORK_GROUP}/v1/namespaces/c9/manifestworks/{work_name(REF)}"
     ]
-    assert not kube.created  # no server before clusters are ready
+    assert "Job" not in kube.kinds(kube.created)  # no server before clusters are ready
     status = kube.status()
     assert status["phase"] == "Waiting"
     rows = {r["name"]: r for r in status["clusters"]}
@@ -221,7 +220,7 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
     state = run(op, spec, indexes())
     hashes = {
         w["metadata"]["namespace"]: w["metadata"]["annotations"]
-        for w in kube.applied
+        for w in kube.created
         if w["kind"] == "ManifestWork"
     }
     works = [
@@ -238,28 +237,51 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
     # Credentials still good and works unchanged: nothing but the idempotent Placement/Service.
     assert kube.kinds(kube.applied[before:]) == ["Placement", "Service"]
     # Both applied, but no cluster's agent has sent its SuperNode key yet: no server.
-    assert kube.kinds(kube.created) == []
+    assert "Job" not in kube.kinds(kube.created)
     # The Fleet signer enrols both clusters' keys (from their CSRs): the gate opens.
-    kube.applied.append(enrolled_keys_secret("c1", "c2"))
+    kube.objects["secrets"] = enrolled_keys_secrets("c1", "c2")
+    third = len(kube.applied)
     run(op, spec, indexes(works=works), state)
-    assert kube.kinds(kube.created) == ["Job"]
-    node_keys = kube.get(
+    assert kube.kinds(kube.created).count("Job") == 1
+    # Only the shards the two keys fall in were written again, and hold them.
+    again = kube.applied[third + 2 :]
+    assert 1 <= len(again) <= 2 and all(o["kind"] == "Secret" for o in again)
+    node_keys: dict[str, Any] = {}
+    for shard in range(credentials.NODE_KEY_SHARDS):
+        path = f"/api/v1/namespaces/{REF.namespace}/secrets/"
+        secret = kube.get(
+            path + credentials.node_keys_secret_name(server_mod.server_name(REF), shard)
+        )
+        assert secret is not None
+        node_keys.update(secret["data"])
+    assert set(node_keys) == {"c1.pub", "c2.pub"}
+    # The credentials Secret holds no per-cluster key: its size does not grow with N.
+    creds = kube.get(
         f"/api/v1/namespaces/{REF.namespace}/secrets/"
-        + credentials.node_keys_secret_name(server_mod.server_name(REF))
+        + credentials.credentials_secret_name(server_mod.server_name(REF))
     )
-    assert node_keys is not None and set(node_keys["data"]) == {"c1.pub", "c2.pub"}
+    assert creds is not None and not any(k.endswith(".node.pub") for k in creds["data"])
 
 
-def enrolled_keys_secret(*clusters: str) -> dict[str, Any]:
-    """What the Fleet signer writes: each cluster's SuperNode public key from its CSR."""
-    name = credentials.enrolled_keys_secret_name(server_mod.server_name(REF))
-    data = {f"{c}.node.pub": nodekeys.generate_keypair(c)[1] for c in clusters}
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": name, "namespace": REF.namespace},
-        "data": {k: base64.b64encode(v).decode() for k, v in data.items()},
-    }
+def enrolled_keys_secrets(*clusters: str) -> list[dict[str, Any]]:
+    """What the Fleet signer writes: each cluster's SuperNode public key from its CSR, in the
+    shard of its name."""
+    server_name = server_mod.server_name(REF)
+    out: dict[str, dict[str, Any]] = {}
+    for c in clusters:
+        name = credentials.enrolled_keys_secret_name(server_name, c)
+        secret = out.setdefault(
+            name,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name, "namespace": REF.namespace},
+                "data": {},
+            },
+        )
+        public = nodekeys.generate_keypair(c)[1]
+        secret["data"][f"{c}.node.pub"] = base64.b64encode(public).decode()
+    return list(out.values())
 
 
 def test_no_address_means_no_works_and_no_deletions(op: handlers.Operator, kube: FakeKube) -> None:

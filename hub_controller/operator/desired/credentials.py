@@ -6,7 +6,7 @@ nothing but this federation's Flower traffic trusts (agents trust only the hub C
 aggregator; the aggregator accepts only hub-CA agent certificates). All of it is kept in one
 hub Secret owned by the FederatedLearning resource, so a reconcile reuses what exists and only
 issues what is missing, expiring, or no longer matches (a new cluster, a new gateway address,
-a new Fleet CA):
+a new Fleet CA). Its size does not depend on the number of clusters:
 
 * ``ca.crt``/``fleet-ca.key``: the federation's Fleet CA (made here, one per resource);
 * ``superlink.crt/.key``: the SuperLink's TLS certificate, loopback only (DNS ``localhost``);
@@ -14,7 +14,11 @@ a new Fleet CA):
 * per cluster only ``<c>.node.pub``: its SuperNode public key, which the Fleet signer
   (hub_controller.signer.fleet) stored from the cluster's CSR; the server registers it under
   the cluster's name. The cluster's Fleet key and SuperNode key are made on the cluster by
-  its agent (agent_addon.fleet_identity) and never reach the hub.
+  its agent (agent_addon.fleet_identity) and never reach the hub. These public keys are not
+  kept in the credentials Secret: they are spread over `NODE_KEY_SHARDS` Secrets by a stable
+  hash of the cluster name (the signer's enrolled-keys shards, the operator's node-keys
+  shards), so no Secret grows with the fleet past about N / NODE_KEY_SHARDS keys
+  (docs/scale.md); the server pod mounts the node-keys shards as one directory.
 
 `reconcile_credentials` is pure apart from key generation; the operator stores its result.
 """
@@ -23,13 +27,14 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
 
-from ocmfl import nodekeys, pki
+from ocmfl import constants, nodekeys, pki
 
 CA = "ca.crt"
 FLEET_CA_KEY = "fleet-ca.key"
@@ -37,6 +42,12 @@ SUPERLINK_CERT, SUPERLINK_KEY = "superlink.crt", "superlink.key"
 GATEWAY_CERT, GATEWAY_KEY = "gateway.crt", "gateway.key"
 # Renew anything with less than this share of its lifetime left.
 RENEW_BELOW = 0.3
+# Public SuperNode keys are spread over this many Secrets (each ~300 B per key): at 3,500
+# clusters a shard holds about 110 keys (~33 KB), far below the apiserver's 1 MiB per object.
+NODE_KEY_SHARDS = 32
+NODE_PUB_SUFFIX = ".node.pub"
+# Label on the key shard Secrets: "enrolled" (the signer's) or "node" (the server's copy).
+LABEL_KEYS = f"{constants.LABEL_PREFIX}/keys"
 
 
 def cluster_keys(cluster: str) -> tuple[str, str, str, str]:
@@ -154,10 +165,30 @@ def reconcile_credentials(
 
 def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
     """Public SuperNode keys as ``<cluster>.pub`` (the server launcher's key directory)."""
-    suffix = ".node.pub"
+    suffix = NODE_PUB_SUFFIX
     return {
         k[: -len(suffix)] + nodekeys.PUBLIC_SUFFIX: v for k, v in data.items() if k.endswith(suffix)
     }
+
+
+def key_shard(cluster: str) -> int:
+    """The key shard of a cluster: a stable hash of its name (the same in every process)."""
+    return int.from_bytes(hashlib.sha256(cluster.encode()).digest()[:4], "big") % NODE_KEY_SHARDS
+
+
+def without_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
+    """The credentials Secret's data: everything but the per-cluster public keys."""
+    return {k: v for k, v in data.items() if not k.endswith(NODE_PUB_SUFFIX)}
+
+
+def node_key_shards(data: Mapping[str, bytes]) -> list[dict[str, bytes]]:
+    """The server's key directory split into NODE_KEY_SHARDS parts (`key_shard`), each
+    ``<cluster>.pub`` -> key; every shard is present, empty or not."""
+    shards: list[dict[str, bytes]] = [{} for _ in range(NODE_KEY_SHARDS)]
+    suffix = nodekeys.PUBLIC_SUFFIX
+    for name, key in server_node_keys(data).items():
+        shards[key_shard(name[: -len(suffix)])][name] = key
+    return shards
 
 
 def server_tls_bundle(data: Mapping[str, bytes]) -> dict[str, bytes]:
@@ -171,23 +202,29 @@ def credentials_secret_name(server_name: str) -> str:
     return f"{server_name}-credentials"
 
 
-def enrolled_keys_secret_name(server_name: str) -> str:
-    """The Secret where the Fleet signer puts each cluster's SuperNode public key (from its
-    CSR); the operator copies members' keys into the credentials and node-keys Secrets."""
-    return f"{server_name}-enrolled-keys"
+def enrolled_keys_secret_name(server_name: str, cluster: str) -> str:
+    """The Secret (one of NODE_KEY_SHARDS) where the Fleet signer puts `cluster`'s SuperNode
+    public key from its CSR; the operator copies members' keys to the node-keys shards."""
+    return f"{server_name}-enrolled-keys-{key_shard(cluster)}"
 
 
-def node_keys_secret_name(server_name: str) -> str:
-    """The Secret of public SuperNode keys, mounted whole as the server's key directory."""
-    return f"{server_name}-node-keys"
+def node_keys_secret_name(server_name: str, shard: int) -> str:
+    """One of the NODE_KEY_SHARDS Secrets of members' public SuperNode keys; the server pod
+    mounts them all as one directory (a projected volume)."""
+    return f"{server_name}-node-keys-{shard}"
 
 
-def _secret(meta: Mapping[str, Any], name: str, data: Mapping[str, bytes]) -> dict[str, Any]:
+def _secret(
+    meta: Mapping[str, Any], name: str, data: Mapping[str, bytes], keys: str = ""
+) -> dict[str, Any]:
+    labels = dict(meta.get("labels") or {})
+    if keys:
+        labels[LABEL_KEYS] = keys
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
-        "metadata": {**meta, "name": name},
+        "metadata": {**meta, "name": name, "labels": labels},
         "data": {k: base64.b64encode(v).decode() for k, v in sorted(data.items())},
     }
 
@@ -195,12 +232,36 @@ def _secret(meta: Mapping[str, Any], name: str, data: Mapping[str, bytes]) -> di
 def hub_secrets(
     meta: Mapping[str, Any], server_name: str, data: Mapping[str, bytes]
 ) -> list[dict[str, Any]]:
-    """The credentials Secret and the node-keys Secret, with `meta` (namespace, labels,
-    ownerReferences) from the server objects."""
+    """The credentials Secret (without per-cluster keys) and the NODE_KEY_SHARDS node-keys
+    Secrets, with `meta` (namespace, labels, ownerReferences) from the server objects."""
     return [
-        _secret(meta, credentials_secret_name(server_name), data),
-        _secret(meta, node_keys_secret_name(server_name), server_node_keys(data)),
+        _secret(meta, credentials_secret_name(server_name), without_node_keys(data)),
+        *(
+            _secret(meta, node_keys_secret_name(server_name, i), shard, keys="node")
+            for i, shard in enumerate(node_key_shards(data))
+        ),
     ]
+
+
+def enrolled_selector(uid: str) -> str:
+    """Label selector of a resource's enrolled-keys shards (the signer labels them so)."""
+    return f"{constants.LABEL_OWNER_UID}={uid},{LABEL_KEYS}=enrolled"
+
+
+def enrolled_data(secrets: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
+    """The union of the enrolled-keys shards' data (``<cluster>.node.pub`` -> key), each key
+    taken only from the shard its cluster hashes to (a key elsewhere was not put there by the
+    signer)."""
+    out: dict[str, bytes] = {}
+    for secret in secrets:
+        name = str((secret.get("metadata") or {}).get("name") or "")
+        for key, value in secret_data(secret).items():
+            if not key.endswith(NODE_PUB_SUFFIX):
+                continue
+            cluster = key[: -len(NODE_PUB_SUFFIX)]
+            if name.endswith(f"-enrolled-keys-{key_shard(cluster)}"):
+                out[key] = value
+    return out
 
 
 def secret_data(secret: Mapping[str, Any] | None) -> dict[str, bytes]:

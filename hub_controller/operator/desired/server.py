@@ -295,8 +295,15 @@ def desired_job(
             },
         },
         {
+            # Every shard of members' public keys, merged into one directory of
+            # <cluster>.pub files (none optional: the pod waits until all exist).
             "name": "node-keys",
-            "secret": {"secretName": credentials.node_keys_secret_name(server_name(ref))},
+            "projected": {
+                "sources": [
+                    {"secret": {"name": credentials.node_keys_secret_name(server_name(ref), i)}}
+                    for i in range(credentials.NODE_KEY_SHARDS)
+                ]
+            },
         },
     ]
     security.harden(pod_spec)

@@ -475,6 +475,61 @@ def desired_works(
     }
 
 
+class WorkCache:
+    """The desired work of each cluster, built again only when its inputs change (the spec
+    generation, the cluster's data path and labels, the server address and name, its agent
+    endpoint, the token): one cluster joining at N = 3,500 builds one work, not 3,500."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+
+    def works(
+        self,
+        generation: int | None,
+        ref: FLRef,
+        spec: FederatedLearningSpec,
+        resolutions: Iterable[ClusterResolution],
+        server_address: str,
+        agent_endpoints: Mapping[str, str] | None = None,
+        *,
+        server_name: str,
+        client_token: str | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """What `desired_works` returns for the same arguments (works are not to be mutated)."""
+        endpoints = agent_endpoints or {}
+        fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
+        for r in resolutions:
+            if not r.has_data:
+                continue
+            endpoint = endpoints.get(r.name, DEFAULT_AGENT_ENDPOINT)
+            key = (
+                ref.uid,
+                generation,
+                r.data_path,
+                tuple(sorted(r.labels.items())),
+                server_address,
+                endpoint,
+                server_name,
+                client_token,
+            )
+            hit = self._items.get(r.name)
+            if hit is not None and hit[0] == key:
+                fresh[r.name] = hit
+                continue
+            work = desired_work(
+                ref,
+                spec,
+                r,
+                server_address,
+                endpoint,
+                server_name=server_name,
+                client_token=client_token,
+            )
+            fresh[r.name] = (key, work)
+        self._items = fresh
+        return {name: work for name, (_, work) in fresh.items()}
+
+
 def works_to_delete(
     existing: Iterable[tuple[str, str]], desired: Mapping[str, Mapping[str, Any]]
 ) -> list[tuple[str, str]]:

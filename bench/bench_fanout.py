@@ -1,0 +1,523 @@
+"""One federation over N clusters: what the hub controller pays for the fan-out at N.
+
+    OCMFL_CP_DIR=... .venv/bin/python bench/bench_fanout.py            # N = 100, 1000, 3500
+    OCMFL_CP_DIR=... .venv/bin/python bench/bench_fanout.py --n 300
+
+On a private local control plane (``$OCMFL_CP_DIR-bench``: the real kube-apiserver and OCM
+placement controller) each phase makes N simulated ManagedClusters (accepted, in the `global`
+set, the phase's data ClusterClaim in their status, a namespace each; no agent, so no work is
+ever applied), starts the real hub process (hack/localfed.py: controller, aggregator and
+signers) and applies one FederatedLearning selecting them (minAvailableClients N + 1: the
+server never starts, the run waits with every work written). The SuperNode public keys the
+Fleet signer would store from N clusters' CSRs are written to the enrolled-keys shards as the
+signer does (credentials.enrolled_keys_secret_name), so the node-keys Secrets are full size.
+
+One JSON line per N:
+
+* ``raw_s``: the same N ManifestWorks (same bodies, another name) POSTed by a raw aiohttp
+  client with as many requests in flight as the controller allows (WRITE_CONCURRENCY), before
+  the controller runs; ``create_s``: from the controller's first work to its Nth;
+  ``ratio`` = controller create rate / raw rate (raw_s / create_s); ``apply_to_n_s``: from the
+  FederatedLearning's creation to N works (includes the placement controller's decisions,
+  ``decided_s``);
+* ``leave_s``: one cluster's claim removed -> its work deleted; ``join_s``: a new cluster with
+  the claim -> its work created (``join_after_decision_s``: from the PlacementDecision naming
+  it, i.e. the controller's own part);
+* ``cpu_s``, ``peak_rss_mb``: the hub process over the phase (sampled every 0.2 s);
+* ``objects``: the size in bytes of every object the controller writes (the resource with its
+  status, each Secret, the Placement, the Service, the largest ManifestWork);
+  ``max_object_bytes`` the largest of them;
+* ``requests_per_cluster``: apiserver requests (apiserver_request_total, all verbs but WATCH,
+  on the kinds the controller writes, minus the bench's own) from apply until N works, / N.
+
+Not a test: numbers depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from hack import controlplane as cp
+from hack.controlplane import processes
+from hack.localfed import FL_PATH, LocalFederation, create_fl
+from hack.testing import wait_for
+from hub_controller.api import FLRef, parse_spec
+from hub_controller.membership import ClusterResolution
+from hub_controller.operator import handlers
+from hub_controller.operator.desired import credentials
+from hub_controller.operator.desired import server as server_mod
+from hub_controller.operator.desired import works as works_mod
+from ocmfl import constants, nodekeys
+from ocmfl.kube import Kube, path_of
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+TICKS = os.sysconf("SC_CLK_TCK")
+CLUSTERS = f"/apis/{constants.CLUSTER_GROUP}/v1/managedclusters"
+WORKS_ALL = f"/apis/{constants.WORK_GROUP}/v1/manifestworks"
+DECISIONS = f"/apis/{constants.CLUSTER_GROUP}/v1beta1/namespaces/{{ns}}/placementdecisions"
+SETUP_CONCURRENCY = 32
+# The kinds the controller writes (resource, subresource) as apiserver_request_total names them.
+CONTROLLER_KINDS = {
+    ("manifestworks", ""),
+    ("secrets", ""),
+    ("federatedlearnings", ""),
+    ("federatedlearnings", "status"),
+    ("placements", ""),
+    ("services", ""),
+    ("persistentvolumeclaims", ""),
+    ("jobs", ""),
+}
+
+
+# --- a raw async client (the baseline, and fast set-up) ------------------------------------
+class Raw:
+    """aiohttp against the apiserver of `kube`, at most `limit` requests in flight."""
+
+    def __init__(self, kube: Kube, limit: int) -> None:
+        cfg = kube.api.configuration
+        ctx = ssl.create_default_context(cafile=cfg.ssl_ca_cert)
+        if cfg.cert_file:
+            ctx.load_cert_chain(cfg.cert_file, cfg.key_file)
+        self.ssl = ctx
+        self.host = kube.host
+        self.headers = {k: v for k, v in kube._headers().items() if k != "Accept"}
+        self.limit = limit
+
+    async def _all(self, requests: list[tuple[str, str, Any, str]]) -> list[int]:
+        sem = asyncio.Semaphore(self.limit)
+        conn = aiohttp.TCPConnector(ssl=self.ssl, limit=self.limit)
+        async with aiohttp.ClientSession(connector=conn, headers=self.headers) as session:
+
+            async def one(method: str, path: str, body: Any, ctype: str) -> int:
+                async with sem:
+                    data = None if body is None else json.dumps(body)
+                    headers = {"Content-Type": ctype}
+                    async with session.request(
+                        method, self.host + path, data=data, headers=headers
+                    ) as resp:
+                        await resp.read()
+                        return resp.status
+
+            return list(await asyncio.gather(*(one(*r) for r in requests)))
+
+    def run(self, requests: list[tuple[str, str, Any, str]]) -> list[int]:
+        """Send all; the statuses in order."""
+        return asyncio.run(self._all(requests))
+
+    def check(self, requests: list[tuple[str, str, Any, str]], ok: Iterable[int]) -> None:
+        allowed = set(ok)
+        bad = [(r[0], r[1], s) for r, s in zip(requests, self.run(requests), strict=True)]
+        bad = [b for b in bad if b[2] not in allowed]
+        if bad:
+            raise RuntimeError(f"{len(bad)} requests failed, e.g. {bad[:3]}")
+
+
+JSON = "application/json"
+MERGE = "application/merge-patch+json"
+
+
+def cluster_requests(names: list[str], claim: str) -> list[list[tuple[str, str, Any, str]]]:
+    """Rounds of requests making the simulated clusters: namespaces and ManagedClusters, then
+    their status (claims, conditions; what the registration agent reports)."""
+    first: list[tuple[str, str, Any, str]] = []
+    second: list[tuple[str, str, Any, str]] = []
+    for name in names:
+        first.append(("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, JSON))
+        mc = {
+            "apiVersion": f"{constants.CLUSTER_GROUP}/v1",
+            "kind": "ManagedCluster",
+            "metadata": {"name": name, "labels": {"name": name}},
+            "spec": {"hubAcceptsClient": True, "leaseDurationSeconds": 60},
+        }
+        first.append(("POST", CLUSTERS, mc, JSON))
+        second.append(("PATCH", f"{CLUSTERS}/{name}/status", cluster_status(name, claim), MERGE))
+    return [first, second]
+
+
+def cluster_status(name: str, claim: str | None) -> dict[str, Any]:
+    claims = [{"name": claim, "value": f"/data/{name}"}] if claim else []
+    cond = {
+        "type": "ManagedClusterConditionAvailable",
+        "status": "True",
+        "reason": "ManagedClusterAvailable",
+        "message": "simulated",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }
+    return {"status": {"clusterClaims": claims, "conditions": [cond]}}
+
+
+def fl_body(name: str, claim: str, n: int) -> dict[str, Any]:
+    image = constants.WORKLOAD_IMAGE
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "framework": "flower",
+            "server": {
+                "image": image,
+                "app": {"path": "/opt/ocm-fl/apps/digits"},
+                "rounds": 1,
+                "minAvailableClients": n + 1,  # never starts: this is about the fan-out
+                "advertiseAddress": "127.0.0.1:19092",
+                "storage": {"type": "HostPath"},
+            },
+            "client": {
+                "image": image,
+                "dataClaim": claim,
+                "placement": {
+                    "clusterSets": ["global"],
+                    "predicates": [
+                        {
+                            "requiredClusterSelector": {
+                                "claimSelector": {
+                                    "matchExpressions": [{"key": claim, "operator": "Exists"}]
+                                }
+                            }
+                        }
+                    ],
+                },
+            },
+        },
+    }
+
+
+# --- measuring -----------------------------------------------------------------------------
+@dataclass(eq=False)
+class ProcSampler(threading.Thread):
+    """CPU seconds and peak RSS of one process, every 0.2 s."""
+
+    pid: int
+    cpu0: float = 0.0
+    cpu: float = 0.0
+    peak_rss: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        super().__init__(daemon=True)
+        self.cpu0 = self._read()[0]
+
+    def _read(self) -> tuple[float, int]:
+        try:
+            fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return self.cpu + self.cpu0, 0
+        return (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            cpu, rss = self._read()
+            self.cpu, self.peak_rss = cpu - self.cpu0, max(self.peak_rss, rss)
+            self.stop.wait(0.2)
+
+
+def request_counts(hub: Kube) -> dict[tuple[str, str, str], float]:
+    """apiserver_request_total summed by (resource, subresource, verb), WATCH left out."""
+    resp = hub._send("GET", hub._url("/metrics", None), hub._headers())
+    out: dict[tuple[str, str, str], float] = defaultdict(float)
+    for line in resp.data.decode().splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels_text, value = line[len("apiserver_request_total{") :].rsplit("} ", 1)
+        labels = dict(
+            part.split("=", 1) for part in labels_text.replace('"', "").split(",") if "=" in part
+        )
+        if labels.get("verb") in ("WATCH", "CONNECT"):
+            continue
+        key = (labels.get("resource", ""), labels.get("subresource", ""), labels.get("verb", ""))
+        out[key] += float(value)
+    return out
+
+
+def controller_requests(
+    before: dict[tuple[str, str, str], float],
+    after: dict[tuple[str, str, str], float],
+    own: dict[tuple[str, str], int],
+) -> dict[str, int]:
+    """Requests on the controller's kinds between two scrapes, less the bench's `own`
+    ((resource, subresource) -> count), by "resource[/sub] VERB"."""
+    out: dict[str, int] = {}
+    for key, value in after.items():
+        resource, sub, verb = key
+        if (resource, sub) not in CONTROLLER_KINDS:
+            continue
+        delta = int(value - before.get(key, 0.0))
+        if delta > 0:
+            out[f"{resource}{'/' + sub if sub else ''} {verb}"] = delta
+    for (resource, sub), count in own.items():
+        for name in list(out):
+            if name.startswith(f"{resource}{'/' + sub if sub else ''} "):
+                take = min(count, out[name])
+                out[name] -= take
+                count -= take
+    return {k: v for k, v in sorted(out.items()) if v > 0}
+
+
+def count_works(hub: Kube, selector: str) -> int:
+    """How many works match `selector`, in one cheap LIST (limit 1)."""
+    answer = hub.request("GET", WORKS_ALL, query={"labelSelector": selector, "limit": 1})
+    items = answer.get("items") or []
+    return len(items) + int((answer.get("metadata") or {}).get("remainingItemCount") or 0)
+
+
+def size(obj: Any) -> int:
+    return len(json.dumps(obj, separators=(",", ":")))
+
+
+def object_sizes(hub: Kube, ns: str, name: str, selector: str) -> dict[str, int]:
+    """Bytes of each object the controller wrote for the resource (works: the largest)."""
+    sizes: dict[str, int] = {}
+    fl = hub.get(f"{FL_PATH.format(ns=ns)}/{name}") or {}
+    sizes["FederatedLearning (whole, with status)"] = size(fl)
+    sizes["status"] = size(fl.get("status") or {})
+    for api_version, kind in (
+        ("v1", "Secret"),
+        ("cluster.open-cluster-management.io/v1beta1", "Placement"),
+        ("v1", "Service"),
+    ):
+        for obj in hub.list_objects(path_of(api_version, kind, ns), selector):
+            sizes[f"{kind} {obj['metadata']['name']}"] = size(obj)
+    biggest, cont = 0, None
+    while True:
+        query = {"labelSelector": selector, "limit": 500, "continue": cont}
+        page = hub.request("GET", WORKS_ALL, query=query)
+        biggest = max([biggest, *(size(w) for w in page.get("items") or [])])
+        cont = (page.get("metadata") or {}).get("continue")
+        if not cont:
+            break
+    sizes["ManifestWork (largest)"] = biggest
+    return sizes
+
+
+def decided(hub: Kube, ns: str, cluster: str) -> bool:
+    for d in (hub.get(DECISIONS.format(ns=ns)) or {}).get("items") or []:
+        if any(x.get("clusterName") == cluster for x in (d.get("status") or {}).get("decisions")
+               or []):  # fmt: skip
+            return True
+    return False
+
+
+# --- one phase -----------------------------------------------------------------------------
+def enrolled_shards(
+    ref: FLRef, names: list[str], keys: dict[str, bytes]
+) -> list[tuple[str, str, Any, str]]:
+    """POSTs of the enrolled-keys shards with every cluster's public key, as the Fleet signer
+    writes them (one shard per credentials.key_shard, its labels and owner)."""
+    server_name = server_mod.server_name(ref)
+    shards: dict[str, dict[str, str]] = defaultdict(dict)
+    for c in names:
+        secret = credentials.enrolled_keys_secret_name(server_name, c)
+        shards[secret][f"{c}{credentials.NODE_PUB_SUFFIX}"] = base64.b64encode(keys[c]).decode()
+    labels = {**ref.labels(server_mod.COMPONENT), credentials.LABEL_KEYS: "enrolled"}
+    return [
+        (
+            "POST",
+            path_of("v1", "Secret", ref.namespace),
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {
+                    "name": secret,
+                    "labels": labels,
+                    "ownerReferences": [ref.owner_reference()],
+                },
+                "data": data,
+            },
+            JSON,
+        )
+        for secret, data in shards.items()
+    ]
+
+
+def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") -> dict[str, Any]:
+    """One phase at N (see the module docstring); cleans up what it made."""
+    hub = Kube(plane.hub_kubeconfig)
+    setup = Raw(hub, SETUP_CONCURRENCY)
+    raw = Raw(hub, handlers.WRITE_CONCURRENCY)
+    names = [f"{prefix}{n}-{i:04d}" for i in range(n)]
+    joiner = f"{prefix}{n}-join"
+    claim = f"{prefix}{n}.bench.federated-learning.io"
+    ns, fl_name = f"{prefix}-{n}", "fanout"
+    fed: LocalFederation | None = None
+    try:
+        for rnd in cluster_requests(names, claim):
+            setup.check(rnd, (200, 201))
+        body = fl_body(fl_name, claim, n)
+        keys = {c: nodekeys.generate_keypair(c)[1] for c in [*names, joiner]}
+
+        # Baseline: the controller's own work bodies for these clusters, under another name.
+        spec = parse_spec(body["spec"], fl_name)
+        raw_ref = FLRef(namespace=ns, name=f"{fl_name}-raw", uid="00000000-raw")
+        resolutions = [ClusterResolution(c, f"/data/{c}", "bench") for c in names]
+        bodies = works_mod.desired_works(
+            raw_ref, spec, resolutions, "127.0.0.1:19092", server_name="127.0.0.1"
+        )
+        posts = [
+            ("POST", path_of(works_mod.WORK_API_VERSION, "ManifestWork", c), w, JSON)
+            for c, w in bodies.items()
+        ]
+        started = time.monotonic()
+        raw.check(posts, (201,))
+        raw_s = time.monotonic() - started
+        deletes = [(m[0].replace("POST", "DELETE"), m[1] + "/" + m[2]["metadata"]["name"], None,
+                    JSON) for m in posts]  # fmt: skip
+        setup.check(deletes, (200, 202))
+
+        fed = LocalFederation(plane, workdir / f"n{n}", [])
+        fed.start()
+        hub_proc = next(p for p in fed.procs if p.name == "hub")
+        sampler = ProcSampler(hub_proc.popen.pid)
+        sampler.start()
+        time.sleep(2.0)  # the hub's indexes list what exists
+        selector = f"{constants.LABEL_OWNER_NAMESPACE}={ns},{constants.LABEL_OWNER_NAME}={fl_name}"
+        before = request_counts(hub)
+        t0 = time.monotonic()
+        created = create_fl(hub, ns, body)
+        ref = FLRef(ns, fl_name, created["metadata"]["uid"])
+        shard_posts = enrolled_shards(ref, names, keys)
+        setup.check(shard_posts, (201,))
+        own: dict[tuple[str, str], int] = defaultdict(int)
+        own[("federatedlearnings", "")] += 1
+        own[("secrets", "")] += len(shard_posts)
+        first: float | None = None
+        t_decided: float | None = None
+        seen = 0
+
+        def all_works() -> bool:
+            nonlocal first, t_decided, seen
+            fed.check_alive()
+            seen = count_works(hub, selector)
+            own[("manifestworks", "")] += 1
+            now = time.monotonic()
+            if seen and first is None:
+                first = now
+            if t_decided is None:
+                path = path_of(
+                    "cluster.open-cluster-management.io/v1beta1", "Placement", ns, fl_name
+                )
+                placement = hub.get(path) or {}
+                own[("placements", "")] += 1
+                if (placement.get("status") or {}).get("numberOfSelectedClusters") == n:
+                    t_decided = now
+            return seen >= n
+
+        wait_for(all_works, 120 + n * 0.5, f"{n} works", interval=0.1)
+        t_n = time.monotonic()
+        after = request_counts(hub)
+        requests = controller_requests(before, after, own)
+        time.sleep(3.0)  # let the status settle
+        fl = hub.get(f"{FL_PATH.format(ns=ns)}/{fl_name}") or {}
+        status = fl.get("status") or {}
+        sizes = object_sizes(hub, ns, fl_name, selector)
+        node_keys = sum(
+            len(s.get("data") or {})
+            for s in hub.list_objects(path_of("v1", "Secret", ns), f"{credentials.LABEL_KEYS}=node")
+        )
+        work = works_mod.work_name(ref)
+
+        # One cluster leaves (its claim goes), one joins (a new cluster with the claim).
+        leaver = names[-1]
+        work_path = path_of(works_mod.WORK_API_VERSION, "ManifestWork", leaver, work)
+        t = time.monotonic()
+        hub.patch(f"{CLUSTERS}/{leaver}/status", cluster_status(leaver, None))
+        wait_for(lambda: hub.get(work_path) is None, 120, f"{leaver}'s work deleted", interval=0.05)
+        leave_s = time.monotonic() - t
+        make, claim_it = cluster_requests([joiner], claim)
+        setup.check(make, (200, 201))
+        t = time.monotonic()
+        setup.check(claim_it, (200, 201))
+        join_path = path_of(works_mod.WORK_API_VERSION, "ManifestWork", joiner, work)
+        t_seen: list[float] = []
+
+        def joined() -> bool:
+            if not t_seen and decided(hub, ns, joiner):
+                t_seen.append(time.monotonic())
+            return hub.get(join_path) is not None
+
+        wait_for(joined, 120, f"{joiner}'s work created", interval=0.05)
+        join_s = time.monotonic() - t
+        join_after = time.monotonic() - t_seen[0] if t_seen else None
+        sampler.stop.set()
+        sampler.join()
+        total = sum(requests.values())
+        create_s = t_n - (first or t0)
+        return {
+            "n": n,
+            "works_created": seen,
+            "phase": status.get("phase"),
+            "ratio": round(raw_s / create_s, 2) if create_s > 0 else None,
+            "max_object_bytes": max(sizes.values()),
+            "raw_s": round(raw_s, 2),
+            "create_s": round(create_s, 2),
+            "apply_to_n_s": round(t_n - t0, 2),
+            "decided_s": round(t_decided - t0, 2) if t_decided is not None else None,
+            "leave_s": round(leave_s, 2),
+            "join_s": round(join_s, 2),
+            "join_after_decision_s": round(join_after, 2) if join_after is not None else None,
+            "cpu_s": round(sampler.cpu, 1),
+            "peak_rss_mb": round(sampler.peak_rss / 2**20),
+            "objects": sizes,
+            "node_keys": node_keys,
+            "status_rows": len(status.get("clusters") or []),
+            "cluster_counts": status.get("clusterCounts"),
+            "requests_per_cluster": round(total / n, 2),
+            "requests": requests,
+        }
+    finally:
+        if fed is not None:
+            fed.stop()
+        cleanup(hub, setup, ns, fl_name, [*names, joiner])
+        hub.close()
+
+
+def cleanup(hub: Kube, setup: Raw, ns: str, fl_name: str, names: list[str]) -> None:
+    """Delete the phase's resource (its finalizer dropped: the controller is stopped, and the
+    works go with their cluster namespaces), clusters and namespaces; nothing waits on them."""
+    fl_path = f"{FL_PATH.format(ns=ns)}/{fl_name}"
+    if hub.get(fl_path) is not None:
+        hub.patch(fl_path, {"metadata": {"finalizers": None}})
+    hub.delete(f"/api/v1/namespaces/{ns}")
+    reqs = [("DELETE", f"{CLUSTERS}/{c}", None, JSON) for c in names]
+    reqs += [("DELETE", f"/api/v1/namespaces/{c}", None, JSON) for c in names]
+    setup.run(reqs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", default="100,1000,3500", help="comma-separated cluster counts")
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    a = ap.parse_args()
+    ns = [int(x) for x in a.n.split(",")]
+    root = Path(tempfile.mkdtemp(prefix="ocmfl-bench-fanout-"))
+    state_dir = Path(f"{processes.state_dir()}-bench")
+    results = []
+    with cp.session(clusters=1, state_dir=state_dir) as state:
+        plane = cp.ControlPlane.from_state(state)
+        for n in ns:
+            r = phase(n, plane, root)
+            results.append(r)
+            print(json.dumps(r), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
