@@ -423,14 +423,21 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         t_n = time.monotonic()
         after = request_counts(hub)
         requests = controller_requests(before, after, own)
-        time.sleep(3.0)  # let the status settle
+        node_keys = 0
+
+        def settled() -> bool:
+            nonlocal node_keys
+            shards = hub.list_objects(path_of("v1", "Secret", ns), f"{credentials.LABEL_KEYS}=node")
+            node_keys = sum(len(s.get("data") or {}) for s in shards)
+            st = (hub.get(f"{FL_PATH.format(ns=ns)}/{fl_name}") or {}).get("status") or {}
+            return node_keys >= n and st.get("clients") == f"0/{n}"
+
+        # The controller copied every member's key and its status counts all N.
+        wait_for(settled, 60 + n * 0.02, "node keys and status for all clusters", interval=0.5)
         fl = hub.get(f"{FL_PATH.format(ns=ns)}/{fl_name}") or {}
         status = fl.get("status") or {}
         sizes = object_sizes(hub, ns, fl_name, selector)
-        node_keys = sum(
-            len(s.get("data") or {})
-            for s in hub.list_objects(path_of("v1", "Secret", ns), f"{credentials.LABEL_KEYS}=node")
-        )
+        decisions = len((hub.get(DECISIONS.format(ns=ns)) or {}).get("items") or [])
         work = works_mod.work_name(ref)
 
         # One cluster leaves (its claim goes), one joins (a new cluster with the claim).
@@ -476,6 +483,7 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
             "peak_rss_mb": round(sampler.peak_rss / 2**20),
             "objects": sizes,
             "node_keys": node_keys,
+            "placement_decisions": decisions,
             "status_rows": len(status.get("clusters") or []),
             "cluster_counts": status.get("clusterCounts"),
             "requests_per_cluster": round(total / n, 2),

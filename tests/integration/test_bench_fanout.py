@@ -1,0 +1,35 @@
+"""bench/bench_fanout.py at a small N on the real local control plane: the real hub process
+(controller, signers) fans one federation out to 120 simulated clusters, so the placement
+controller splits its decision over two PlacementDecision objects (OCM's 100 per object)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.bench_fanout import phase
+from hack.controlplane.plane import ControlPlane
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+N = 120
+BOUND = 256 * 1024
+
+
+def test_fanout_creates_every_work_and_writes_nothing_big(
+    control_plane: ControlPlane, tmp_path: Path
+) -> None:
+    result = phase(N, control_plane, tmp_path, prefix="fanci")
+    print(result)
+    assert result["works_created"] == N
+    assert result["phase"] not in (None, "Failed")
+    # Decisions over several PlacementDecision objects are all read: N works exist, the
+    # status counts N clusters, and every member's public key reached the node-keys shards.
+    assert result["placement_decisions"] >= 2
+    assert sum(result["cluster_counts"].values()) == N
+    assert result["node_keys"] == N
+    too_big = {k: v for k, v in result["objects"].items() if v >= BOUND}
+    assert not too_big and result["max_object_bytes"] < BOUND
+    # One cluster leaving and one joining were each handled (their work deleted / created).
+    assert result["leave_s"] > 0 and result["join_s"] > 0
