@@ -359,7 +359,8 @@ def apply_desired(
         if cluster in obs.conflicts:
             continue  # the index shows another uid's work there
         current = obs.works.get(cluster)
-        if current is None or current.spec_hash != works_mod.spec_hash(work):
+        # desired_work stamped the hash on it: not computed again per pass
+        if current is None or current.spec_hash != works_mod.stamped_hash(work):
             writes.append((cluster, work, current is None))
     conflicts: dict[str, str] = {}
     futures = [op.writers.submit(_write_work, kube, ref, work, new) for _, work, new in writes]

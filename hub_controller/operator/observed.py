@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from hub_controller.api import FederatedLearningSpec, ModelArtifact
@@ -269,10 +269,29 @@ class Observations:
 
 
 def observation_digest(obs: Observations) -> str:
-    """Short stable digest of the observed inputs, reports excluded (they are folded by time)."""
-    data = asdict(obs)
-    data.pop("reports", None)
-    text = json.dumps(data, sort_keys=True, default=str)
+    """Short stable digest of the observed inputs, reports excluded (they are folded by time).
+
+    Made from the values' reprs (frozen dataclasses, mappings sorted by key), not asdict +
+    JSON: at 3,500 clusters this runs on every pass, and asdict alone took about a second."""
+
+    def sorted_repr(m: Mapping[str, Any]) -> str:
+        return repr(sorted(m.items()))
+
+    resolutions = [
+        (r.name, r.data_path, r.reason, sorted(r.labels.items())) for r in obs.resolutions
+    ]
+    text = "\n".join(
+        (
+            repr(obs.placement),
+            repr(resolutions),
+            sorted_repr(obs.works),
+            repr(obs.server_job),
+            repr(obs.server_address),
+            repr(obs.model),
+            repr(obs.server_reason),
+            sorted_repr(obs.conflicts),
+        )
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -444,6 +444,12 @@ def spec_hash(work: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def stamped_hash(work: Mapping[str, Any]) -> str:
+    """The hash `desired_work` put on the work (SPEC_HASH_ANNOTATION), else computed."""
+    stamped = ((work.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
+    return str(stamped) if stamped else spec_hash(work)
+
+
 def desired_works(
     ref: FLRef,
     spec: FederatedLearningSpec,
