@@ -285,3 +285,33 @@ def test_an_internal_object_the_apiserver_refuses_is_named_with_its_size_not_inv
     assert f"Secret {REF.namespace}/{refused}" in status["message"]
     assert "bytes" in status["message"] and "Too long" in status["message"]
     assert quiet[0][0] == "Refused"
+
+
+def test_the_fleet_signer_stores_a_key_in_its_clusters_shard_where_the_operator_reads_it() -> None:
+    import datetime as dt
+
+    from hub_controller.operator.desired import credentials
+    from hub_controller.operator.desired import server as server_mod
+    from hub_controller.signer.fleet import ApproveFleet, FleetSigner
+    from ocmfl import nodekeys
+
+    made: list[dict[str, Any]] = []
+
+    class Kube:
+        def get(self, path: str) -> None:
+            return None
+
+        def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            made.append(body)
+            return body
+
+    public = nodekeys.generate_keypair("c7")[1].split(b" c7")[0]
+    decision = ApproveFleet("c7", REF, public, dt.timedelta(days=1))
+    FleetSigner(Kube())._store_node_key(decision)  # type: ignore[arg-type]
+    [secret] = made
+    server_name = server_mod.server_name(REF)
+    assert secret["metadata"]["name"] == credentials.enrolled_keys_secret_name(server_name, "c7")
+    labels = secret["metadata"]["labels"]
+    selector = dict(part.split("=") for part in credentials.enrolled_selector(REF.uid).split(","))
+    assert all(labels[k] == v for k, v in selector.items())
+    assert set(credentials.enrolled_data([secret])) == {"c7.node.pub"}
