@@ -93,6 +93,7 @@ BACKGROUND: Final = {"propagationPolicy": "Background"}
 # Works are written with at most this many requests in flight (all resources together).
 WRITE_CONCURRENCY: Final = 16
 REASON_REFUSED: Final = "ObjectRefused"  # the apiserver refused an object the controller built
+DELETED: Final = "-"  # Run.sent: this loop deleted the work
 
 
 class ObjectRefused(Exception):
@@ -243,6 +244,9 @@ class Run:
     # shards are not written again; forgotten at every resync).
     written: dict[str, str] = field(default_factory=dict)
     works: works_mod.WorkCache = field(default_factory=works_mod.WorkCache)
+    # cluster -> spec hash of the work this loop wrote there (DELETED: deleted it) that the
+    # index does not show yet (forgotten at every resync).
+    sent: dict[str, str] = field(default_factory=dict)
 
 
 def _write_status(kube: Kube, run: Run, new: Any) -> None:
@@ -326,6 +330,7 @@ def apply_desired(
     written: dict[str, str] | None = None,
     cache: works_mod.WorkCache | None = None,
     generation: int | None = None,
+    sent: dict[str, str] | None = None,
 ) -> tuple[dict[str, str], dict[str, bytes] | None]:
     """Apply the Placement, the server Service (and PVC), the credentials and the works; delete
     the works of clusters that left. A finished run takes no new clusters.
@@ -360,14 +365,25 @@ def apply_desired(
     if done:
         desired = {c: w for c, w in desired.items() if c in obs.works}
     # Only works the index shows missing or different are written, concurrently (at most
-    # WRITE_CONCURRENCY requests in flight); an unchanged one costs no request.
+    # WRITE_CONCURRENCY requests in flight); an unchanged one costs no request. `sent` holds
+    # what this loop wrote that the index does not show yet (its watch lags behind our
+    # writes): not written again meanwhile.
+    sent = {} if sent is None else sent
+    for cluster in list(sent):
+        current = obs.works.get(cluster)
+        shown = current.spec_hash if current is not None and not current.deleting else DELETED
+        if shown == sent[cluster]:
+            del sent[cluster]  # the index caught up: it is the truth again
     writes: list[tuple[str, dict[str, Any], bool]] = []
     for cluster, work in desired.items():
         if cluster in obs.conflicts:
             continue  # the index shows another uid's work there
         current = obs.works.get(cluster)
         # desired_work stamped the hash on it: not computed again per pass
-        if current is None or current.spec_hash != works_mod.stamped_hash(work):
+        wanted = works_mod.stamped_hash(work)
+        if sent.get(cluster) == wanted:
+            continue
+        if current is None or current.spec_hash != wanted:
             writes.append((cluster, work, current is None))
     conflicts: dict[str, str] = {}
     futures = [op.writers.submit(_write_work, kube, ref, work, new) for _, work, new in writes]
@@ -378,7 +394,9 @@ def apply_desired(
         except (KubeError, ObjectRefused) as exc:
             failure = failure or exc  # let the others finish; report the first
             continue
-        if owner is not None:
+        if owner is None:
+            sent[cluster] = works_mod.stamped_hash(work)
+        else:
             conflicts[cluster] = owner
             logger.warning(
                 "not applying ManifestWork %s/%s: it belongs to uid %r, not %s",
@@ -389,12 +407,19 @@ def apply_desired(
             )
     if failure is not None:
         raise failure
-    existing = [(w.cluster, w.name) for w in obs.works.values()]
+    # A work already being deleted (or whose delete this loop sent) is not deleted again.
+    existing = [
+        (w.cluster, w.name)
+        for w in obs.works.values()
+        if not w.deleting and sent.get(w.cluster) != DELETED
+    ]
     gone = works_mod.works_to_delete(existing, desired)
     for namespace, name in gone:
         logger.info("deleting ManifestWork %s/%s: cluster left", namespace, name)
     paths = [path_of(works_mod.WORK_API_VERSION, "ManifestWork", ns, n) for ns, n in gone]
     list(op.writers.map(lambda p: kube.delete(p, body=BACKGROUND), paths))
+    for namespace, _name in gone:
+        sent[namespace] = DELETED
     return conflicts, creds
 
 
@@ -489,6 +514,7 @@ def reconcile(
         if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
             if clock() - run.applied_at >= RESYNC_S:
                 run.written.clear()  # write every key shard again (drift)
+                run.sent.clear()
             run.conflicts, creds = apply_desired(
                 op,
                 ref,
@@ -499,6 +525,7 @@ def reconcile(
                 run.written,
                 run.works,
                 generation,
+                run.sent,
             )
             keys_missing = False
             if should_start_server(fl, obs, previous, generation):

@@ -228,6 +228,14 @@ def test_works_are_written_concurrently_with_a_bound_and_unchanged_ones_cost_not
     handlers.reconcile(op, NoReports(), body({}), indexes(decision_objects(clusters)), state, LOG)
     assert kube.writes("manifestworks") == 300
     assert 1 < kube.most <= handlers.WRITE_CONCURRENCY
+    # The next pass comes before the index shows them (its watch lags): nothing written again.
+    before = len(kube.requests)
+    lagging = indexes(decision_objects([*clusters, "cluster-0x"]))
+    handlers.reconcile(op, NoReports(), body(state.status), lagging, state, LOG)
+    assert [p for v, p in kube.requests[before:] if "/manifestworks" in p] == [
+        f"/apis/{constants.WORK_GROUP}/v1/namespaces/cluster-0x/manifestworks"
+    ]
+    kube.created = [w for w in kube.created if w["metadata"]["namespace"] != "cluster-0x"]
     # The index now shows the 300 works with the hashes the controller wrote.
     works = [
         WorkState(
