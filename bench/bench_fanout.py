@@ -6,11 +6,13 @@
 On a private local control plane (``$OCMFL_CP_DIR-bench``: the real kube-apiserver and OCM
 placement controller) each phase makes N simulated ManagedClusters (accepted, in the `global`
 set, the phase's data ClusterClaim in their status, a namespace each; no agent, so no work is
-ever applied), starts the real hub process (hack/localfed.py: controller, aggregator and
-signers) and applies one FederatedLearning selecting them (minAvailableClients N + 1: the
-server never starts, the run waits with every work written). The SuperNode public keys the
-Fleet signer would store from N clusters' CSRs are written to the enrolled-keys shards as the
-signer does (credentials.enrolled_keys_secret_name), so the node-keys Secrets are full size.
+ever applied by an agent), starts the real hub process (hack/localfed.py: controller,
+aggregator and signers) and applies one FederatedLearning selecting them (minAvailableClients
+N). The SuperNode public keys the Fleet signer would store from the CSRs of all clusters but
+one are written to the enrolled-keys shards as the signer does
+(credentials.enrolled_keys_secret_name). Once all N works exist, the bench marks them Applied
+(what the work agents report): the gate opens and the controller writes the node-keys shards
+at full size, then waits for the last key, so no server (no Flower process) starts.
 
 One JSON line per N:
 
@@ -132,6 +134,19 @@ class Raw:
 
 JSON = "application/json"
 MERGE = "application/merge-patch+json"
+APPLIED = {
+    "status": {
+        "conditions": [
+            {
+                "type": "Applied",
+                "status": "True",
+                "reason": "AppliedManifestWorkComplete",
+                "message": "simulated work agent",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ]
+    }
+}
 
 
 def cluster_requests(names: list[str], claim: str) -> list[list[tuple[str, str, Any, str]]]:
@@ -176,7 +191,7 @@ def fl_body(name: str, claim: str, n: int) -> dict[str, Any]:
                 "image": image,
                 "app": {"path": "/opt/ocm-fl/apps/digits"},
                 "rounds": 1,
-                "minAvailableClients": n + 1,  # never starts: this is about the fan-out
+                "minAvailableClients": n,
                 "advertiseAddress": "127.0.0.1:19092",
                 "storage": {"type": "HostPath"},
             },
@@ -392,7 +407,10 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         t0 = time.monotonic()
         created = create_fl(hub, ns, body)
         ref = FLRef(ns, fl_name, created["metadata"]["uid"])
-        shard_posts = enrolled_shards(ref, names, keys)
+        # Every cluster's agent but one has sent its key: once all works are applied the
+        # gate opens and the controller writes the node-keys shards, but waits for the last
+        # key, so no server starts (no Flower process disturbs the measurement).
+        shard_posts = enrolled_shards(ref, names[1:], keys)
         setup.check(shard_posts, (201,))
         own: dict[tuple[str, str], int] = defaultdict(int)
         own[("federatedlearnings", "")] += 1
@@ -423,22 +441,34 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         t_n = time.monotonic()
         after = request_counts(hub)
         requests = controller_requests(before, after, own)
+        work = works_mod.work_name(ref)
+
+        def clients(want: str) -> bool:
+            st = (hub.get(f"{FL_PATH.format(ns=ns)}/{fl_name}") or {}).get("status") or {}
+            return st.get("clients") == want
+
+        wait_for(lambda: clients(f"0/{n}"), 60 + n * 0.02, f"status 0/{n}", interval=0.5)
+        # What the clusters' work agents would report: every work Applied.
+        patches = [
+            ("PATCH", path_of(works_mod.WORK_API_VERSION, "ManifestWork", c, work) + "/status",
+             APPLIED, MERGE)
+            for c in names
+        ]  # fmt: skip
+        setup.check(patches, (200,))
         node_keys = 0
 
-        def settled() -> bool:
+        def keys_copied() -> bool:
             nonlocal node_keys
             shards = hub.list_objects(path_of("v1", "Secret", ns), f"{credentials.LABEL_KEYS}=node")
             node_keys = sum(len(s.get("data") or {}) for s in shards)
-            st = (hub.get(f"{FL_PATH.format(ns=ns)}/{fl_name}") or {}).get("status") or {}
-            return node_keys >= n and st.get("clients") == f"0/{n}"
+            return node_keys >= n - 1 and clients(f"{n}/{n}")
 
-        # The controller copied every member's key and its status counts all N.
-        wait_for(settled, 60 + n * 0.02, "node keys and status for all clusters", interval=0.5)
+        # The gate is open: the controller copied every enrolled member's key to the shards.
+        wait_for(keys_copied, 60 + n * 0.02, "node keys of all clusters", interval=0.5)
         fl = hub.get(f"{FL_PATH.format(ns=ns)}/{fl_name}") or {}
         status = fl.get("status") or {}
         sizes = object_sizes(hub, ns, fl_name, selector)
         decisions = len((hub.get(DECISIONS.format(ns=ns)) or {}).get("items") or [])
-        work = works_mod.work_name(ref)
 
         # One cluster leaves (its claim goes), one joins (a new cluster with the claim).
         leaver = names[-1]

@@ -264,10 +264,12 @@ def ensure_credentials(
     server_address: str,
     members: list[str],
     written: dict[str, str] | None = None,
+    keys: bool = True,
 ) -> dict[str, bytes]:
     """Issue/renew the resource's credentials (its own Fleet CA, never the hub CA) and store
-    them in its hub Secrets: the credentials Secret when it changed, each node-keys shard
-    whose body differs from what `written` says this loop last applied there."""
+    them in its hub Secrets: the credentials Secret when it changed and, with `keys`, each
+    node-keys shard whose body differs from what `written` says this loop last applied
+    there. Returned: all of it, members' public keys included."""
     written = {} if written is None else written
     name = server_mod.server_name(ref)
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
@@ -290,7 +292,8 @@ def ensure_credentials(
         "labels": ref.labels(server_mod.COMPONENT),
         "ownerReferences": [ref.owner_reference()],
     }
-    for obj in credentials.hub_secrets(meta, name, data):
+    secrets = credentials.hub_secrets(meta, name, data)
+    for obj in secrets if keys else secrets[:1]:
         path = object_path(obj)
         digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
         if path == secret_path:
@@ -331,9 +334,11 @@ def apply_desired(
     cache: works_mod.WorkCache | None = None,
     generation: int | None = None,
     sent: dict[str, str] | None = None,
+    keys: bool = True,
 ) -> tuple[dict[str, str], dict[str, bytes] | None]:
-    """Apply the Placement, the server Service (and PVC), the credentials and the works; delete
-    the works of clusters that left. A finished run takes no new clusters.
+    """Apply the Placement, the server Service (and PVC), the credentials (with `keys`, the
+    node-keys shards too) and the works; delete the works of clusters that left. A finished
+    run takes no new clusters.
 
     A work whose name is taken on a cluster by a ManifestWork of another uid (or of no owner)
     is never applied over it. Returns those clusters -> the other owner's uid, and the
@@ -350,7 +355,7 @@ def apply_desired(
     if obs.server_address is None:
         return {}, None
     members = [r.name for r in obs.resolutions if r.has_data]
-    creds = ensure_credentials(kube, ref, obs.server_address, members, written)
+    creds = ensure_credentials(kube, ref, obs.server_address, members, written, keys)
     token = ensure_client_token(kube, ref, logger)
     desired = (cache or works_mod.WorkCache()).works(
         generation,
@@ -526,6 +531,9 @@ def reconcile(
                 run.works,
                 generation,
                 run.sent,
+                # Only the server reads the node keys: written once it is to start, and kept
+                # current after (not rewritten on every pass while thousands join).
+                keys=obs.server_job.exists or should_start_server(fl, obs, previous, generation),
             )
             keys_missing = False
             if should_start_server(fl, obs, previous, generation):

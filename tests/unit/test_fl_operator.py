@@ -184,8 +184,8 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
     stale = WorkState(cluster="c9", name=work_name(REF), applied=True)
     run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=[stale]))
     kinds = kube.kinds(kube.applied)
-    # the credentials Secret, the node-keys shards and the client-token Secret
-    assert kinds == ["Placement", "Service"] + ["Secret"] * (credentials.NODE_KEY_SHARDS + 2)
+    # the credentials Secret and the client-token Secret (node keys: once the server starts)
+    assert kinds == ["Placement", "Service", "Secret", "Secret"]
     # New works are created (one request each; a taken name would answer 409).
     works = [o for o in kube.created if o["kind"] == "ManifestWork"]
     assert sorted(w["metadata"]["namespace"] for w in works) == ["c1", "c2"]
@@ -234,8 +234,11 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
     ]
     before = len(kube.applied)
     run(op, spec, indexes(works=works), state)
-    # Credentials still good and works unchanged: nothing but the idempotent Placement/Service.
-    assert kube.kinds(kube.applied[before:]) == ["Placement", "Service"]
+    # Credentials still good and works unchanged: nothing but the idempotent Placement/Service,
+    # and, the gate being open, the node-keys shards the server pod will mount (all of them).
+    assert kube.kinds(kube.applied[before:]) == ["Placement", "Service"] + ["Secret"] * (
+        credentials.NODE_KEY_SHARDS
+    )
     # Both applied, but no cluster's agent has sent its SuperNode key yet: no server.
     assert "Job" not in kube.kinds(kube.created)
     # The Fleet signer enrols both clusters' keys (from their CSRs): the gate opens.
