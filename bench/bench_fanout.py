@@ -68,7 +68,7 @@ from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
 from ocmfl import constants, nodekeys
-from ocmfl.kube import Kube, path_of
+from ocmfl.kube import LIST, Kube, list_watch, object_key, path_of
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -286,11 +286,38 @@ def controller_requests(
     return {k: v for k, v in sorted(out.items()) if v > 0}
 
 
-def count_works(hub: Kube, selector: str) -> int:
-    """How many works match `selector`, in one cheap LIST (limit 1)."""
-    answer = hub.request("GET", WORKS_ALL, query={"labelSelector": selector, "limit": 1})
-    items = answer.get("items") or []
-    return len(items) + int((answer.get("metadata") or {}).get("remainingItemCount") or 0)
+@dataclass(eq=False)
+class WorkWatch(threading.Thread):
+    """Follows the works matching `selector` (list + watch): how many exist, when the first
+    appeared and when there were `n` (a LIST with a label selector cannot count cheaply)."""
+
+    kubeconfig: str
+    selector: str
+    n: int
+    names: set[str] = field(default_factory=set)
+    first: float | None = None
+    full: float | None = None
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        super().__init__(daemon=True)
+
+    def run(self) -> None:
+        kube = Kube(self.kubeconfig)
+        query = {"labelSelector": self.selector}
+        for etype, obj in list_watch(kube, WORKS_ALL, stop=self.stop, query=query):
+            now = time.monotonic()
+            if etype == LIST:
+                self.names = {object_key(o) for o in obj.get("items") or []}
+            elif etype == "DELETED":
+                self.names.discard(object_key(obj))
+            else:
+                self.names.add(object_key(obj))
+            if self.names and self.first is None:
+                self.first = now
+            if len(self.names) >= self.n and self.full is None:
+                self.full = now
+        kube.close()
 
 
 def size(obj: Any) -> int:
@@ -403,6 +430,9 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         sampler.start()
         time.sleep(2.0)  # the hub's indexes list what exists
         selector = f"{constants.LABEL_OWNER_NAMESPACE}={ns},{constants.LABEL_OWNER_NAME}={fl_name}"
+        watch = WorkWatch(plane.hub_kubeconfig, selector, n)
+        watch.start()
+        time.sleep(1.0)  # its LIST is done: it sees every work from the first
         before = request_counts(hub)
         t0 = time.monotonic()
         created = create_fl(hub, ns, body)
@@ -415,18 +445,12 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         own: dict[tuple[str, str], int] = defaultdict(int)
         own[("federatedlearnings", "")] += 1
         own[("secrets", "")] += len(shard_posts)
-        first: float | None = None
         t_decided: float | None = None
-        seen = 0
 
         def all_works() -> bool:
-            nonlocal first, t_decided, seen
+            nonlocal t_decided
             fed.check_alive()
-            seen = count_works(hub, selector)
-            own[("manifestworks", "")] += 1
             now = time.monotonic()
-            if seen and first is None:
-                first = now
             if t_decided is None:
                 path = path_of(
                     "cluster.open-cluster-management.io/v1beta1", "Placement", ns, fl_name
@@ -435,10 +459,11 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
                 own[("placements", "")] += 1
                 if (placement.get("status") or {}).get("numberOfSelectedClusters") == n:
                     t_decided = now
-            return seen >= n
+            return watch.full is not None
 
         wait_for(all_works, 120 + n * 0.5, f"{n} works", interval=0.1)
-        t_n = time.monotonic()
+        assert watch.full is not None
+        t_n, first, seen = watch.full, watch.first, len(watch.names)
         after = request_counts(hub)
         requests = controller_requests(before, after, own)
         work = works_mod.work_name(ref)
@@ -494,6 +519,7 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         join_after = time.monotonic() - t_seen[0] if t_seen else None
         sampler.stop.set()
         sampler.join()
+        watch.stop.set()
         total = sum(requests.values())
         create_s = t_n - (first or t0)
         return {
