@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import ssl
@@ -60,7 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hack import controlplane as cp
 from hack.controlplane import processes
 from hack.localfed import FL_PATH, LocalFederation, create_fl
-from hack.testing import wait_for
+from hack.testing import WaitTimeout, wait_for
 from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator import handlers
@@ -562,6 +563,15 @@ def cleanup(hub: Kube, setup: Raw, ns: str, fl_name: str, names: list[str]) -> N
     reqs = [("DELETE", f"{CLUSTERS}/{c}", None, JSON) for c in names]
     reqs += [("DELETE", f"/api/v1/namespaces/{c}", None, JSON) for c in names]
     setup.run(reqs)
+
+    def gone() -> bool:
+        left = hub.request("GET", "/api/v1/namespaces")
+        wanted = set(names)
+        return not any(i["metadata"]["name"] in wanted for i in left.get("items") or [])
+
+    # The next phase measures on a quiet apiserver: the namespace controller is done here.
+    with contextlib.suppress(WaitTimeout):
+        wait_for(gone, 180, "the phase's namespaces deleted", interval=2.0)
 
 
 def main() -> None:
