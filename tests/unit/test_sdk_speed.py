@@ -10,8 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 from flower_local import LocalGrid, stamp_task_identity
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords as flower_aggregate
 
 from workloads.sdk import (
     EVALUATE_IN_TRAIN,
@@ -25,6 +26,7 @@ from workloads.sdk import (
     to_numpy,
     to_record,
 )
+from workloads.sdk.aggregate import FedAvg, FedProx, aggregate_arrayrecords, array_view
 from workloads.sdk.loop import poll_interval
 
 
@@ -149,3 +151,58 @@ def test_poll_interval_setting() -> None:
     assert poll_interval({"OCMFL_GRID_POLL_INTERVAL": "0"}) == 0.0
     with pytest.raises(ValueError, match="OCMFL_GRID_POLL_INTERVAL"):
         poll_interval({"OCMFL_GRID_POLL_INTERVAL": "fast"})
+
+
+def _replies(shapes: dict[str, tuple[int, ...]], dtype: Any, clients: int) -> list[RecordDict]:
+    rng = np.random.default_rng(1)
+    out = []
+    for c in range(clients):
+        arrays = {
+            k: np.asarray(rng.standard_normal(s) * 10).astype(dtype) for k, s in shapes.items()
+        }
+        metrics = MetricRecord({"num-examples": 7 + 13 * c})
+        out.append(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+                    "metrics": metrics,
+                }
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64])
+def test_the_fast_average_equals_flowers(dtype: Any) -> None:
+    # Big enough for the blockwise path (several blocks plus a ragged end) and small arrays.
+    shapes = {"big": (301, 997), "small": (3, 4), "scalar": ()}
+    records = _replies(shapes, dtype, clients=5)
+    ours = aggregate_arrayrecords(records, "num-examples")
+    theirs = flower_aggregate(records, "num-examples")
+    assert list(ours.keys()) == list(theirs.keys())
+    for key in shapes:
+        a, b = ours[key].numpy(), theirs[key].numpy()
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-6 if a.dtype != np.float16 else 1e-3)
+        if np.issubdtype(a.dtype, np.floating) and a.dtype != np.float16:
+            assert np.array_equal(a, b)  # same operations in the same order
+
+
+def test_array_views_share_the_received_bytes() -> None:
+    array = Array(np.arange(12, dtype=np.float32).reshape(3, 4))
+    view = array_view(array)
+    assert np.shares_memory(view, np.frombuffer(array.data, dtype=np.uint8))
+    assert np.array_equal(view, array.numpy())
+    fortran = Array(np.asfortranarray(np.arange(6.0).reshape(2, 3)))
+    assert np.array_equal(array_view(fortran), fortran.numpy())
+
+
+@pytest.mark.parametrize("ours,theirs", [(FedAvg(), FlowerFedAvg())])
+def test_the_strategies_aggregate_train_equals_flowers(ours: Any, theirs: Any) -> None:
+    records = _replies({"w": (50_000,), "b": (10,)}, np.float32, clients=3)
+    msgs = [Message(r, dst_node_id=1, message_type="train") for r in records]
+    replies = [Message(m.content, reply_to=m) for m in msgs]
+    (a, am), (b, bm) = ours.aggregate_train(1, replies), theirs.aggregate_train(1, replies)
+    assert a is not None and b is not None and am == bm
+    assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in b)
+    assert FedProx(proximal_mu=0.1).proximal_mu == 0.1

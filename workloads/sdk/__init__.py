@@ -20,10 +20,13 @@ ServerApp side
   safetensors), a checkpoint and manifest every round, the final model, resume from this
   resource's newest checkpoint, the minimum-results rule, replies pulled every 0.2 s (Flower:
   3 s) and, with ``evaluate_in_train=True``, client evaluation folded into the train phase.
+- ``FedAvg``, ``FedProx``: Flower's strategies with the weighted average computed at memory
+  speed (same arguments, same results; ``workloads.sdk.aggregate``).
 - ``ModelStore``, ``load_model``: the store itself (directory/PVC or S3-compatible) and model
   files, for apps that write their own loop or evaluate a stored model.
 """
 
+from workloads.sdk.aggregate import FedAvg, FedProx
 from workloads.sdk.client import EVALUATE_IN_TRAIN, FOLDED_RECORD, PlatformClientApp
 from workloads.sdk.formats import ModelFormatError, read_model, to_numpy, to_record
 from workloads.sdk.loop import (
@@ -42,6 +45,8 @@ __all__ = [
     "FOLDED_RECORD",
     "Checkpoint",
     "DataDirError",
+    "FedAvg",
+    "FedProx",
     "ModelFormatError",
     "ModelStore",
     "ModelStoreError",

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, FedProx
 
-from workloads.sdk import run_strategy
+from workloads.sdk import FedAvg, FedProx, run_strategy
 
 from .task import build_model, evaluate, load_data, number
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
 
-from workloads.sdk import run_strategy
+from workloads.sdk import FedAvg, run_strategy
 
 from .task import build_model, number
 
