@@ -10,6 +10,9 @@ ClientApp side
 - ``PlatformClientApp``: Flower's ClientApp that, when the server asks
   (``run_strategy(..., evaluate_in_train=True)``), runs the app's evaluate function inside the
   train call and returns its metrics with the train reply: one phase per round, not two.
+- ``forwarding_client_app("pkg.client_app:app")``: a thin ClientApp (no torch import) that
+  runs the real one in the cluster's long-lived worker (``ocm-fl-client`` starts it, with the
+  model stack imported once), else in its own process.
 - ``agent_metrics``: a ClientApp mod (``ClientApp(mods=[agent_metrics])``) that reports each
   reply's loss/accuracy/samples to the cluster's addon agent (shown in the resource's status);
   never blocks, never fails training.
@@ -39,6 +42,7 @@ from workloads.sdk.metrics import agent_metrics
 from workloads.sdk.node import DataDirError, agent_endpoint, cluster_name, data_dir
 from workloads.sdk.platform import ServerPlatform
 from workloads.sdk.store import Checkpoint, ModelStore, ModelStoreError, load_model
+from workloads.sdk.worker import forwarding_client_app
 
 __all__ = [
     "EVALUATE_IN_TRAIN",
@@ -59,6 +63,7 @@ __all__ = [
     "agent_metrics",
     "cluster_name",
     "data_dir",
+    "forwarding_client_app",
     "load_model",
     "read_model",
     "run_strategy",
