@@ -13,7 +13,8 @@ stream lags 0.2-0.7 s, the same for both): a round runs from "[ROUND r/N]" to th
 last to "Strategy execution finished"); "train" is configure_train -> aggregate_train,
 "evaluate" configure_evaluate -> aggregate_evaluate, "server" the rest (aggregation, server
 evaluation, checkpoint). CPU seconds and peak RSS per process kind are sampled from /proc every
-0.2 s (CPU of a process is its last sample: a short-lived one may lose up to 0.2 s). Prints one
+0.2 s, for this bench's descendants only (CPU of a process is its last sample: a short-lived
+one may lose up to 0.2 s). Prints one
 JSON object: "ours" and "bare" each with "per_round_s" (median over every round of every
 repeat), phases, CPU and RSS; "ratio" = ours / bare per_round_s.
 """
@@ -53,6 +54,9 @@ TICK = os.sysconf("SC_CLK_TCK")
 # Stock Flower as an app author gets it: separate evaluation and Flower's own reply polling.
 BARE_RUN_CONFIG = {"evaluate-in-train": False}
 BARE_ENV = {"OCMFL_GRID_POLL_INTERVAL": "0"}
+# Ablations of "ours" (--ours-env/--ours-client-arg/--ours-run-config), to see what each change
+# saves: e.g. OCMFL_GRID_POLL_INTERVAL=0, --no-worker, {"evaluate-in-train": false}.
+OURS: dict[str, Any] = {"env": {}, "client_args": [], "run_config": {}}
 
 
 class ProcSampler(threading.Thread):
@@ -79,10 +83,25 @@ class ProcSampler(threading.Thread):
                     return "ocm-fl-worker"
         return None
 
-    def sample(self) -> None:
+    def descendants(self) -> set[str]:
+        """This bench's descendant processes (other work on the machine is not counted)."""
+        children: dict[str, list[str]] = defaultdict(list)
         for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
+            if pid.isdigit():
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                children[stat[1]].append(pid)
+        out, todo = set(), [str(os.getpid())]
+        while todo:
+            for child in children.get(todo.pop(), []):
+                out.add(child)
+                todo.append(child)
+        return out
+
+    def sample(self) -> None:
+        for pid in self.descendants():
             try:
                 cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
                 kind = self.kind_of(cmd.strip())
@@ -213,7 +232,9 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str,
                 str(root / f"{tag}-{c}"),
                 "--port",
                 str(free_port()),
+                *OURS["client_args"],
             ],
+            env={**os.environ, **OURS["env"]},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
@@ -230,8 +251,10 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str,
          "--ssl-keyfile", str(p["tls"] / "tls.key"),
          "--supernode-keys", str(p["pubs"]), "--rounds", str(rounds), "--min-clients", "2",
          "--app-dir", str(APP), "--storage", str(root / f"{tag}-model"),
-         "--run-config", json.dumps({"test-dir": str(p["data"] / "test")}),
+         "--run-config", json.dumps({"test-dir": str(p["data"] / "test"),
+                                     **OURS["run_config"]}),
          "--result-file", str(root / f"{tag}.json")],
+        env={**os.environ, **OURS["env"]},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
     reader = threading.Thread(target=clock.feed, args=(server.stdout,), daemon=True)
@@ -349,7 +372,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--mode", choices=["ours", "bare", "both"], default="both")
+    parser.add_argument("--ours-env", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--ours-client-arg", action="append", default=[], metavar="ARG")
+    parser.add_argument("--ours-run-config", default="{}", metavar="JSON")
     args = parser.parse_args()
+    OURS["env"] = dict(kv.split("=", 1) for kv in args.ours_env)
+    OURS["client_args"] = list(args.ours_client_arg)
+    OURS["run_config"] = json.loads(args.ours_run_config)
     root = Path(tempfile.mkdtemp(prefix="ocmfl-bench-"))
     p = setup(root)
     modes = [(m, fn) for m, fn in (("ours", run_ours), ("bare", run_bare))
@@ -368,7 +397,7 @@ def main() -> None:
             runs[mode].append(run)
             print(f"{mode} #{repeat + 1}: {json.dumps(run)}", file=sys.stderr, flush=True)
     report: dict[str, Any] = {"rounds": args.rounds, "repeats": args.repeats,
-                              "load_avg": os.getloadavg()[0]}  # fmt: skip
+                              "load_avg": os.getloadavg()[0], "ours_settings": OURS}  # fmt: skip
     for mode, _ in modes:
         report[mode] = summarise(runs[mode])
     if "ours" in report and "bare" in report:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -304,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _fail(f"Fleet tunnel: {exc}")
         print(f"{PREFIX}: mTLS tunnel to {args.server_address} on {tunnel.listen}", flush=True)
     worker: subprocess.Popen[bytes] | None = None
+    socket_path: Path | None = None
     try:
         if not args.no_worker:
             worker, socket_path = start_worker(args.worker_preload, env)
@@ -314,6 +316,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return supervise(command, env, args.connect_timeout)
     finally:
         fe.stop(worker, timeout=5.0)
+        if socket_path is not None:
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
         if tunnel is not None:
             tunnel.stop()
 
