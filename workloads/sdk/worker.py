@@ -230,6 +230,9 @@ def serve(server: socket.socket, path: Path) -> None:
                 continue
             if os.fork() == 0:
                 server.close()
+                # The app gets a normal process: it may start and wait for its own children.
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 code = 0
                 try:
                     _handle(conn)
