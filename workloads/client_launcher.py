@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from workloads.sdk.platform import (
     NODE_DATA_DIR,
     RESERVED_NODE_KEYS,
 )
+from workloads.sdk.worker import SOCKET_ENV, socket_dir
 
 PREFIX = "ocm-fl-client"
 EXIT_BAD_INPUT = 2
@@ -131,6 +133,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--install-dependencies",
         action="store_true",
         help="let Flower install the app's dependencies at run time (off: the image has them)",
+    )
+    p.add_argument(
+        "--worker-preload",
+        default="numpy,torch",
+        help="modules the long-lived ClientApp worker imports once (workloads.sdk.worker); "
+        "apps whose ClientApp is forwarding_client_app(...) run there, not re-importing them "
+        "per message",
+    )
+    p.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="start no ClientApp worker (every message imports the app in its own process)",
     )
     p.add_argument(
         "--max-retries",
@@ -290,12 +304,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ProxyError as exc:
             return _fail(f"Fleet tunnel: {exc}")
         print(f"{PREFIX}: mTLS tunnel to {args.server_address} on {tunnel.listen}", flush=True)
+    worker: subprocess.Popen[bytes] | None = None
+    socket_path: Path | None = None
     try:
+        if not args.no_worker:
+            worker, socket_path = start_worker(args.worker_preload, env)
+            env[SOCKET_ENV] = str(socket_path)
+            print(f"{PREFIX}: ClientApp worker (preloads {args.worker_preload}) on "
+                  f"{socket_path}", flush=True)  # fmt: skip
         command = supernode_command(args, config_file, tunnel)
         return supervise(command, env, args.connect_timeout)
     finally:
+        fe.stop(worker, timeout=5.0)
+        if socket_path is not None:
+            shutil.rmtree(socket_path.parent, ignore_errors=True)
         if tunnel is not None:
             tunnel.stop()
+
+
+def start_worker(preload: str, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+    """The long-lived ClientApp worker (workloads.sdk.worker) on a Unix socket in a private
+    directory under $TMPDIR (the pod's scratch dir); returns it and the socket path."""
+    path = socket_dir() / "worker.sock"
+    cmd = [sys.executable, "-m", "workloads.sdk.worker", "--socket", str(path),
+           "--preload", preload]  # fmt: skip
+    return fe.start(cmd, env, None), path
 
 
 def flower_exit_code(line: str) -> int | None:

@@ -48,6 +48,9 @@ from workloads.sdk.store import ModelStore, ModelStoreError, StoreOwnedError
 # the process dies, so a long bound costs nothing.
 SUPERLINK_START_TIMEOUT = 300.0
 PREFIX = "ocm-fl-server"
+# While the run's log stream is open the run is not finished (the SuperLink closes it then):
+# its status is asked only this often, as a safety net.
+STATUS_FALLBACK_S = 60.0
 
 
 class LaunchError(Exception):
@@ -462,12 +465,17 @@ class Launcher:
 
     def follow(self, run_id: str) -> tuple[dict[str, Any], RunLog]:
         """Stream the run's log to stdout until it finishes; return its final status and
-        what the log said."""
+        what the log said.
+
+        The SuperLink ends the log stream when the run finishes, so the status is asked
+        (`flwr ls`, a CPU-heavy process start on a busy hub) when the stream ends, and
+        otherwise only every STATUS_FALLBACK_S as a safety net."""
         timeout = self.args.run_timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         run_log = RunLog(min_results=self.settings.min_clients)
         stream: subprocess.Popen[bytes] | None = None
         reader: threading.Thread | None = None
+        checked = time.monotonic()
         try:
             while True:
                 self.check_superlink()
@@ -488,12 +496,15 @@ class Launcher:
                     reader.start()
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     stream.wait(timeout=self.args.status_interval)
-                status = self.run_status(run_id)
-                if str(status.get("status", "")).startswith("finished"):
-                    fe.stop(stream, timeout=5.0)
-                    if reader is not None:
-                        reader.join(timeout=5.0)
-                    return status, run_log
+                ended = stream.poll() is not None
+                if ended or time.monotonic() - checked >= STATUS_FALLBACK_S:
+                    checked = time.monotonic()
+                    status = self.run_status(run_id)
+                    if str(status.get("status", "")).startswith("finished"):
+                        fe.stop(stream, timeout=5.0)
+                        if reader is not None:
+                            reader.join(timeout=5.0)
+                        return status, run_log
                 if deadline is not None and time.monotonic() > deadline:
                     self.flwr("stop", run_id, fe.CONNECTION)
                     raise LaunchError(f"run {run_id} exceeded --run-timeout {timeout:.0f}s")

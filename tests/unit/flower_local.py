@@ -24,11 +24,17 @@ def stamp_task_identity(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 class LocalGrid(Grid):
-    """Delivers each message to the node's handler, in process."""
+    """Delivers each message to the node's handler, in process. ``push_messages`` answers at
+    once and ``pull_messages`` hands the replies out, ``per_pull`` at a time (None: all), as
+    Flower's grid does over its Runtime API; ``send_and_receive`` does both in one go."""
 
-    def __init__(self, nodes: dict[int, Handler]) -> None:
+    def __init__(self, nodes: dict[int, Handler], per_pull: int | None = None) -> None:
         self.nodes = nodes
+        self.per_pull = per_pull
         self.rounds_seen: list[tuple[str, int]] = []
+        self.pulls = 0
+        self._waiting: dict[str, Message] = {}
+        self._pushed = 0
 
     def set_run(self, run: Any) -> None:
         pass
@@ -51,17 +57,25 @@ class LocalGrid(Grid):
         return list(self.nodes)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError
+        ids = []
+        for msg in messages:
+            self._pushed += 1
+            msg.metadata.__dict__["_message_id"] = f"m{self._pushed}"  # as Flower's grid does
+            self._waiting[msg.metadata.message_id] = self._deliver(msg)
+            ids.append(msg.metadata.message_id)
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError
+        self.pulls += 1
+        ready = [i for i in message_ids if i in self._waiting][: self.per_pull]
+        return [self._waiting.pop(i) for i in ready]
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
-        replies = []
-        for msg in messages:
-            config = msg.content.config_records["config"]
-            self.rounds_seen.append((msg.metadata.message_type, int(str(config["server-round"]))))
-            replies.append(self.nodes[msg.metadata.dst_node_id](msg))
-        return replies
+        return [self._deliver(msg) for msg in messages]
+
+    def _deliver(self, msg: Message) -> Message:
+        config = msg.content.config_records["config"]
+        self.rounds_seen.append((msg.metadata.message_type, int(str(config["server-round"]))))
+        return self.nodes[msg.metadata.dst_node_id](msg)

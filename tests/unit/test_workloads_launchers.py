@@ -76,7 +76,7 @@ def test_flower_env_is_absolute_and_quiet(tmp_path: Path, monkeypatch: pytest.Mo
     env = flower_env(Path("rel"))
     assert env["FLWR_HOME"] == str(tmp_path / "rel")
     assert env["FLWR_TELEMETRY_ENABLED"] == "0"
-    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.25"
+    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.1"
     text = write_connection(tmp_path / "h", "127.0.0.1:9092", Path("ca.crt")).read_text()
     assert 'address = "127.0.0.1:9092"' in text and str(tmp_path / "ca.crt") in text
 

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
 
-from workloads.sdk import run_strategy
+from workloads.sdk import FedAvg, run_strategy
 
 from .task import DigitsCNN, evaluate, load_data, number
 
@@ -30,10 +29,13 @@ def main(grid: Grid, context: Context) -> None:
         loss, accuracy = evaluate(model, *load_data(Path(test_dir)))
         return MetricRecord({"test-loss": loss, "test-accuracy": accuracy})
 
+    fraction_evaluate = number(config["fraction-evaluate"])
+    folded = bool(config["evaluate-in-train"]) and fraction_evaluate > 0
     run_strategy(
-        FedAvg(fraction_evaluate=number(config["fraction-evaluate"])),
+        FedAvg(fraction_evaluate=0.0 if folded else fraction_evaluate),
         grid,
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=int(number(config["num-server-rounds"])),
         evaluate_fn=held_out,
+        evaluate_in_train=folded,
     )

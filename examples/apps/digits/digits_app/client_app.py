@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 
-from workloads.sdk import agent_metrics, data_dir
+from workloads.sdk import PlatformClientApp, agent_metrics, data_dir
 
 from .task import build_model, evaluate, load_data, number, setting, train
 
-app = ClientApp(mods=[agent_metrics])
+# Scores the received model inside the train call when the server asks (evaluate-in-train).
+app = PlatformClientApp(mods=[agent_metrics])
 
 
 @app.train()

@@ -6,9 +6,8 @@ from pathlib import Path
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg, FedProx
 
-from workloads.sdk import run_strategy
+from workloads.sdk import FedAvg, FedProx, run_strategy
 
 from .task import build_model, evaluate, load_data, number
 
@@ -21,7 +20,10 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     model = build_model(int(number(config["seed"])))
     fraction_train = number(config["fraction-train"])
-    fraction_evaluate = number(config["fraction-evaluate"])
+    # Client evaluation inside the train call (one phase per round), or Flower's separate
+    # evaluation phase with evaluate-in-train = false.
+    folded = bool(config["evaluate-in-train"])
+    fraction_evaluate = 0.0 if folded else number(config["fraction-evaluate"])
     strategy = (
         FedProx(
             fraction_train=fraction_train,
@@ -47,4 +49,5 @@ def main(grid: Grid, context: Context) -> None:
         initial_arrays=ArrayRecord(model.state_dict()),
         num_rounds=int(number(config["num-server-rounds"])),
         evaluate_fn=held_out,
+        evaluate_in_train=folded and number(config["fraction-evaluate"]) > 0,
     )

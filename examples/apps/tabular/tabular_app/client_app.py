@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.clientapp import ClientApp
 from torch import nn
 
-from workloads.sdk import agent_metrics, data_dir
+from workloads.sdk import PlatformClientApp, agent_metrics, data_dir
 
 from .task import build_model, fit, load_data, number, score
 
-app = ClientApp(mods=[agent_metrics])
+# Scores the received model inside the train call when the server asks (evaluate-in-train).
+app = PlatformClientApp(mods=[agent_metrics])
 
 
 def _model(msg: Message, context: Context) -> nn.Module:

@@ -1,0 +1,6 @@
+"""The ClientApp Flower loads: thin (no torch import), it runs digits_app.client_app in the
+cluster's long-lived worker when there is one (ocm-fl-client starts it), else in this process."""
+
+from workloads.sdk import forwarding_client_app
+
+app = forwarding_client_app("digits_app.client_app:app")

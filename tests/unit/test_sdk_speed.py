@@ -1,0 +1,208 @@
+"""The SDK's round-latency features: evaluation folded into the train call
+(PlatformClientApp + run_strategy(evaluate_in_train=True)), replies pulled on a short interval
+(PlatformGrid), and FedAvg's average at memory speed with Flower's results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flower_local import LocalGrid, stamp_task_identity
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords as flower_aggregate
+
+from workloads.sdk import (
+    EVALUATE_IN_TRAIN,
+    FOLDED_RECORD,
+    ModelStore,
+    PlatformClientApp,
+    PlatformGrid,
+    ServerPlatform,
+    agent_metrics,
+    run_strategy,
+    to_numpy,
+    to_record,
+)
+from workloads.sdk.aggregate import FedAvg, FedProx, aggregate_arrayrecords, array_view
+from workloads.sdk.loop import poll_interval
+
+
+@pytest.fixture(autouse=True)
+def _task(monkeypatch: pytest.MonkeyPatch) -> None:
+    stamp_task_identity(monkeypatch)
+
+
+def make_app(calls: list[str]) -> PlatformClientApp:
+    """A ClientApp whose train adds 1 to the model and whose evaluate reports its mean."""
+    app = PlatformClientApp(mods=[agent_metrics])
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        calls.append("train")
+        arrays = to_numpy(msg.content.array_records["arrays"])
+        content = RecordDict(
+            {
+                "arrays": to_record({k: v + 1 for k, v in arrays.items()}),
+                "metrics": MetricRecord({"train-loss": 0.5, "num-examples": 10}),
+            }
+        )
+        return Message(content, reply_to=msg)
+
+    @app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        calls.append("evaluate")
+        mean = float(to_numpy(msg.content.array_records["arrays"])["w"].mean())
+        metrics = MetricRecord({"eval-mean": mean, "num-examples": 10})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+def nodes(calls: list[str]) -> dict[int, Any]:
+    app = make_app(calls)
+
+    def node(cluster: str) -> Any:
+        context = Context(1, 1, {"cluster-name": cluster}, RecordDict(), {})
+        return lambda msg: app(msg, context)
+
+    return {11: node("cluster1"), 12: node("cluster2")}
+
+
+def _initial() -> ArrayRecord:
+    return to_record({"w": np.zeros((2, 2), np.float32)})
+
+
+def test_evaluation_folded_into_train_is_one_phase_with_evaluate_metrics(tmp_path: Path) -> None:
+    calls: list[str] = []
+    grid = LocalGrid(nodes(calls))
+    platform = ServerPlatform(storage=str(tmp_path), resource_uid="u", min_results=2)
+    run_strategy(FedAvg(fraction_evaluate=0.0), grid, initial_arrays=_initial(), num_rounds=2,
+                 platform=platform, evaluate_in_train=True)  # fmt: skip
+    assert {t for t, _ in grid.rounds_seen} == {"train"}  # no separate evaluate messages
+    assert calls == ["evaluate", "train"] * 4  # 2 clusters x 2 rounds, received model first
+    checkpoints = ModelStore(tmp_path, "u").manifest()["checkpoints"]
+    # Round r scores the model the round started from: 0 in round 1, 1 in round 2.
+    assert [c["metrics"]["evaluate"]["cluster1"]["eval-mean"] for c in checkpoints] == [0.0, 1.0]
+    assert set(checkpoints[1]["metrics"]["evaluate"]) == {"cluster1", "cluster2"}
+    assert checkpoints[1]["metrics"]["train"]["cluster2"]["num-examples"] == 10
+
+
+def test_without_the_switch_evaluation_stays_a_separate_phase(tmp_path: Path) -> None:
+    calls: list[str] = []
+    grid = LocalGrid(nodes(calls))
+    platform = ServerPlatform(storage=str(tmp_path), resource_uid="u", min_results=2)
+    run_strategy(FedAvg(), grid, initial_arrays=_initial(), num_rounds=1, platform=platform)
+    assert sorted({t for t, _ in grid.rounds_seen}) == ["evaluate", "train"]
+    assert sorted(calls) == ["evaluate", "evaluate", "train", "train"]
+    [checkpoint] = ModelStore(tmp_path, "u").manifest()["checkpoints"]
+    assert checkpoint["metrics"]["evaluate"]["cluster1"]["eval-mean"] == 1.0  # the new model
+
+
+def test_folding_with_the_strategys_own_evaluation_on_is_refused() -> None:
+    with pytest.raises(ValueError, match="fraction_evaluate=0"):
+        run_strategy(FedAvg(), LocalGrid(nodes([])), initial_arrays=_initial(), num_rounds=1,
+                     platform=ServerPlatform(), evaluate_in_train=True)  # fmt: skip
+
+
+def test_the_folded_reply_keeps_one_metric_record_for_flowers_strategies() -> None:
+    calls: list[str] = []
+    app = make_app(calls)
+    content = RecordDict({"arrays": _initial(), "config": _config(folded=True)})
+    msg = Message(content, dst_node_id=1, message_type="train")
+    reply = app(msg, Context(1, 1, {}, RecordDict(), {}))
+    assert len(reply.content.metric_records) == 1 and len(reply.content.array_records) == 1
+    assert reply.content.config_records[FOLDED_RECORD]["eval-mean"] == 0.0
+    assert reply.metadata.message_type == "train"
+    plain_msg = Message(
+        RecordDict({"arrays": _initial(), "config": _config(folded=False)}),
+        dst_node_id=1,
+        message_type="train",
+    )
+    plain = app(plain_msg, Context(1, 1, {}, RecordDict(), {}))
+    assert FOLDED_RECORD not in plain.content.config_records
+    assert calls == ["evaluate", "train", "train"]
+
+
+def _config(folded: bool) -> Any:
+    from flwr.app import ConfigRecord
+
+    return ConfigRecord({"server-round": 1, EVALUATE_IN_TRAIN: folded})
+
+
+def test_replies_are_pulled_until_all_are_in_at_the_set_interval() -> None:
+    grid = LocalGrid(nodes([]), per_pull=1)  # one reply per pull: three pulls for two replies
+    wrapped = PlatformGrid(grid, poll_s=0.01)
+    messages = [
+        grid.create_message(
+            RecordDict({"arrays": _initial(), "config": _config(False)}), "train", node, "g"
+        )
+        for node in (11, 12)
+    ]
+    replies = list(wrapped.send_and_receive(messages, timeout=5))
+    assert len(replies) == 2 and grid.pulls == 2
+    assert set(wrapped.replies[(1, "train")]) == {"cluster1", "cluster2"}
+
+
+def test_poll_interval_setting() -> None:
+    assert poll_interval({}) == 0.2
+    assert poll_interval({"OCMFL_GRID_POLL_INTERVAL": "0"}) == 0.0
+    with pytest.raises(ValueError, match="OCMFL_GRID_POLL_INTERVAL"):
+        poll_interval({"OCMFL_GRID_POLL_INTERVAL": "fast"})
+
+
+def _replies(shapes: dict[str, tuple[int, ...]], dtype: Any, clients: int) -> list[RecordDict]:
+    rng = np.random.default_rng(1)
+    out = []
+    for c in range(clients):
+        arrays = {
+            k: np.asarray(rng.standard_normal(s) * 10).astype(dtype) for k, s in shapes.items()
+        }
+        metrics = MetricRecord({"num-examples": 7 + 13 * c})
+        out.append(
+            RecordDict(
+                {
+                    "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+                    "metrics": metrics,
+                }
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64])
+def test_the_fast_average_equals_flowers(dtype: Any) -> None:
+    # Big enough for the blockwise path (several blocks plus a ragged end) and small arrays.
+    shapes = {"big": (301, 997), "small": (3, 4), "scalar": ()}
+    records = _replies(shapes, dtype, clients=5)
+    ours = aggregate_arrayrecords(records, "num-examples")
+    theirs = flower_aggregate(records, "num-examples")
+    assert list(ours.keys()) == list(theirs.keys())
+    for key in shapes:
+        a, b = ours[key].numpy(), theirs[key].numpy()
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(a, b, rtol=1e-6 if a.dtype != np.float16 else 1e-3)
+        if np.issubdtype(a.dtype, np.floating) and a.dtype != np.float16:
+            assert np.array_equal(a, b)  # same operations in the same order
+
+
+def test_array_views_share_the_received_bytes() -> None:
+    array = Array(np.arange(12, dtype=np.float32).reshape(3, 4))
+    view = array_view(array)
+    assert np.shares_memory(view, np.frombuffer(array.data, dtype=np.uint8))
+    assert np.array_equal(view, array.numpy())
+    fortran = Array(np.asfortranarray(np.arange(6.0).reshape(2, 3)))
+    assert np.array_equal(array_view(fortran), fortran.numpy())
+
+
+@pytest.mark.parametrize("ours,theirs", [(FedAvg(), FlowerFedAvg())])
+def test_the_strategies_aggregate_train_equals_flowers(ours: Any, theirs: Any) -> None:
+    records = _replies({"w": (50_000,), "b": (10,)}, np.float32, clients=3)
+    msgs = [Message(r, dst_node_id=1, message_type="train") for r in records]
+    replies = [Message(m.content, reply_to=m) for m in msgs]
+    (a, am), (b, bm) = ours.aggregate_train(1, replies), theirs.aggregate_train(1, replies)
+    assert a is not None and b is not None and am == bm
+    assert all(np.array_equal(a[k].numpy(), b[k].numpy()) for k in b)
+    assert FedProx(proximal_mu=0.1).proximal_mu == 0.1

@@ -1,0 +1,274 @@
+"""A long-lived ClientApp worker: the model stack is imported once per cluster, not per message.
+
+Flower 1.42 starts a fresh ``flwr-clientapp`` process for every message, and each one imports
+the app's model stack again (torch: 2.5-4.4 s and about 1 GB). With this module:
+
+- ``ocm-fl-client`` starts ``python -m workloads.sdk.worker`` next to the SuperNode. It imports
+  the heavy modules once (``--preload``, default torch and numpy), listens on a Unix socket in a
+  private (0700) directory under ``$TMPDIR`` (the pod's scratch directory), and hands the socket
+  path to Flower's processes as ``$OCMFL_WORKER_SOCKET``.
+- The app's ClientApp module is thin: ``app = forwarding_client_app("pkg.client_impl:app")``.
+  In Flower's per-message process it imports only Flower and this module; it sends the message
+  and the context to the worker (Flower's own object encoding) and returns the reply.
+- The worker forks a child per message, with torch already in memory (copy-on-write): the
+  child imports the app (from the same installed app directory Flower gave the thin process),
+  runs it, answers and exits. Messages stay isolated from each other, as in Flower.
+- Without ``$OCMFL_WORKER_SOCKET`` (stock Flower, ``flwr run`` on a laptop, tests) the thin
+  app imports the real one and runs it in its own process: the app works the same anywhere.
+
+Security: the socket directory is 0700 and the socket 0600, and the worker serves only peers
+with its own uid (SO_PEERCRED); nothing listens on the network; the worker runs as the
+launcher's (non-root) user with the same read-only root and scratch directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import json
+import logging
+import os
+import signal
+import socket
+import struct
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+from flwr.common.serde import context_from_proto, context_to_proto
+from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0611
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+from flwr.supercore.task_identity import TaskIdentity
+
+log = logging.getLogger(__name__)
+
+SOCKET_ENV = "OCMFL_WORKER_SOCKET"
+DEFAULT_PRELOAD = ("numpy", "torch")
+_LEN = struct.Struct("!Q")
+
+
+class WorkerError(RuntimeError):
+    """The worker could not run the message (connection, protocol); the message says why."""
+
+
+# --- wire format: length-prefixed frames ------------------------------------------------
+def _send(sock: socket.socket, header: dict[str, Any], blobs: Sequence[bytes]) -> None:
+    head = json.dumps({**header, "sizes": [len(b) for b in blobs]}).encode()
+    sock.sendall(_LEN.pack(len(head)) + head)
+    for blob in blobs:
+        sock.sendall(blob)
+
+
+def _recv_exact(sock: socket.socket, size: int) -> bytes:
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = sock.recv_into(view[got:], size - got)
+        if n == 0:
+            raise WorkerError("the worker connection closed mid-frame")
+        got += n
+    return bytes(buf)
+
+
+def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[bytes]]:
+    (size,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    header = json.loads(_recv_exact(sock, size))
+    blobs = [_recv_exact(sock, n) for n in header.pop("sizes")]
+    return header, blobs
+
+
+def message_blobs(msg: Message) -> tuple[dict[str, Any], list[bytes]]:
+    """A message as Flower's object encoding: root id, message id, object ids + contents."""
+    objects = get_all_nested_objects(msg)
+    ids = list(objects)
+    header = {"root": msg.object_id, "message_id": msg.metadata.message_id, "ids": ids}
+    return header, [objects[i].deflate() for i in ids]
+
+
+def message_from_blobs(header: dict[str, Any], blobs: Sequence[bytes]) -> Message:
+    contents = dict(zip(header["ids"], blobs, strict=True))
+    msg = cast(Message, inflate_object_from_contents(header["root"], contents))
+    # The encoding leaves out the message's own id (its object id when Flower sent it).
+    msg.metadata.__dict__["_message_id"] = header["message_id"]
+    return msg
+
+
+# --- the thin side (Flower's per-message process) --------------------------------------
+def load_app(ref: str) -> ClientApp:
+    """Import ``module:attribute`` and check it is a ClientApp."""
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise ValueError(f"ClientApp reference {ref!r} must look like 'package.module:app'")
+    app = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(app, ClientApp):
+        raise TypeError(f"{ref} is a {type(app).__name__}, not a flwr ClientApp")
+    return app
+
+
+def _remote_error(kind: str, text: str) -> Exception:
+    """The app's exception, under its own class name (Flower reports "<class ...>:<'text'>")."""
+    return cast(Exception, type(kind, (RuntimeError,), {"__module__": "app"})(text))
+
+
+class ForwardingClientApp(ClientApp):
+    """A ClientApp that runs ``ref`` in the cluster's worker when there is one, else here."""
+
+    def __init__(self, ref: str, app_dir: Path | None = None) -> None:
+        super().__init__()
+        self.ref = ref
+        self.app_dir = app_dir
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        """Forward to the worker ($OCMFL_WORKER_SOCKET) or run the app in this process."""
+        path = os.environ.get(SOCKET_ENV, "")
+        if not path:
+            return load_app(self.ref)(message, context)
+        return self.forward(Path(path), message, context)
+
+    def forward(self, path: Path, message: Message, context: Context) -> Message:
+        header, blobs = message_blobs(message)
+        header.update(
+            ref=self.ref,
+            app_dir=str(self.app_dir or _app_dir(self.ref)),
+            task=[TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id],
+        )
+        blobs.append(context_to_proto(context).SerializeToString())
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            try:
+                sock.connect(str(path))
+            except OSError as exc:  # no worker (stopped, not started): run it here
+                log.warning("ClientApp worker at %s unreachable (%s): running here", path, exc)
+                return load_app(self.ref)(message, context)
+            _send(sock, header, blobs)
+            reply_header, reply_blobs = _recv(sock)
+        if "error" in reply_header:
+            raise _remote_error(reply_header.get("type", "WorkerError"), reply_header["error"])
+        # The app may have changed context.state: Flower keeps it for the next message.
+        context.state = context_from_proto(ProtoContext.FromString(reply_blobs[-1])).state
+        return message_from_blobs(reply_header, reply_blobs[:-1])
+
+
+def _app_dir(ref: str) -> Path:
+    """The directory Flower put on sys.path for this app (the top package's parent)."""
+    top = importlib.import_module(ref.partition(":")[0].split(".")[0])
+    return Path(cast(str, top.__file__)).resolve().parent.parent
+
+
+def forwarding_client_app(ref: str) -> ForwardingClientApp:
+    """The thin ClientApp an app exports: ``app = forwarding_client_app("pkg.impl:app")``.
+
+    Keep the module that calls this free of heavy imports (torch): that is what the
+    per-message process then skips.
+    """
+    return ForwardingClientApp(ref)
+
+
+# --- the worker --------------------------------------------------------------------------
+def _handle(conn: socket.socket) -> None:
+    """In the forked child: run one message through the app and answer."""
+    header, blobs = _recv(conn)
+    try:
+        task_id, run_id, node_id = header["task"]
+        TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = (
+            task_id,
+            run_id,
+            node_id,
+        )
+        context = context_from_proto(ProtoContext.FromString(blobs[-1]))
+        message = message_from_blobs(header, blobs[:-1])
+        if header["app_dir"] not in sys.path:
+            sys.path.insert(0, header["app_dir"])
+        reply = load_app(header["ref"])(message, context)
+        reply_header, reply_blobs = message_blobs(reply)
+        reply_blobs.append(context_to_proto(context).SerializeToString())
+        _send(conn, reply_header, reply_blobs)
+    except Exception as exc:  # the app's error goes back as the reply
+        _send(conn, {"error": str(exc), "type": type(exc).__name__}, [])
+    # Background work the app started (the agent_metrics POST) finishes before the exit.
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(timeout=5.0)
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return int(struct.unpack("3i", creds)[1])
+
+
+def listen(path: Path) -> socket.socket:
+    """A Unix socket only this user may connect to (0600, created under umask 0177)."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        server.bind(str(path))
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    server.listen(64)
+    return server
+
+
+def serve(server: socket.socket, path: Path) -> None:
+    """Fork a child per connection until SIGTERM (peers of another uid are turned away)."""
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    uid = os.getuid()
+    try:
+        while True:
+            conn, _ = server.accept()
+            if _peer_uid(conn) != uid:
+                conn.close()
+                continue
+            if os.fork() == 0:
+                server.close()
+                # The app gets a normal process: it may start and wait for its own children.
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                code = 0
+                try:
+                    _handle(conn)
+                except BaseException:
+                    code = 1
+                finally:
+                    os._exit(code)
+            conn.close()
+    finally:
+        server.close()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def socket_dir() -> Path:
+    """A private (0700) directory for the socket under $TMPDIR (the pod's scratch dir)."""
+    return Path(tempfile.mkdtemp(prefix="ocmfl-worker-"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m workloads.sdk.worker --socket PATH [--preload torch,numpy]``."""
+    parser = argparse.ArgumentParser(prog="python -m workloads.sdk.worker")
+    parser.add_argument("--socket", required=True, type=Path)
+    parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD),
+                        help="modules to import once, comma separated")  # fmt: skip
+    args = parser.parse_args(argv)
+    # Listen first: a message that comes while the preload runs waits in the backlog.
+    server = listen(args.socket)
+    for name in filter(None, (m.strip() for m in args.preload.split(","))):
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            print(f"ocm-fl-worker: not preloading {name}: {exc}", flush=True)
+    serve(server, args.socket)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
