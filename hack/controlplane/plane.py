@@ -526,7 +526,7 @@ def _start(
             f"--authorization-kubeconfig={kc}",
             f"--controllers={KCM_CONTROLLERS}"
             + (",endpointslice-controller,node-lifecycle-controller" if kubelet else "")
-            + (",csrsigning-controller" if kubelet and n == "hub" else ""),
+            + (",certificatesigningrequest-signing-controller" if kubelet and n == "hub" else ""),
             # Kubelet nodes: addon agents get hub kubeconfigs (OCM KubeClient registration,
             # addon_registration.py), whose CSRs the hub's own signer signs, as on a real hub.
             *(
