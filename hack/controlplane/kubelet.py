@@ -230,17 +230,21 @@ disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.b
 """
 
 
-def _build_store(images: list[str], out: Path, log_file: Path) -> None:
+def _build_store(images: list[str], out: Path, log_file: Path, seed: Path | None) -> None:
     """Import and unpack `images` (from podman's store) once into a containerd root at out/root.
 
     A containerd of its own, in a private mount namespace (the unpack mounts stay there), with
-    only what an import needs (no CRI); stopped afterwards.
+    only what an import needs (no CRI); stopped afterwards. `seed`, the previous store's root,
+    is hard-linked in first: layers it already holds (the torch base, the dependencies) are
+    not unpacked again, only the changed ones; containerd drops what the old images alone used.
     """
     from hack.images import podman
 
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    if seed is not None:
+        copy_store(seed, tmp / "root")
     (tmp / "containerd.toml").write_text(_store_containerd_config(tmp))
     with log_file.open("ab") as fh:
         ctrd = subprocess.Popen(
@@ -331,7 +335,9 @@ def image_store(images: list[str], log_file: Path) -> Iterator[Path]:
     with (STORE_ROOT / "store.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (store / "images.json").is_file():
-            _build_store(images, store, log_file)
+            seeds = [d for d in STORE_ROOT.iterdir() if (d / "images.json").is_file()]
+            seed = max(seeds, key=lambda d: d.stat().st_mtime, default=None)
+            _build_store(images, store, log_file, None if seed is None else seed / "root")
             for old in STORE_ROOT.iterdir():
                 if old.is_dir() and old != store:
                     shutil.rmtree(old, ignore_errors=True)
