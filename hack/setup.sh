@@ -15,7 +15,9 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
-.venv/bin/python -m hack.controlplane build
+# --kubelet: also kubelet, kube-proxy, kube-scheduler, kubectl, CoreDNS and the pause image, for
+# the plane's real kubelet nodes (tests/e2e/test_e2e_containers.py).
+.venv/bin/python -m hack.controlplane build --kubelet
 # Base images from Debian's archive and every image in deploy/images (hack/images; cached by
 # content: the first run takes about 10 minutes, a run with nothing changed a few seconds).
 .venv/bin/python -m hack.images build

@@ -7,7 +7,8 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from hack.controlplane import build, plane, processes, supervisor
+from hack.controlplane import build, kubelet, plane, processes, supervisor
+from hack.images.podman import ImageError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,7 +17,15 @@ def main(argv: list[str] | None = None) -> int:
         description="Local OCM control plane (test infrastructure)",
     )
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("build", help="build etcd, kube-apiserver, controller-manager, OCM (cached)")
+    p_build = sub.add_parser(
+        "build", help="build etcd, kube-apiserver, controller-manager, OCM (cached)"
+    )
+    p_build.add_argument(
+        "--kubelet",
+        action="store_true",
+        help="also what `up --kubelet` needs: kubelet, kube-proxy, kube-scheduler, kubectl, "
+        "CoreDNS and the pause image",
+    )
     p_up = sub.add_parser("up", help="start the plane (reuses a healthy one)")
     p_up.add_argument("--clusters", type=int, default=2)
     p_up.add_argument(
@@ -46,6 +55,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name}: {'cached' if secs == 0 else f'{secs:.0f}s'}")
             crds = build.crd_files()
             print(f"OCM CRDs: {len(crds)} files from {crds[0].parents[2]}")
+            if args.kubelet:
+                secs = kubelet.build_binaries()
+                print(f"kubelet nodes: {'cached' if secs == 0 else f'{secs:.0f}s'}")
+                kubelet.ensure_pause_image(build.log_dir() / "pause-image.log")
+                print(f"pause image: {kubelet.PAUSE_IMAGE}")
             return 0
         if args.cmd == "up":
             st = plane.up(
@@ -72,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if ok else 1
         if args.cmd == "supervise":
             return supervisor.run(Path(args.state_dir))
-    except (build.BuildError, processes.ComponentFailed, plane.PlaneError) as e:
+    except (
+        build.BuildError,
+        processes.ComponentFailed,
+        plane.PlaneError,
+        kubelet.NodeError,
+        ImageError,
+    ) as e:
         print(f"error: {e}")
         return 1
     return 2

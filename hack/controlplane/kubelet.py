@@ -29,6 +29,8 @@ on the node address, answering only for cluster.local from that node's apiserver
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -37,6 +39,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -191,21 +194,167 @@ def ensure_pause_image(log_file: Path) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def image_archive(image: str, out_dir: Path) -> Path:
-    """`podman save` of one image, reused while the image id is the same."""
+STORE_ROOT = NODES_ROOT / "image-store"
+# Bumped when the store's layout or recipe changes, so an old store is not reused.
+STORE_FORMAT = "1"
+# The bolt databases containerd writes in place: every node gets its own copy of these, and
+# hard links to everything else (content blobs and unpacked layers are never written again).
+STORE_DATABASES = (
+    "io.containerd.metadata.v1.bolt/meta.db",
+    "io.containerd.snapshotter.v1.overlayfs/metadata.db",
+)
+
+
+def store_key(images: dict[str, str]) -> str:
+    """Key of the image store for these images (name -> image id)."""
+    h = hashlib.sha256(STORE_FORMAT.encode() + b"\0")
+    for name, image_id in sorted(images.items()):
+        h.update(f"{name}={image_id}\0".encode())
+    return h.hexdigest()[:16]
+
+
+def _store_containerd_config(d: Path) -> str:
+    return f"""version = 2
+root = "{d}/root"
+state = "{d}/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing"]
+[grpc]
+  address = "{d}/containerd.sock"
+[ttrpc]
+  address = "{d}/ttrpc.sock"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/opt"
+"""
+
+
+def _build_store(images: list[str], out: Path, log_file: Path, seed: Path | None) -> None:
+    """Import and unpack `images` (from podman's store) once into a containerd root at out/root.
+
+    A containerd of its own, in a private mount namespace (the unpack mounts stay there), with
+    only what an import needs (no CRI); stopped afterwards. `seed`, the previous store's root,
+    is hard-linked in first: layers it already holds (the torch base, the dependencies) are
+    not unpacked again, only the changed ones; containerd drops what the old images alone used.
+    """
     from hack.images import podman
 
-    image_id = podman.image_id(image)[:16]
-    out = out_dir / f"{image.replace('/', '_').replace(':', '_')}-{image_id}.tar"
-    if not out.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for old in out_dir.glob(f"{image.replace('/', '_').replace(':', '_')}-*.tar"):
-            old.unlink()
-        tmp = out.with_suffix(".tmp")
-        tmp.unlink(missing_ok=True)
-        podman.run(["save", "--format", "docker-archive", "-o", str(tmp), image])
-        tmp.rename(out)
-    return out
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    if seed is not None:
+        copy_store(seed, tmp / "root")
+    (tmp / "containerd.toml").write_text(_store_containerd_config(tmp))
+    with log_file.open("ab") as fh:
+        ctrd = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "containerd",
+                "--config",
+                str(tmp / "containerd.toml"),
+            ],
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp / "containerd.sock").exists():
+            if ctrd.poll() is not None or time.monotonic() > deadline:
+                raise NodeError(f"containerd for the image store did not start; log {log_file}")
+            time.sleep(0.1)
+        for image in images:
+            start = time.monotonic()
+            save = subprocess.Popen(
+                [podman.podman(), "save", "--format", "docker-archive", image],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+            )
+            res = subprocess.run(
+                [
+                    "ctr",
+                    "--address",
+                    str(tmp / "containerd.sock"),
+                    "-n",
+                    "k8s.io",
+                    "images",
+                    "import",
+                    "-",
+                ],
+                stdin=save.stdout,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            assert save.stdout is not None
+            save.stdout.close()
+            save_err = save.communicate()[1].decode(errors="replace")
+            if save.returncode != 0 or res.returncode != 0:
+                raise NodeError(
+                    f"podman save {image} | ctr import: {save_err.strip()} {res.stderr.strip()}"
+                )
+            with log_file.open("a") as fh:
+                fh.write(f"imported {image} in {time.monotonic() - start:.1f}s\n")
+    finally:
+        os.killpg(ctrd.pid, signal.SIGTERM)
+        try:
+            ctrd.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(ctrd.pid, signal.SIGKILL)
+            ctrd.wait()
+    for name in ("state", "opt", "containerd.sock", "ttrpc.sock", "containerd.toml"):
+        path = tmp / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    (tmp / "images.json").write_text(json.dumps(images))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.rename(out)
+
+
+@contextlib.contextmanager
+def image_store(images: list[str], log_file: Path) -> Iterator[Path]:
+    """A containerd root holding `images`, imported and unpacked once per set of image ids.
+
+    Importing the 1.5 GB workload image into one containerd takes minutes here; every node
+    instead gets a hard-linked copy of this root (`copy_store`), which takes about a second.
+    The store stays under NODES_ROOT for the next plane until an image changes; then the new
+    one replaces it. While the yielded path is in use a shared lock keeps it in place.
+    """
+    from hack.images import podman
+
+    STORE_ROOT.mkdir(parents=True, exist_ok=True)
+    key = store_key({i: podman.image_id(i) for i in images})
+    store = STORE_ROOT / key
+    with (STORE_ROOT / "store.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (store / "images.json").is_file():
+            seeds = [d for d in STORE_ROOT.iterdir() if (d / "images.json").is_file()]
+            seed = max(seeds, key=lambda d: d.stat().st_mtime, default=None)
+            _build_store(images, store, log_file, None if seed is None else seed / "root")
+            for old in STORE_ROOT.iterdir():
+                if old.is_dir() and old != store:
+                    shutil.rmtree(old, ignore_errors=True)
+        fcntl.flock(lock, fcntl.LOCK_SH)
+        yield store / "root"
+
+
+def copy_store(store_root: Path, dest: Path) -> None:
+    """A node's containerd root: hard links to the store, own copies of its databases."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cp", "-al", str(store_root), str(dest)], check=True, capture_output=True)
+    for rel in STORE_DATABASES:
+        db = dest / rel
+        if db.is_file():
+            tmp = db.with_name(db.name + ".copy")
+            shutil.copy2(db, tmp)
+            os.replace(tmp, db)
 
 
 # --- host side: bridge, per-apiserver forwarders, LoadBalancer addresses ---------------------
@@ -520,10 +669,10 @@ def start_node(
     spec: NodeSpec,
     state: State,
     track: object,
-    images: list[Path],
+    store: Path,
     ca: certs.KeyPair,
 ) -> None:
-    """Namespaces, veth, containerd (+ images), kubelet and kube-proxy for one node."""
+    """Namespaces, veth, containerd (images: a copy of `store`), kubelet and kube-proxy."""
     logs = Path(state.dir) / "logs"
     shutil.rmtree(spec.dir, ignore_errors=True)
     (spec.dir / "cni").mkdir(parents=True)
@@ -583,6 +732,7 @@ def start_node(
     dns_kp = certs.issue(ca, "system:ocmfl:coredns", client=True)
     _kubeconfig(spec, ca.cert_pem, dns_kp, "coredns", spec.dir / "coredns.kubeconfig")
 
+    copy_store(store, spec.dir / "containerd" / "root")
     (spec.dir / "containerd.toml").write_text(_containerd_config(spec))
     (spec.dir / "cni" / "10-ocmfl.conflist").write_text(_cni_config(spec))
     ctrd = track(  # type: ignore[operator]
@@ -593,25 +743,6 @@ def start_node(
         )
     )
     _wait("containerd socket", spec.socket.exists, 30, ctrd)
-    for archive in images:
-        res = subprocess.run(
-            [
-                "ctr",
-                "--address",
-                str(spec.socket),
-                "-n",
-                "k8s.io",
-                "images",
-                "import",
-                str(archive),
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if res.returncode != 0:
-            raise NodeError(f"ctr import {archive.name} into {spec.name}: {res.stderr.strip()}")
-
     (spec.dir / "kubelet.yaml").write_text(_kubelet_config(spec))
     track(  # type: ignore[operator]
         processes.spawn(
@@ -827,8 +958,6 @@ def start_all(
     build_binaries()
     logs = Path(state.dir) / "logs"
     ensure_pause_image(logs / "pause-image.log")
-    cache = build.bin_root().parent / "image-archives"
-    archives = [image_archive(i, cache) for i in (PAUSE_IMAGE, *node_images())]
     node_specs = specs(state)
     for spec in node_specs:
         kube = Kube(state.kubeconfigs[spec.cluster])
@@ -837,10 +966,13 @@ def start_all(
         finally:
             kube.close()
         start_scheduler(state, spec.cluster, track)
-    for spec in node_specs:
-        start_node(spec, state, track, archives, ca)
+    with image_store([PAUSE_IMAGE, *node_images()], logs / "image-store.log") as store:
         if echo:
-            print(f"node {spec.name}: started ({time.monotonic() - t0:.1f}s)", flush=True)
+            print(f"image store ready ({time.monotonic() - t0:.1f}s)", flush=True)
+        for spec in node_specs:
+            start_node(spec, state, track, store, ca)
+            if echo:
+                print(f"node {spec.name}: started ({time.monotonic() - t0:.1f}s)", flush=True)
     for spec in node_specs:
         kube = Kube(state.kubeconfigs[spec.cluster])
         try:

@@ -349,7 +349,7 @@ def _start(
 
     # --- certificates -------------------------------------------------------------------------
     ca = certs.make_ca()
-    ca_crt, _ = certs.write(ca, pki, "ca")
+    ca_crt, ca_key = certs.write(ca, pki, "ca")
     admin = certs.issue(ca, "ocmfl-admin", orgs=("system:masters",), client=True)
     certs.write(admin, pki, "admin")
     # Front-proxy identity: with a requestheader CA configured, the library-go servers of the
@@ -525,7 +525,15 @@ def _start(
             f"--authentication-kubeconfig={kc}",
             f"--authorization-kubeconfig={kc}",
             f"--controllers={KCM_CONTROLLERS}"
-            + (",endpointslice-controller,node-lifecycle-controller" if kubelet else ""),
+            + (",endpointslice-controller,node-lifecycle-controller" if kubelet else "")
+            + (",certificatesigningrequest-signing-controller" if kubelet and n == "hub" else ""),
+            # Kubelet nodes: addon agents get hub kubeconfigs (OCM KubeClient registration,
+            # addon_registration.py), whose CSRs the hub's own signer signs, as on a real hub.
+            *(
+                [f"--cluster-signing-cert-file={ca_crt}", f"--cluster-signing-key-file={ca_key}"]
+                if kubelet and n == "hub"
+                else []
+            ),
             "--leader-elect=false",
             "--bind-address=127.0.0.1",
             f"--secure-port={port}",

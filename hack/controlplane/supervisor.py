@@ -54,8 +54,19 @@ def run(state_dir: Path) -> int:
         for c in state.clusters
     ]
     if state.kubelet:  # OCM's registration agent does this on a real managed cluster
+        hub_server = (
+            f"https://{kubelet.bridge_ip(state.slot)}:{state.apiservers['hub'].rsplit(':', 1)[1]}"
+        )
+        hub_ca = (state_dir / "pki" / "ca.crt").read_bytes()
         mirrors += [
-            AddonRegistration(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
+            AddonRegistration(
+                c,
+                Kube(state.kubeconfigs[c]),
+                Kube(state.kubeconfigs["hub"]),
+                stop,
+                hub_server,
+                hub_ca,
+            )
             for c in state.clusters
         ]
     for node in nodes:

@@ -114,3 +114,36 @@ def test_addon_certificate_secret_is_named_as_ocm_names_it() -> None:
         addon_registration.secret_name("federated-learning", constants.SIGNER_NAME)
         == "federated-learning-federated-learning.open-cluster-management.io-agent-client-cert"
     )
+
+
+def test_hub_kubeconfig_points_at_the_certificate_files_beside_it() -> None:
+    assert addon_registration.hub_kubeconfig_secret_name("fl") == "fl-hub-kubeconfig"
+    cfg = yaml.safe_load(addon_registration.hub_kubeconfig("https://10.215.0.1:6443", b"CA"))
+    assert cfg["clusters"][0]["cluster"]["server"] == "https://10.215.0.1:6443"
+    assert cfg["clusters"][0]["cluster"]["certificate-authority-data"] == "Q0E="
+    # Relative paths: resolved against the kubeconfig's directory (the mounted Secret).
+    assert cfg["users"][0]["user"] == {"client-certificate": "tls.crt", "client-key": "tls.key"}
+
+
+def test_image_store_key_follows_the_image_ids() -> None:
+    key = kubelet.store_key({"a": "sha256:1", "b": "sha256:2"})
+    assert key == kubelet.store_key({"b": "sha256:2", "a": "sha256:1"})
+    assert key != kubelet.store_key({"a": "sha256:1", "b": "sha256:3"})
+    assert key != kubelet.store_key({"a": "sha256:1"})
+
+
+def test_a_node_shares_the_stores_layers_but_writes_its_own_databases(tmp_path: Path) -> None:
+    store = tmp_path / "store" / "root"
+    blob = store / "io.containerd.content.v1.content" / "blobs" / "sha256" / "ab"
+    layer = store / "io.containerd.snapshotter.v1.overlayfs" / "snapshots" / "1" / "fs" / "f"
+    for f in (blob, layer, *(store / rel for rel in kubelet.STORE_DATABASES)):
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(f.name)
+    node = tmp_path / "node" / "containerd" / "root"
+    kubelet.copy_store(store, node)
+    for f in (blob, layer):
+        assert (node / f.relative_to(store)).stat().st_ino == f.stat().st_ino
+    for rel in kubelet.STORE_DATABASES:
+        assert (node / rel).stat().st_ino != (store / rel).stat().st_ino
+        (node / rel).write_text("changed by the node")
+        assert (store / rel).read_text() == Path(rel).name
