@@ -416,15 +416,25 @@ def status_body(status: FederatedLearningStatus) -> dict[str, Any]:
 
 
 def status_patch(new: FederatedLearningStatus, current: Mapping[str, Any] | None) -> dict[str, Any]:
-    """JSON merge patch turning `current` into `new`: keys that disappear are set to None.
+    """JSON merge patch turning `current` into `new`: keys that disappear are set to None, at
+    every depth (a merge patch merges objects: clusterCounts {"Pending": 3} patched with
+    {"Applied": 3} would keep the Pending count).
 
     Empty when nothing changes, so callers can skip the write.
     """
-    body = status_body(new)
-    current = dict(current or {})
-    patch: dict[str, Any] = {k: v for k, v in body.items() if current.get(k) != v}
-    for key in current:
-        if key not in body:
+    return _merge_diff(dict(current or {}), status_body(new))
+
+
+def _merge_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = old.get(key)
+        if before == value:
+            continue
+        both = isinstance(before, Mapping) and isinstance(value, Mapping)
+        patch[key] = _merge_diff(before, value) if both else value  # type: ignore[arg-type]
+    for key in old:
+        if key not in new:
             patch[key] = None
     return patch
 

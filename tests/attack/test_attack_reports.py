@@ -519,6 +519,9 @@ class FakeKube:
     def get(self, path: str) -> dict[str, Any] | None:
         return self.existing.get(path)
 
+    def list_objects(self, path: str, label_selector: str | None = None) -> list[Any]:
+        return []  # no enrolled SuperNode keys
+
     def delete(self, path: str, query: Any = None, body: Any = None) -> None:
         self.deleted.append(path)
 

@@ -323,3 +323,19 @@ def test_the_fleet_signer_stores_a_key_in_its_clusters_shard_where_the_operator_
     selector = dict(part.split("=") for part in credentials.enrolled_selector(REF.uid).split(","))
     assert all(labels[k] == v for k, v in selector.items())
     assert set(credentials.enrolled_data([secret])) == {"c7.node.pub"}
+
+
+def test_status_patch_removes_a_phase_no_cluster_is_in_any_more() -> None:
+    from hub_controller.operator.fold import status_patch
+
+    obs = Observations(resolutions=(ClusterResolution("a", "/d", "ok"),), server_address=ADDR)
+    pending = fold(spec(), 1, obs, None, T0)
+    applied_obs = Observations(
+        resolutions=obs.resolutions,
+        works={"a": WorkState("a", "w", applied=True)},
+        server_address=ADDR,
+    )
+    applied = fold(spec(), 1, applied_obs, pending, T0)
+    patch = status_patch(applied, status_body(pending))
+    # A merge patch merges maps: the Pending count must be removed explicitly.
+    assert patch["clusterCounts"] == {"Applied": 1, "Pending": None}
