@@ -41,6 +41,11 @@ FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="ocm-fl addon" \
       org.opencontainers.image.description="OCM federated learning: hub controller, aggregator and agent" \
       org.opencontainers.image.licenses="Apache-2.0"
+# The uid below gets a name (nonroot, as in distroless images): getpass.getuser(), which kopf
+# calls for its identity, fails for a uid without a passwd entry or USER/LOGNAME.
+RUN groupadd --system --gid 65532 nonroot \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home \
+      --shell /usr/sbin/nologin nonroot
 COPY --from=build /opt/venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \

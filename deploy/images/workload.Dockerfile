@@ -44,6 +44,11 @@ LABEL org.opencontainers.image.title="ocm-fl workload" \
 RUN apt-get update \
  && apt-get install -y --no-install-recommends nginx-light \
  && rm -rf /var/lib/apt/lists/*
+# The uid below gets a name (nonroot, as in distroless images): getpass.getuser() (torch's
+# caches, for one) fails for a uid without a passwd entry or USER/LOGNAME.
+RUN groupadd --system --gid 65532 nonroot \
+ && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home \
+      --shell /usr/sbin/nologin nonroot
 COPY --from=build /opt/venv /opt/venv
 # The example Flower apps (ocmfl.constants.APPS_DIR): spec.server.app.path names one. A user's
 # image adds its own app the same way: FROM this image, COPY my-app /opt/ocm-fl/apps/my-app.

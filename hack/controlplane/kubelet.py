@@ -376,6 +376,11 @@ def delete_bridge(slot: int) -> None:
     _ip("link", "del", bridge_name(slot), check=False)
 
 
+def veth_name(slot: int, i: int) -> str:
+    """Host end of node `i`'s veth (its other end is eth0 in the node's network namespace)."""
+    return f"ocmflk{slot}n{i}"
+
+
 @dataclass(frozen=True)
 class NodeSpec:
     """One kubelet node: which apiserver, where it lives, its addresses."""
@@ -703,7 +708,7 @@ def start_node(
     _wait("node namespaces", lambda: (spec.dir / "holder.ready").exists(), 20, holder)
 
     # veth: the host end on this plane's bridge, eth0 inside with the node address.
-    host_end = f"ocmflk{spec.slot}n{spec.i}"
+    host_end = veth_name(spec.slot, spec.i)
     _ip("link", "del", host_end, check=False)
     _ip("link", "add", host_end, "type", "veth", "peer", "name", "eth0", "netns", str(holder.pid))
     _ip("link", "set", host_end, "master", bridge_name(spec.slot), "up")
@@ -943,6 +948,11 @@ def teardown(slot: int, clusters: list[str]) -> None:
                 time.sleep(0.1)
         for sub in _cgroup_controllers():
             _kill_cgroup_tree(CGROUP_FS / sub / cgroup_root(slot, cluster).lstrip("/"))
+    # The node's network namespace can outlive its processes for minutes (closed TCP
+    # connections still retransmitting their FIN hold it); deleting the host end of the veth
+    # removes both ends at once.
+    for i in range(len(clusters) + 1):
+        _ip("link", "del", veth_name(slot, i), check=False)
     delete_bridge(slot)
     shutil.rmtree(nodes_dir(slot), ignore_errors=True)
 

@@ -66,6 +66,17 @@ def test_image_runs_as_numeric_non_root_user_on_a_read_only_root(name: str) -> N
     assert "Read-only file system" in res.stderr
 
 
+@pytest.mark.parametrize("name", ["addon", "workload"])
+def test_image_user_has_a_name_without_help_from_the_runtime(name: str) -> None:
+    """A kubelet adds no passwd entry for the image's uid (podman does, unless told not to);
+    getpass.getuser(), which kopf calls for its identity, fails without one."""
+    image = _current(name)
+    res = _run(
+        image, ["python", "-c", "import getpass; print(getpass.getuser())"], "--passwd=false"
+    )
+    assert res.returncode == 0 and res.stdout.strip() == "nonroot", res.stdout + res.stderr
+
+
 ADDON_COMMANDS = (
     "ocm-fl-hub --help",
     "ocm-fl-agent --help",
