@@ -99,10 +99,52 @@ def conflict_message(cluster: str, owner_uid: str) -> str:
     )
 
 
+def client_problems(obs: Observations) -> dict[str, str]:
+    """Cluster -> why its client pod cannot run (the kubelet's or scheduler's reason, from
+    its agent's latest report), for clusters with data whose client has not ended."""
+    with_data = {r.name for r in obs.resolutions if r.has_data}
+    return {
+        cluster: report.problem
+        for cluster, report in sorted(obs.reports.items())
+        if cluster in with_data and report.problem and report.phase not in ("Succeeded", "Failed")
+    }
+
+
+def problems_text(problems: Mapping[str, str]) -> str:
+    """'c1: ImagePullBackOff: ...; c2: ...' (the first three clusters)."""
+    shown = [f"{c}: {p}" for c, p in list(problems.items())[:3]]
+    more = len(problems) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more cluster(s))" if more > 0 else "")
+
+
+def counting_down(spec: FederatedLearningSpec, obs: Observations, phase: Phase) -> bool:
+    """A running run that fails at a deadline unless things change (too few usable clusters,
+    or a server pod that cannot run): the loop must fold again before that deadline."""
+    if phase != Phase.RUNNING:
+        return False
+    job = obs.server_job
+    if job.exists and not job.done and obs.server_problem:
+        return True
+    problems = client_problems(obs)
+    usable = [c for c in ready_clusters(obs) if c not in problems]
+    return len(usable) < spec.server.min_available_clients
+
+
+def _since(stamp: str, now: datetime) -> float:
+    """Seconds from an RFC 3339 time to now (0 when it cannot be read)."""
+    try:
+        then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return max(0.0, (now - then).total_seconds())
+
+
 def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -> ClusterStatus:
     work = obs.works.get(r.name)
     report = obs.reports.get(r.name)
     reason = r.reason
+    if report is not None and r.has_data and report.problem:
+        reason += f"; client pod cannot run: {report.problem}"
     if not r.has_data:
         phase = ClusterPhase.NO_DATA
     elif work is None:
@@ -211,7 +253,10 @@ def fold(
     """The resource's status from its spec and observations."""
     prev_conds = previous.conditions if previous else []
     min_clients = spec.server.min_available_clients
-    ready = ready_clusters(obs)
+    problems = client_problems(obs)
+    # A cluster whose client pod cannot run (kubelet/scheduler reason) is not ready for
+    # training, whatever its work says; the gate to start the server still counts works.
+    ready = [c for c in ready_clusters(obs) if c not in problems]
     with_data = [r for r in obs.resolutions if r.has_data]
 
     def cond(type_: str, status: str, reason: str, message: str) -> Condition:
@@ -233,9 +278,11 @@ def fold(
     detail = f"{len(ready)}/{min_clients} required clusters ready"
     if missing:
         detail += f"; without data: {', '.join(r.name for r in missing)}"
-    not_applied = [r.name for r in with_data if r.name not in ready]
+    not_applied = [r.name for r in with_data if r.name not in ready and r.name not in problems]
     if not_applied:
         detail += f"; work not yet applied on: {', '.join(not_applied)}"
+    if problems:
+        detail += f"; client pod cannot run on {problems_text(problems)}"
     taken = sorted(c for c in obs.conflicts if c in {r.name for r in with_data})
     if taken:
         detail += f"; {conflict_message(taken[0], obs.conflicts[taken[0]])}"
@@ -252,6 +299,13 @@ def fold(
 
     job = obs.server_job
     failure = obs.server_reason or job.message or "server Job failed"
+    if problems:
+        failure += f"; client pod cannot run on {problems_text(problems)}"
+    # The server pod cannot run (ErrImagePull, Unschedulable, ...): shown at once, and the run
+    # fails once it has not started for timeouts.clientsReadySeconds (clients cannot connect).
+    stuck = job.exists and not job.done and bool(obs.server_problem)
+    stuck_limit = spec.server.timeouts.clients_ready_seconds
+    stuck_too_long = stuck and _since(job.started, now) > stuck_limit
     if obs.server_address is None:
         server = (
             "False",
@@ -263,6 +317,12 @@ def fold(
         server = ("True", "Completed", f"server finished; clients dial {obs.server_address}")
     elif job.failed_condition:
         server = ("False", "ServerFailed", failure)
+    elif stuck:
+        server = (
+            "False",
+            obs.server_problem.split(":", 1)[0],
+            f"server pod cannot run: {obs.server_problem}",
+        )
     elif job.exists:
         server = ("True", "Running", f"server Job running; clients dial {obs.server_address}")
     else:
@@ -277,6 +337,13 @@ def fold(
     elif job.failed_condition:
         phase, message = Phase.FAILED, f"server failed: {failure}"
         training = ("False", "ServerFailed", message)
+    elif stuck_too_long:
+        phase = Phase.FAILED
+        message = (
+            f"server pod did not start within {stuck_limit}s (timeouts.clientsReadySeconds): "
+            f"{obs.server_problem}"
+        )
+        training = ("False", "ServerNotRunning", message)
     elif job.exists:
         lost_for = (now - clients_ready.last_transition_time).total_seconds()
         limit = spec.server.timeouts.clients_ready_seconds
@@ -290,6 +357,8 @@ def fold(
                 "(timeouts.clientsReadySeconds): bring clusters back or lower "
                 "minAvailableClients, then recreate the resource"
             )
+            if problems:
+                message += f"; client pod cannot run on {problems_text(problems)}"
             training = ("False", "ClientsLost", message)
         else:
             phase = Phase.RUNNING
@@ -297,6 +366,8 @@ def fold(
                 f"only {len(ready)} of {min_clients} required clusters ready; failing in "
                 f"{int(limit - lost_for)}s unless clusters return"
             )
+            if problems:
+                message += f"; client pod cannot run on {problems_text(problems)}"
             training = ("False", "InProgress", message)
     else:
         started = obs.placement.satisfied is not None or bool(obs.resolutions)
