@@ -139,7 +139,14 @@ def _since(stamp: str, now: datetime) -> float:
     return max(0.0, (now - then).total_seconds())
 
 
-def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -> ClusterStatus:
+def _cluster_row(
+    r: ClusterResolution,
+    obs: Observations,
+    address_known: bool,
+    previous: ClusterStatus | None = None,
+) -> ClusterStatus:
+    """One cluster's row; what the report store lacks (the hub restarted and the agent has not
+    sent it since) stays as in `previous`, the row of the same resource's last status."""
     work = obs.works.get(r.name)
     report = obs.reports.get(r.name)
     reason = r.reason
@@ -177,16 +184,19 @@ def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -
         reason=reason,
         work_applied=bool(work and work.applied),
     )
-    if report is not None and r.has_data:
-        row = row.model_copy(
-            update={
-                "samples": report.samples,
-                "round": report.round,
-                "loss": report.loss,
-                "accuracy": report.accuracy,
-                "last_report_time": report.last_report_time,
-            }
-        )
+    if r.has_data and (report is not None or previous is not None):
+        # A restarted hub's store holds only what agents sent since (e.g. an evaluate row
+        # without the sample count): what it lacks comes from the last status.
+        values = {
+            "samples": report.samples if report else None,
+            "round": report.round if report else None,
+            "loss": report.loss if report else None,
+            "accuracy": report.accuracy if report else None,
+            "last_report_time": report.last_report_time if report else None,
+        }
+        if previous is not None:
+            values = {k: getattr(previous, k) if v is None else v for k, v in values.items()}
+        row = row.model_copy(update=values)
     return row
 
 
@@ -385,7 +395,11 @@ def fold(
                 training = (c.status.value, c.reason, c.message)
     conditions.append(cond(CONDITION_TRAINING_COMPLETE, *training))
 
-    rows = [_cluster_row(r, obs, obs.server_address is not None) for r in obs.resolutions]
+    prev_rows = {row.name: row for row in previous.clusters} if previous else {}
+    rows = [
+        _cluster_row(r, obs, obs.server_address is not None, prev_rows.get(r.name))
+        for r in obs.resolutions
+    ]
     if phase == Phase.COMPLETED:
         # The run ended well: a client still seen running (its Job feedback and the agent's
         # last report lag behind) took part to the end.
