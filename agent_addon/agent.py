@@ -229,7 +229,9 @@ class Agent:
                 log.info("re-queued %d unsent reports from %s", loaded, self.pending_file)
             self._saver = asyncio.create_task(self._save_loop(), name="save-reports")
         tokens = self._token_check()
-        self._runner = web.AppRunner(make_app(self.state, self.health, self.client_at, tokens))
+        self._runner = web.AppRunner(
+            make_app(self.state, self.health, self.client_at, tokens, persist=self.save)
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.listen_host, self.config.port)
         await site.start()

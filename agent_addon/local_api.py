@@ -36,10 +36,13 @@ def make_app(
     health: Callable[[], dict[str, Any]],
     sender: Callable[[str], tuple[RunKey, str] | None] | None = None,
     tokens: TokenCheck | None = None,
+    persist: Callable[[], None] | None = None,
 ) -> web.Application:
     """aiohttp app; `health()` returns the JSON shown on /healthz; `sender(address)` names
     the run of the client pod at a peer address (None: not a known client pod); `tokens`
-    checks each post's token (None: no check, for an agent without its cluster's API)."""
+    checks each post's token (None: no check, for an agent without its cluster's API);
+    `persist()` saves the pending reports before a post is answered 202, so an accepted
+    report survives the agent being killed right after (fault drill 8)."""
     app = web.Application(client_max_size=MAX_BODY_BYTES)
 
     async def post_metrics(request: web.Request) -> web.Response:
@@ -60,6 +63,8 @@ def make_app(
                     raise Forbidden(f"fl_uid: {run[0]}/{run[1]} here is uid {uid}")
                 post = dataclasses.replace(post, fl_uid=uid or post.fl_uid)
             report = state.on_metrics(post)
+            if persist is not None:
+                persist()
         except KubeError as e:
             log.warning("cannot check the token of a metrics post: %s", e)
             return web.json_response({"error": f"cannot check the token now: {e}"}, status=503)

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ocmfl import constants
+from ocmfl.podproblem import first_problem
 from ocmfl.reports import ClientPhase
 from ocmfl.status.v1 import report_pb2
 
@@ -60,8 +61,9 @@ def derive_client_phase(
 
 def phases_by_run(
     pods: Iterable[Mapping[str, Any]], jobs: Iterable[Mapping[str, Any]]
-) -> dict[RunKey, tuple[str, ClientPhase]]:
-    """(uid, ClientPhase) for every run that has client objects on this cluster."""
+) -> dict[RunKey, tuple[str, ClientPhase, str]]:
+    """(uid, ClientPhase, problem) for every run that has client objects on this cluster;
+    the problem is why its client pod cannot run (ocmfl.podproblem), "" when none."""
     grouped: dict[RunKey, tuple[str, list[Mapping[str, Any]], list[Mapping[str, Any]]]] = {}
     for kind, objs in (("pod", pods), ("job", jobs)):
         for obj in objs:
@@ -71,11 +73,12 @@ def phases_by_run(
             key, uid = owner
             entry = grouped.setdefault(key, (uid, [], []))
             (entry[1] if kind == "pod" else entry[2]).append(obj)
-    out: dict[RunKey, tuple[str, ClientPhase]] = {}
+    out: dict[RunKey, tuple[str, ClientPhase, str]] = {}
     for key, (uid, p, j) in grouped.items():
         phase = derive_client_phase(p, j)
         if phase is not None:
-            out[key] = (uid, phase)
+            ended = phase in (report_pb2.CLIENT_PHASE_SUCCEEDED, report_pb2.CLIENT_PHASE_FAILED)
+            out[key] = (uid, phase, "" if ended else first_problem(p))
     return out
 
 

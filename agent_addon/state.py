@@ -160,6 +160,7 @@ class RunState:
     round: int = 0
     final_sent: bool = False
     watched: bool = False  # seen by the pod/job watcher
+    problem: str = ""  # why the client pod cannot run (kubelet/scheduler reason)
 
 
 def _timestamp(now: dt.datetime) -> Timestamp:
@@ -196,6 +197,7 @@ class AgentState:
             fl_name=key[1],
             fl_uid=run.uid,
             client_phase=run.phase,
+            client_problem=run.problem,
             round=run.round,
             agent_version=self.agent_version,
             timestamp=_timestamp(self.clock()),
@@ -234,23 +236,23 @@ class AgentState:
             raise BadRequest(str(e)) from e
 
     def on_phases(
-        self, observed: Mapping[RunKey, tuple[str, ClientPhase]]
+        self, observed: Mapping[RunKey, tuple[str, ClientPhase, str]]
     ) -> list[report_pb2.Report]:
-        """The watcher's full view (run -> (uid, phase)); report what changed.
+        """The watcher's full view (run -> (uid, phase, problem)); report what changed.
 
         A run reaching Succeeded/Failed gets its final report; a run whose client objects
         vanished before finishing gets a final report with its last phase.
         """
         out: list[report_pb2.Report] = []
-        for key, (uid, phase) in observed.items():
+        for key, (uid, phase, problem) in observed.items():
             run = self.runs.get(key)
             if run is None or (uid and run.uid and uid != run.uid):
                 run = self.runs[key] = RunState(uid, report_pb2.CLIENT_PHASE_UNSPECIFIED)
             run.uid = run.uid or uid
             run.watched = True
-            if run.phase == phase:
+            if (run.phase, run.problem) == (phase, problem):
                 continue
-            run.phase = phase
+            run.phase, run.problem = phase, problem
             final = phase in TERMINAL and not run.final_sent
             run.final_sent = run.final_sent or final
             out.append(self._report(key, run, final=final))

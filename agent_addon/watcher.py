@@ -18,7 +18,7 @@ from ocmfl.kube import Informer, Kube, path_of
 from ocmfl.reports import ClientPhase
 
 CLIENT_SELECTOR = f"{constants.LABEL_COMPONENT}=client"
-PhaseView = dict[RunKey, tuple[str, ClientPhase]]
+PhaseView = dict[RunKey, tuple[str, ClientPhase, str]]  # run -> (uid, phase, problem)
 
 
 class ClientWatcher:

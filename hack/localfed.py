@@ -495,6 +495,23 @@ class LocalFederation:
                 proc.popen.wait(5)
         self.procs.clear()
 
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to a component's process group ("hub", "agent-<cluster>") and forget it
+        once it has exited (fault drills: a crash, not a shutdown)."""
+        [proc] = [p for p in self.procs if p.name == name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.popen.pid, sig)
+        proc.popen.wait(30)
+        self.procs.remove(proc)
+
+    def start_hub(self) -> None:
+        """(Re)start the hub process, e.g. after `kill("hub")`; returns once it listens."""
+        self._start_hub()
+
+    def start_agent(self, cluster: str) -> None:
+        """(Re)start a cluster's agent with its state directory, e.g. after a kill."""
+        self._start_agent(cluster)
+
     def check_alive(self) -> None:
         """FederationError naming the component (and its log) if a process has died."""
         for proc in self.procs:

@@ -43,6 +43,7 @@ class ClusterReport:
     label_histogram: dict[str, int] = field(default_factory=dict)
     rounds: dict[tuple[int, str], RoundRow] = field(default_factory=dict)
     reports: int = 0
+    problem: str = ""  # why the client pod cannot run (the kubelet's reason), "" when none
     # (round, phase order) and value of the latest row carrying loss / accuracy
     _latest: dict[str, tuple[tuple[int, int], float]] = field(
         default_factory=dict, repr=False, compare=False

@@ -13,6 +13,7 @@ import re
 from typing import Final, TypeAlias
 
 from ocmfl.pki import is_valid_cluster_name
+from ocmfl.podproblem import MAX_PROBLEM
 from ocmfl.status.v1 import report_pb2
 
 MAX_METRICS_PER_REPORT: Final = 1000
@@ -113,6 +114,8 @@ def validate_report(report: report_pb2.Report, now: dt.datetime | None = None) -
                 raise ReportInvalid(f"data.label_histogram[{label[:20]!r}]", "bad label")
             if count < 0:
                 raise ReportInvalid(f"data.label_histogram[{label!r}]", "must not be negative")
+    if len(report.client_problem) > MAX_PROBLEM:
+        raise ReportInvalid("client_problem", f"at most {MAX_PROBLEM} characters")
     if len(report.agent_version) > 64:
         raise ReportInvalid("agent_version", "at most 64 characters")
     if not report.HasField("timestamp"):

@@ -33,6 +33,12 @@ SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Mount points created on the host, shared by all planes; the last plane going down removes them.
 CREATED_MOUNTPOINTS = Path("/dev/shm/ocm-fl-cp-mountpoints")
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
+PULL_BACKOFF = 2.0  # seconds an image stays ErrImagePull before ImagePullBackOff
+# What kube-scheduler writes on a pod whose nodeSelector no node matches (one node here).
+UNSCHEDULABLE = (
+    "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. "
+    "preemption: 0/1 nodes are available: 1 Preemption is not helpful for scheduling."
+)
 
 
 def node_name(cluster: str) -> str:
@@ -85,13 +91,17 @@ class LocalNode:
         self.services.start()
         self.thread.start()
 
-    def register_node(self) -> None:
-        labels = {
+    @property
+    def labels(self) -> dict[str, str]:
+        return {
             "kubernetes.io/hostname": self.name,
             "kubernetes.io/os": "linux",
             "kubernetes.io/arch": "amd64",
             NODE_LABEL: "true",
         }
+
+    def register_node(self) -> None:
+        labels = self.labels
         self.kube.create(
             "/api/v1/nodes",
             {
@@ -167,7 +177,7 @@ class LocalNode:
             deleting = bool(meta.get("deletionTimestamp"))
             if not spec.get("nodeName"):
                 if not deleting:
-                    self._bind(pod)
+                    self._schedule(pod)
                 continue
             if spec["nodeName"] != self.name:
                 continue
@@ -196,6 +206,37 @@ class LocalNode:
                 self._signal(c, signal.SIGKILL)
             self._drop(run)
         self._reconcile_services(services, pods)
+
+    def _schedule(self, pod: Obj) -> None:
+        """Bind the pod to this node, or, like kube-scheduler, mark it Unschedulable when its
+        nodeSelector does not match the node (the only scheduling constraint checked here)."""
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        labels = self.labels
+        if all(labels.get(k) == v for k, v in selector.items()):
+            self._bind(pod)
+            return
+        conds = (pod.get("status") or {}).get("conditions") or []
+        if any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable" for c in conds
+        ):
+            return
+        meta = pod["metadata"]
+        cond = {
+            "type": "PodScheduled",
+            "status": "False",
+            "reason": "Unschedulable",
+            "message": UNSCHEDULABLE,
+            "lastProbeTime": None,
+            "lastTransitionTime": now(),
+        }
+        try:
+            self.kube.patch(
+                f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}/status",
+                {"status": {"phase": "Pending", "conditions": [cond]}},
+            )
+        except KubeError as e:
+            if e.status != 404:
+                log.warning("unschedulable %s/%s: %s", meta["namespace"], meta["name"], e)
 
     def _bind(self, pod: Obj) -> None:
         meta = pod["metadata"]
@@ -369,6 +410,7 @@ class LocalNode:
                 mounts.append(podplan.Mount(str(message_file), target))
             except podplan.NotRunnable as e:
                 ctr.waiting, ctr.fatal = (e.reason, e.message), True
+                ctr.next_start = time.monotonic() + PULL_BACKOFF
                 continue
             ctr.plan = podplan.ContainerPlan(
                 ctr.name, ctr.image, argv, env, mounts, c.get("workingDir") or "/"
@@ -447,6 +489,9 @@ class LocalNode:
                 return
         for c in run.all():
             self._poll(run, c)
+            pulling = c.fatal and c.waiting and c.waiting[0] == podplan.ERR_IMAGE_PULL
+            if pulling and time.monotonic() >= c.next_start:  # kubelet backs off a failed pull
+                c.waiting = (podplan.IMAGE_PULL_BACKOFF, f'Back-off pulling image "{c.image}"')
         if run.netns is not None and podstate.pod_phase(run) in ("Succeeded", "Failed"):
             self._teardown_net(run)  # as kubelet stops a finished pod's sandbox
             return

@@ -32,6 +32,12 @@ Obj = dict[str, Any]
 Lookup = Callable[[str, str, str], dict[str, str] | None]
 
 
+# Kubelet's container waiting reasons for an image it cannot get: the first failed pull, then
+# the back-off between pulls. The local node's "registry" is the mapping in resolve_image.
+ERR_IMAGE_PULL = "ErrImagePull"
+IMAGE_PULL_BACKOFF = "ImagePullBackOff"
+
+
 class NotRunnable(Exception):
     """The container can never run here (unknown image, no command): a terminal waiting state."""
 
@@ -100,9 +106,9 @@ def resolve_image(
     if repo.rsplit("/", 1)[-1] == "busybox":
         return Runtime(SYSTEM_PATH, ("sh",))
     raise NotRunnable(
-        "ImageNotRunnableLocally",
-        f"image {image!r} has no local mapping (local node runs only {sorted(PROJECT_REPOS)}, "
-        f"busybox and the test images in {LOCAL_IMAGES_FILE})",
+        ERR_IMAGE_PULL,
+        f"image {image!r} not found: the local node runs only {sorted(PROJECT_REPOS)}, "
+        f"busybox and the test images in {LOCAL_IMAGES_FILE}",
     )
 
 

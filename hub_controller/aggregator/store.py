@@ -83,6 +83,7 @@ def _fold_into(state: ClusterReport, report: report_pb2.Report) -> None:
         state.phase = CLIENT_PHASE_NAMES[report.client_phase]
         state.round = max(state.round, report.round)
         state.agent_version = report.agent_version
+        state.problem = report.client_problem
         if report.HasField("data"):
             state.sample_count = report.data.sample_count
             state.label_histogram = dict(report.data.label_histogram)

@@ -133,10 +133,59 @@ def conflict_message(cluster: str, owner_uid: str) -> str:
     )
 
 
-def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -> ClusterStatus:
+def client_problems(obs: Observations) -> dict[str, str]:
+    """Cluster -> why its client pod cannot run (the kubelet's or scheduler's reason, from
+    its agent's latest report), for clusters with data whose client has not ended."""
+    with_data = {r.name for r in obs.resolutions if r.has_data}
+    return {
+        cluster: report.problem
+        for cluster, report in sorted(obs.reports.items())
+        if cluster in with_data and report.problem and report.phase not in ("Succeeded", "Failed")
+    }
+
+
+def problems_text(problems: Mapping[str, str]) -> str:
+    """'c1: ImagePullBackOff: ...; c2: ...' (the first three clusters)."""
+    shown = [f"{c}: {p}" for c, p in list(problems.items())[:3]]
+    more = len(problems) - len(shown)
+    return "; ".join(shown) + (f" (and {more} more cluster(s))" if more > 0 else "")
+
+
+def counting_down(spec: FederatedLearningSpec, obs: Observations, phase: Phase) -> bool:
+    """A running run that fails at a deadline unless things change (too few usable clusters,
+    or a server pod that cannot run): the loop must fold again before that deadline."""
+    if phase != Phase.RUNNING:
+        return False
+    job = obs.server_job
+    if job.exists and not job.done and obs.server_problem:
+        return True
+    problems = client_problems(obs)
+    usable = [c for c in ready_clusters(obs) if c not in problems]
+    return len(usable) < spec.server.min_available_clients
+
+
+def _since(stamp: str, now: datetime) -> float:
+    """Seconds from an RFC 3339 time to now (0 when it cannot be read)."""
+    try:
+        then = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return 0.0
+    return max(0.0, (now - then).total_seconds())
+
+
+def _cluster_row(
+    r: ClusterResolution,
+    obs: Observations,
+    address_known: bool,
+    previous: ClusterStatus | None = None,
+) -> ClusterStatus:
+    """One cluster's row; what the report store lacks (the hub restarted and the agent has not
+    sent it since) stays as in `previous`, the row of the same resource's last status."""
     work = obs.works.get(r.name)
     report = obs.reports.get(r.name)
     reason = r.reason
+    if report is not None and r.has_data and report.problem:
+        reason += f"; client pod cannot run: {report.problem}"
     if not r.has_data:
         phase = ClusterPhase.NO_DATA
     elif work is None:
@@ -169,16 +218,19 @@ def _cluster_row(r: ClusterResolution, obs: Observations, address_known: bool) -
         reason=reason,
         work_applied=bool(work and work.applied),
     )
-    if report is not None and r.has_data:
-        row = row.model_copy(
-            update={
-                "samples": report.samples,
-                "round": report.round,
-                "loss": report.loss,
-                "accuracy": report.accuracy,
-                "last_report_time": report.last_report_time,
-            }
-        )
+    if r.has_data and (report is not None or previous is not None):
+        # A restarted hub's store holds only what agents sent since (e.g. an evaluate row
+        # without the sample count): what it lacks comes from the last status.
+        values = {
+            "samples": report.samples if report else None,
+            "round": report.round if report else None,
+            "loss": report.loss if report else None,
+            "accuracy": report.accuracy if report else None,
+            "last_report_time": report.last_report_time if report else None,
+        }
+        if previous is not None:
+            values = {k: getattr(previous, k) if v is None else v for k, v in values.items()}
+        row = row.model_copy(update=values)
     return row
 
 
@@ -245,7 +297,10 @@ def fold(
     """The resource's status from its spec and observations."""
     prev_conds = previous.conditions if previous else []
     min_clients = spec.server.min_available_clients
-    ready = ready_clusters(obs)
+    problems = client_problems(obs)
+    # A cluster whose client pod cannot run (kubelet/scheduler reason) is not ready for
+    # training, whatever its work says; the gate to start the server still counts works.
+    ready = [c for c in ready_clusters(obs) if c not in problems]
     with_data = [r for r in obs.resolutions if r.has_data]
 
     def cond(type_: str, status: str, reason: str, message: str) -> Condition:
@@ -268,9 +323,11 @@ def fold(
     if missing:
         detail += f"; without data: {some_names([r.name for r in missing])}"
     ready_set = set(ready)
-    not_applied = [r.name for r in with_data if r.name not in ready_set]
+    not_applied = [r.name for r in with_data if r.name not in ready_set and r.name not in problems]
     if not_applied:
         detail += f"; work not yet applied on: {some_names(not_applied)}"
+    if problems:
+        detail += f"; client pod cannot run on {problems_text(problems)}"
     with_data_names = {r.name for r in with_data}
     taken = sorted(c for c in obs.conflicts if c in with_data_names)
     if taken:
@@ -288,6 +345,13 @@ def fold(
 
     job = obs.server_job
     failure = obs.server_reason or job.message or "server Job failed"
+    if problems:
+        failure += f"; client pod cannot run on {problems_text(problems)}"
+    # The server pod cannot run (ErrImagePull, Unschedulable, ...): shown at once, and the run
+    # fails once it has not started for timeouts.clientsReadySeconds (clients cannot connect).
+    stuck = job.exists and not job.done and bool(obs.server_problem)
+    stuck_limit = spec.server.timeouts.clients_ready_seconds
+    stuck_too_long = stuck and _since(job.started, now) > stuck_limit
     if obs.server_address is None:
         server = (
             "False",
@@ -299,6 +363,12 @@ def fold(
         server = ("True", "Completed", f"server finished; clients dial {obs.server_address}")
     elif job.failed_condition:
         server = ("False", "ServerFailed", failure)
+    elif stuck:
+        server = (
+            "False",
+            obs.server_problem.split(":", 1)[0],
+            f"server pod cannot run: {obs.server_problem}",
+        )
     elif job.exists:
         server = ("True", "Running", f"server Job running; clients dial {obs.server_address}")
     else:
@@ -313,6 +383,13 @@ def fold(
     elif job.failed_condition:
         phase, message = Phase.FAILED, f"server failed: {failure}"
         training = ("False", "ServerFailed", message)
+    elif stuck_too_long:
+        phase = Phase.FAILED
+        message = (
+            f"server pod did not start within {stuck_limit}s (timeouts.clientsReadySeconds): "
+            f"{obs.server_problem}"
+        )
+        training = ("False", "ServerNotRunning", message)
     elif job.exists:
         lost_for = (now - clients_ready.last_transition_time).total_seconds()
         limit = spec.server.timeouts.clients_ready_seconds
@@ -326,6 +403,8 @@ def fold(
                 "(timeouts.clientsReadySeconds): bring clusters back or lower "
                 "minAvailableClients, then recreate the resource"
             )
+            if problems:
+                message += f"; client pod cannot run on {problems_text(problems)}"
             training = ("False", "ClientsLost", message)
         else:
             phase = Phase.RUNNING
@@ -333,6 +412,8 @@ def fold(
                 f"only {len(ready)} of {min_clients} required clusters ready; failing in "
                 f"{int(limit - lost_for)}s unless clusters return"
             )
+            if problems:
+                message += f"; client pod cannot run on {problems_text(problems)}"
             training = ("False", "InProgress", message)
     else:
         started = obs.placement.satisfied is not None or bool(obs.resolutions)
@@ -350,7 +431,11 @@ def fold(
                 training = (c.status.value, c.reason, c.message)
     conditions.append(cond(CONDITION_TRAINING_COMPLETE, *training))
 
-    rows = [_cluster_row(r, obs, obs.server_address is not None) for r in obs.resolutions]
+    prev_rows = {row.name: row for row in previous.clusters} if previous else {}
+    rows = [
+        _cluster_row(r, obs, obs.server_address is not None, prev_rows.get(r.name))
+        for r in obs.resolutions
+    ]
     if phase == Phase.COMPLETED:
         # The run ended well: a client still seen running (its Job feedback and the agent's
         # last report lag behind) took part to the end.

@@ -51,6 +51,7 @@ from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
 from hub_controller.operator.fold import (
+    counting_down,
     finished,
     fold,
     invalid_status,
@@ -567,12 +568,9 @@ def reconcile(
     if previous is None or new.phase != previous.phase:
         kopf.info(cast(kopf.Body, body), reason=new.phase.value, message=new.message)
     _write_status(op.kube, run, new)
-    counting_down = new.phase.value == "Running" and len(ready_clusters(obs)) < (
-        fl.server.min_available_clients
-    )
     if waiting_for_keys:
         return KEYS_WAIT_S
-    return COUNTDOWN_S if counting_down else RESYNC_S
+    return COUNTDOWN_S if counting_down(fl, obs, new.phase) else RESYNC_S
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)

@@ -38,9 +38,9 @@ from hub_controller.operator.observed import (
     WorkState,
     controller_uid,
     job_state,
-    outcome_from_termination_message,
     placement_state,
     server_address,
+    server_pod_state,
     work_state,
 )
 from hub_controller.reports import ReportSource
@@ -132,7 +132,7 @@ def server_service_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
 
 @kopf.index("", "v1", "pods", labels=SERVER_OWNED)
 def server_pod_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    return _owned_by(labels, outcome_from_termination_message(body))
+    return _owned_by(labels, server_pod_state(body))
 
 
 @kopf.index(
@@ -224,11 +224,12 @@ def gather(
     job: JobState = _owned(idx.jobs.get(key, []), ref.uid) or JobState()
     service = _owned(idx.services.get(key, []), ref.uid)
     model: ModelArtifact | None = None
-    reason = ""
+    reason = problem = ""
     for item in idx.pods.get(key, []):
         if item.uid != ref.uid or item.value is None:
             continue
         reason = item.value.reason or reason
+        problem = item.value.problem or problem
         if item.value.model is not None:
             model = item.value.model.model_copy(
                 update={
@@ -245,6 +246,7 @@ def gather(
         server_address=server_address(spec, service),
         model=model,
         server_reason=reason,
+        server_problem=problem,
         reports=reports.snapshot(ref.uid),
         conflicts=conflicts,
     )

@@ -8,6 +8,7 @@ server Service's address and the model in the server pod's termination message.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
@@ -24,6 +25,7 @@ from hub_controller.operator.desired.works import (
 )
 from hub_controller.reports import ClusterReport
 from ocmfl import constants
+from ocmfl.podproblem import pod_problem
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,7 @@ class JobState:
     complete: bool = False
     failed_condition: bool = False
     message: str = ""
+    started: str = ""  # status.startTime (else creationTimestamp), RFC 3339
 
     @property
     def done(self) -> bool:
@@ -133,16 +136,32 @@ def job_state(job: Mapping[str, Any] | None) -> JobState:
         complete=complete,
         failed_condition=failed,
         message=message,
+        started=str(
+            status.get("startTime") or (job.get("metadata") or {}).get("creationTimestamp") or ""
+        ),
     )
 
 
 @dataclass(frozen=True)
 class ServerOutcome:
-    """What the server container said when it ended (its termination message)."""
+    """What the server container said when it ended (its termination message), and why the
+    server pod cannot run while it is stuck (the kubelet's or scheduler's reason)."""
 
     ok: bool | None = None
     reason: str = ""
     model: ModelArtifact | None = None
+    problem: str = ""
+
+
+def server_pod_state(pod: Mapping[str, Any] | None) -> ServerOutcome | None:
+    """The server pod's outcome (termination message) and its current problem, if any."""
+    if pod is None:
+        return None
+    outcome = outcome_from_termination_message(pod)
+    problem = pod_problem(pod)
+    if outcome is None:
+        return ServerOutcome(problem=problem) if problem else None
+    return dataclasses.replace(outcome, problem=problem)
 
 
 def outcome_from_termination_message(pod: Mapping[str, Any] | None) -> ServerOutcome | None:
@@ -262,6 +281,7 @@ class Observations:
     server_address: str | None = None
     model: ModelArtifact | None = None
     server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
+    server_problem: str = ""  # why the server pod cannot run (ocmfl.podproblem), "" if none
     reports: Mapping[str, ClusterReport] = field(default_factory=dict)
     # cluster -> uid of the other resource whose ManifestWork holds this resource's work name
     # there (never overwritten; "" when the work names no owner)

@@ -242,21 +242,47 @@ def _pod(name: str, image: str, command: list[str]) -> dict[str, Any]:
 def test_pod_with_an_unknown_image_ends_in_a_clear_error_state(
     spokes: dict[str, Kube], namespace: str
 ) -> None:
+    """Like kubelet: ErrImagePull first, then ImagePullBackOff, the pod Pending."""
     k = spokes[sorted(spokes)[-1]]
     pods = f"/api/v1/namespaces/{namespace}/pods"
     k.create(pods, _pod("redis", "docker.io/library/redis:7", ["redis-server"]))
+    seen: set[str] = set()
 
-    def waiting() -> dict[str, Any] | None:
+    def waiting(reason: str) -> dict[str, Any] | None:
         pod = k.get(f"{pods}/redis") or {}
         for cs in pod.get("status", {}).get("containerStatuses") or []:
-            w = cs.get("state", {}).get("waiting")
-            if w and w.get("reason") == "ImageNotRunnableLocally":
+            w = cs.get("state", {}).get("waiting") or {}
+            seen.add(str(w.get("reason")))
+            if w.get("reason") == reason:
                 return pod
         return None
 
-    pod = wait_for(waiting, 30, "ImageNotRunnableLocally")
+    wait_for(lambda: waiting("ErrImagePull") or waiting("ImagePullBackOff"), 30, "ErrImagePull")
+    pod = wait_for(lambda: waiting("ImagePullBackOff"), 30, "ImagePullBackOff")
     assert pod["status"]["phase"] == "Pending"
     assert "redis" in pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"]
+
+
+def test_pod_whose_node_selector_matches_no_node_is_unschedulable(
+    spokes: dict[str, Kube], namespace: str
+) -> None:
+    """Like kube-scheduler: PodScheduled=False, reason Unschedulable; never bound."""
+    k = spokes[sorted(spokes)[-1]]
+    pods = f"/api/v1/namespaces/{namespace}/pods"
+    body = _pod("picky", "busybox", ["sh", "-c", "true"])
+    body["spec"]["nodeSelector"] = {"gpu": "h100"}
+    k.create(pods, body)
+
+    def unschedulable() -> dict[str, Any] | None:
+        pod = k.get(f"{pods}/picky") or {}
+        for c in pod.get("status", {}).get("conditions") or []:
+            if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+                return pod
+        return None
+
+    pod = wait_for(unschedulable, 30, "Unschedulable")
+    assert not pod["spec"].get("nodeName")
+    assert pod["status"]["phase"] == "Pending"
 
 
 SERVER = (

@@ -27,7 +27,7 @@ def _ctr(
         c.terminated = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error"}
         c.done, c.waiting = True, None
     if fatal:
-        c.waiting, c.fatal = ("ImageNotRunnableLocally", "no mapping"), True
+        c.waiting, c.fatal = ("ErrImagePull", "no mapping"), True
     return c
 
 
@@ -61,8 +61,8 @@ def test_running_containers_make_the_pod_ready_with_its_address() -> None:
 def test_unrunnable_image_keeps_the_pod_pending_with_the_reason() -> None:
     st = podstate.pod_status(_run([_ctr("a", fatal=True)]))
     assert st["phase"] == "Pending"
-    assert st["containerStatuses"][0]["state"]["waiting"]["reason"] == "ImageNotRunnableLocally"
-    assert st["reason"] == "ImageNotRunnableLocally"
+    assert st["containerStatuses"][0]["state"]["waiting"]["reason"] == "ErrImagePull"
+    assert st["reason"] == "ErrImagePull"
 
 
 def test_init_containers_gate_the_main_containers() -> None:

@@ -45,7 +45,7 @@ def test_project_images_run_from_the_venv_and_unknown_images_are_refused() -> No
     ).default_command == ("sh",)
     with pytest.raises(podplan.NotRunnable) as e:
         podplan.resolve_image("docker.io/library/redis:7")
-    assert e.value.reason == "ImageNotRunnableLocally"
+    assert e.value.reason == "ErrImagePull"  # kubelet's reason for an image it cannot get
 
 
 def test_project_images_carry_the_example_apps_and_test_images_their_own(tmp_path: Path) -> None:

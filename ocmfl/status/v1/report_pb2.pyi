@@ -170,6 +170,7 @@ class Report(_message.Message):
     TIMESTAMP_FIELD_NUMBER: _builtins.int
     FINAL_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
+    CLIENT_PROBLEM_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     fl_namespace: _builtins.str
     fl_name: _builtins.str
@@ -181,6 +182,10 @@ class Report(_message.Message):
     """The last report of this run from this cluster; the agent never drops it."""
     sequence: _builtins.int
     """Increases by one per report within one agent process (starts at 1)."""
+    client_problem: _builtins.str
+    """Why the client pod cannot run, in the kubelet's or scheduler's words
+    ("ImagePullBackOff: ...", "Unschedulable: ..."); empty when nothing is wrong.
+    """
     @_builtins.property
     def metrics(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundMetrics]: ...
     @_builtins.property
@@ -202,10 +207,11 @@ class Report(_message.Message):
         timestamp: _timestamp_pb2.Timestamp | None = ...,
         final: _builtins.bool = ...,
         sequence: _builtins.int = ...,
+        client_problem: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "timestamp", b"timestamp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "client_phase", b"client_phase", "cluster", b"cluster", "data", b"data", "final", b"final", "fl_name", b"fl_name", "fl_namespace", b"fl_namespace", "fl_uid", b"fl_uid", "metrics", b"metrics", "round", b"round", "sequence", b"sequence", "timestamp", b"timestamp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "client_phase", b"client_phase", "client_problem", b"client_problem", "cluster", b"cluster", "data", b"data", "final", b"final", "fl_name", b"fl_name", "fl_namespace", b"fl_namespace", "fl_uid", b"fl_uid", "metrics", b"metrics", "round", b"round", "sequence", b"sequence", "timestamp", b"timestamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -1,0 +1,52 @@
+"""Helpers the drills share: record every status a resource goes through (a watch, so no
+transient state is missed between polls)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from hack.localfed import FL_PATH, LocalFederation
+from ocmfl.kube import LIST, Kube, list_watch
+
+
+class StatusRecorder:
+    """Every version of the FederatedLearning objects in one hub namespace, in order."""
+
+    def __init__(self, kubeconfig: str, namespace: str) -> None:
+        self.versions: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._kube = Kube(kubeconfig)
+        self._path = FL_PATH.format(ns=namespace)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="status-recorder")
+
+    def __enter__(self) -> StatusRecorder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        self._kube.close()
+
+    def _run(self) -> None:
+        for kind, obj in list_watch(self._kube, self._path, stop=self._stop, chunk_seconds=5):
+            items = obj.get("items") or [] if kind == LIST else [obj]
+            with self._lock:
+                self.versions.extend(items)
+
+    def of(self, uid: str) -> list[dict[str, Any]]:
+        """The recorded versions of the resource with this uid."""
+        with self._lock:
+            return [v for v in self.versions if v["metadata"]["uid"] == uid]
+
+
+def restore(fed: LocalFederation) -> None:
+    """Start again whatever a drill killed and did not restart (the next drill needs it)."""
+    names = {p.name for p in fed.procs}
+    if "hub" not in names:
+        fed.start_hub()
+    for cluster in fed.clusters:
+        if f"agent-{cluster}" not in names:
+            fed.start_agent(cluster)
