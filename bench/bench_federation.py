@@ -79,7 +79,7 @@ class ProcSampler(threading.Thread):
                 return name
             if name.startswith("python") and i + 2 < len(parts) and parts[i + 1] == "-m":
                 module = parts[i + 2]
-                if module == "workloads.sdk.worker":
+                if module in ("workloads.clientapp_worker", "workloads.sdk.worker"):
                     return "ocm-fl-worker"
         return None
 
