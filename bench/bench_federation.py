@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # hack/ is not installed
+
 from hack.testing import free_port
 from ocmfl import pki
 from ocmfl.nodekeys import write_keypair
