@@ -37,6 +37,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # hack/ is not installed
+
 from hack.testing import free_port
 from ocmfl import pki
 from ocmfl.nodekeys import write_keypair
@@ -79,7 +81,7 @@ class ProcSampler(threading.Thread):
                 return name
             if name.startswith("python") and i + 2 < len(parts) and parts[i + 1] == "-m":
                 module = parts[i + 2]
-                if module == "workloads.sdk.worker":
+                if module in ("workloads.clientapp_worker", "workloads.sdk.worker"):
                     return "ocm-fl-worker"
         return None
 

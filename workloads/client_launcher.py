@@ -47,6 +47,7 @@ from workloads.sdk.platform import (
 from workloads.sdk.worker import SOCKET_ENV, socket_dir
 
 PREFIX = "ocm-fl-client"
+WORKER_START_TIMEOUT = 60.0  # seconds until its socket is there (imports Flower, then listens)
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3  # Flower's 305 (SuperNode not registered) does not fit an exit status
 EXIT_DISCONNECTED = 4
@@ -324,11 +325,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def start_worker(preload: str, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
     """The long-lived ClientApp worker (workloads.sdk.worker) on a Unix socket in a private
-    directory under $TMPDIR (the pod's scratch dir); returns it and the socket path."""
+    directory under $TMPDIR (the pod's scratch dir); returns it and the socket path once the
+    socket is there (it listens before its preload). A worker that does not come up is only
+    logged: the thin ClientApps then run the app in their own process."""
     path = socket_dir() / "worker.sock"
-    cmd = [sys.executable, "-m", "workloads.sdk.worker", "--socket", str(path),
+    cmd = [sys.executable, "-m", "workloads.clientapp_worker", "--socket", str(path),
            "--preload", preload]  # fmt: skip
-    return fe.start(cmd, env, None), path
+    proc = fe.start(cmd, env, None)
+    deadline = time.monotonic() + WORKER_START_TIMEOUT
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if not path.exists():
+        print(f"{PREFIX}: the ClientApp worker did not come up (exit {proc.poll()}); "
+              "ClientApps will import the app themselves", flush=True)  # fmt: skip
+    return proc, path
 
 
 def flower_exit_code(line: str) -> int | None:

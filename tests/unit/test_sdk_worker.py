@@ -34,7 +34,7 @@ def worker(tmp_path: Path) -> Iterator[Path]:
     directory.mkdir(mode=0o700)
     path = directory / "worker.sock"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "workloads.sdk.worker", "--socket", str(path),
+        [sys.executable, "-m", "workloads.clientapp_worker", "--socket", str(path),
          "--preload", "numpy"],
         cwd=ROOT,
     )  # fmt: skip

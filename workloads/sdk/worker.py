@@ -3,7 +3,7 @@
 Flower 1.42 starts a fresh ``flwr-clientapp`` process for every message, and each one imports
 the app's model stack again (torch: 2.5-4.4 s and about 1 GB). With this module:
 
-- ``ocm-fl-client`` starts ``python -m workloads.sdk.worker`` next to the SuperNode. It imports
+- ``ocm-fl-client`` starts ``python -m workloads.clientapp_worker`` by the SuperNode. It imports
   the heavy modules once (``--preload``, default torch and numpy), listens on a Unix socket in a
   private (0700) directory under ``$TMPDIR`` (the pod's scratch directory), and hands the socket
   path to Flower's processes as ``$OCMFL_WORKER_SOCKET``.
@@ -253,8 +253,8 @@ def socket_dir() -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m workloads.sdk.worker --socket PATH [--preload torch,numpy]``."""
-    parser = argparse.ArgumentParser(prog="python -m workloads.sdk.worker")
+    """``python -m workloads.clientapp_worker --socket PATH [--preload torch,numpy]``."""
+    parser = argparse.ArgumentParser(prog="python -m workloads.clientapp_worker")
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD),
                         help="modules to import once, comma separated")  # fmt: skip
@@ -268,7 +268,3 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ocm-fl-worker: not preloading {name}: {exc}", flush=True)
     serve(server, args.socket)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
