@@ -13,8 +13,10 @@ reads. A pass applies objects only when its inputs (spec generation and observat
 excluded) changed since the last successful apply, or at the periodic resync; it writes status
 only when the fold changed it. The daemon is the only writer of the resource's status.
 
-Process-wide handles (the API client, the hub CA, the wakers) live in kopf's memo
-(`memo.operator`, `memo.ca`; the aggregator puts its report store at `memo.reports`).
+Process-wide handles (the API client, the write pool, the wakers) live in kopf's memo
+(`memo.operator`; the aggregator puts its report store at `memo.reports`, and the signers
+and the aggregator share the hub CA at `memo.ca`). The operator itself never uses the hub
+CA: each federation's Fleet CA is in its credentials Secret.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ from hub_controller.api import (
     SpecError,
     parse_spec,
 )
-from hub_controller.ca import HubCA, HubCAUnavailable
 from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
@@ -137,7 +138,6 @@ class Operator:
     """The operator's process-wide handles, kept in kopf's memo as `memo.operator`."""
 
     kube: Kube
-    ca: HubCA
     agent_endpoints: dict[str, str] = field(default_factory=dict)
     # The admin's root for HostPath model stores ($OCMFL_HOSTPATH_ROOT).
     hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT
@@ -215,7 +215,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     )
     memo.operator = Operator(
         kube=kube,
-        ca=memo.setdefault("ca", HubCA()),
         agent_endpoints=agent_endpoints(),
         hostpath_root=hostpath_root(),
     )
@@ -489,7 +488,7 @@ def reconcile(
     """One pass for one resource: validate, observe, apply what changed, fold and write status.
 
     Returns the seconds after which a pass is due even without a wake-up (None: only on one).
-    KubeError (transient) and HubCAUnavailable propagate: the caller retries later.
+    KubeError (transient) propagates: the caller retries later.
     """
     now = now or _now()
     ref = run.ref
@@ -603,7 +602,7 @@ async def run(
                     reconcile, op, reports, snapshot, idx, state, logger
                 )
                 failures = 0
-            except (KubeError, HubCAUnavailable) as exc:
+            except KubeError as exc:
                 delay = RETRY_DELAYS_S[min(failures, len(RETRY_DELAYS_S) - 1)]
                 failures += 1
                 logger.warning("reconcile failed (%s); retrying in %.0fs", exc, delay)

@@ -21,7 +21,6 @@ import pytest
 
 from hub_controller import policy
 from hub_controller.api import FLRef, parse_spec
-from hub_controller.ca import HubCA
 from hub_controller.operator import handlers
 from hub_controller.operator.indexes import Indexes
 from hub_controller.reports import NoReports
@@ -248,7 +247,7 @@ def _reconcile(
     kube: RecordingKube, tmp: Any, spec: dict[str, Any], grant_spec: dict[str, Any] | None
 ) -> handlers.Run:
     pki.save_tls_dir(tmp / "ca", pki.create_ca("attack-ca"), None)
-    op = handlers.Operator(kube=kube, ca=HubCA(tmp / "ca"))  # type: ignore[arg-type]
+    op = handlers.Operator(kube=kube)  # type: ignore[arg-type]
     body = {
         "metadata": {"namespace": REF.namespace, "name": REF.name, "uid": REF.uid, "generation": 1},
         "spec": spec,

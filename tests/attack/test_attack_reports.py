@@ -33,7 +33,6 @@ from hub_controller.aggregator.scope import WorkScope
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore, StoreLimits
 from hub_controller.api import FLRef, parse_spec
-from hub_controller.ca import HubCA
 from hub_controller.membership import ClusterInfo, StaticMembers
 from hub_controller.operator import handlers
 from hub_controller.operator.desired import works as works_mod
@@ -539,7 +538,7 @@ def quiet_kopf(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def reconcile(kube: FakeKube, idx: Indexes, tmp_path: Path) -> dict[str, Any]:
     pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
-    op = handlers.Operator(kube=kube, ca=HubCA(tmp_path / "hub-ca"))  # type: ignore[arg-type]
+    op = handlers.Operator(kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"namespace": REF.namespace, "name": REF.name, "uid": REF.uid,
                          "generation": 1}, "spec": SPEC, "status": {}}  # fmt: skip
     handlers.reconcile(op, NoReports(), body, idx, handlers.Run(REF, status={}), LOG)

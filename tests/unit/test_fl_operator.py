@@ -13,7 +13,6 @@ import kopf
 import pytest
 from fl_fixtures import REF, spec_dict
 
-from hub_controller.ca import HubCA
 from hub_controller.membership import ClusterInfo
 from hub_controller.operator import handlers
 from hub_controller.operator.desired import credentials
@@ -90,7 +89,7 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
 @pytest.fixture
 def op(kube: FakeKube, tmp_path: Any) -> handlers.Operator:
     pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
-    return handlers.Operator(kube=kube, ca=HubCA(tmp_path / "hub-ca"))  # type: ignore[arg-type]
+    return handlers.Operator(kube=kube)  # type: ignore[arg-type]
 
 
 KEY = (REF.namespace, REF.name)

@@ -16,7 +16,6 @@ import pytest
 from fl_fixtures import REF, spec, spec_dict
 
 from hub_controller.api import ClusterPhase
-from hub_controller.ca import HubCA
 from hub_controller.membership import ClusterInfo, ClusterResolution
 from hub_controller.operator import handlers
 from hub_controller.operator.desired import works as works_mod
@@ -208,7 +207,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 def operator(kube: CountingKube, tmp_path: Any) -> handlers.Operator:
     pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
-    return handlers.Operator(kube=kube, ca=HubCA(tmp_path / "hub-ca"))  # type: ignore[arg-type]
+    return handlers.Operator(kube=kube)  # type: ignore[arg-type]
 
 
 def body(status: dict[str, Any]) -> dict[str, Any]:
