@@ -389,8 +389,9 @@ class Timeouts(_Model):
     clients_ready_seconds: int = Field(
         default=600,
         ge=1,
-        description="For minAvailableClients clusters to connect, and for lost clusters to "
-        "come back, before the run fails.",
+        description="For minAvailableClients clusters to connect, for lost clusters to "
+        "come back, and for a server pod that cannot run (ErrImagePull, Unschedulable, ...) to "
+        "start, before the run fails.",
     )
     round_seconds: int = Field(
         default=600, ge=1, description="For client replies in each round (apps on workloads.sdk)."
