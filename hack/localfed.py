@@ -180,9 +180,10 @@ def grant_for(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def enable_addon(hub: Kube, cluster: str) -> None:
-    """What `clusteradm addon enable --names federated-learning --clusters C` creates."""
-    hub.create(
+def enable_addon(hub: Kube, cluster: str) -> bool:
+    """What `clusteradm addon enable --names federated-learning --clusters C` creates; True
+    when this call created it (False: it was there already)."""
+    created = hub.create(
         MCA_PATH.format(ns=cluster),
         {
             "apiVersion": f"{constants.ADDON_GROUP}/v1alpha1",
@@ -191,6 +192,7 @@ def enable_addon(hub: Kube, cluster: str) -> None:
             "spec": {},
         },
     )
+    return created is not None
 
 
 def ensure_agent_csr_rbac(hub: Kube) -> None:
@@ -318,6 +320,9 @@ class LocalFederation:
     workdir: Path
     clusters: list[str] = field(default_factory=list)
     procs: list[_Proc] = field(default_factory=list)
+    # Clusters whose ManagedClusterAddOn `start` created: `stop` deletes them again, so a
+    # shared plane does not keep the addon enabled where the next test expects it absent.
+    enabled: list[str] = field(default_factory=list)
     # The admin's root for HostPath model stores (the hub's $OCMFL_HOSTPATH_ROOT); default:
     # <workdir>/models.
     hostpath_root: Path | None = None
@@ -375,7 +380,8 @@ class LocalFederation:
             ensure_agent_csr_rbac(hub)
             self._ensure_ca()
             for cluster in self.clusters:
-                enable_addon(hub, cluster)
+                if enable_addon(hub, cluster):
+                    self.enabled.append(cluster)
         finally:
             hub.close()
         try:
@@ -494,6 +500,15 @@ class LocalFederation:
                     os.killpg(proc.popen.pid, signal.SIGKILL)
                 proc.popen.wait(5)
         self.procs.clear()
+        if self.enabled:
+            hub = Kube(self.plane.hub_kubeconfig)
+            try:
+                for cluster in self.enabled:
+                    with contextlib.suppress(KubeError, OSError):
+                        hub.delete(f"{MCA_PATH.format(ns=cluster)}/{constants.ADDON_NAME}")
+            finally:
+                hub.close()
+            self.enabled.clear()
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to a component's process group ("hub", "agent-<cluster>") and forget it
