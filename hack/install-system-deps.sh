@@ -32,3 +32,15 @@ if [ "$(cat "$conf" 2>/dev/null)" != "$want" ]; then
   mkdir -p "$(dirname "$conf")"
   printf '%s\n' "$want" >"$conf"
 fi
+
+# A kubelet (cAdvisor, its cert watcher, the plugin prober) and containerd each take inotify
+# instances; with several planes and kopf processes the kernel default of 128 per user runs
+# out and a kubelet node never gets Ready ("inotify_init: too many open files"). Raise it
+# where the kernel lets us; say so where it does not.
+for kv in fs.inotify.max_user_instances=8192 fs.inotify.max_user_watches=524288; do
+  key=${kv%%=*} want_v=${kv#*=}
+  have=$(sysctl -n "$key" 2>/dev/null || echo 0)
+  if [ "$have" -lt "$want_v" ]; then
+    sysctl -qw "$kv" 2>/dev/null || echo "warning: could not raise $key to $want_v (is $have); kubelet nodes may not get Ready" >&2
+  fi
+done
