@@ -273,6 +273,15 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
             assert st["round"] == st["totalRounds"] == run.rounds
             assert st["round"] > rounds_before[run.key]  # it went on training after the delete
 
+            # A client posts a round's metrics after its reply, so the last round's reports can
+            # reach the status just after the server ended: the rows catch up.
+            def caught_up(run: Run = run) -> dict[str, Any] | None:
+                now = _status(hub, run)
+                rounds = {r["name"]: r.get("round") for r in now.get("clusters") or []}
+                return now if all(rounds.get(c) == run.rounds for c in run.paths) else None
+
+            st = wait_for(caught_up, 60, f"{run.key}'s rows at round {run.rounds}")
+
             # Only its own clusters, each on the directory its own claim names.
             rows = {r["name"]: r for r in st["clusters"]}
             assert set(rows) == set(run.paths), (run.key, sorted(rows))
