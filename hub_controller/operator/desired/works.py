@@ -465,20 +465,16 @@ def desired_works(
     `agent_endpoints` overrides where
     a cluster's client finds its agent (default: the agent Service, DEFAULT_AGENT_ENDPOINT).
     """
-    endpoints = agent_endpoints or {}
-    return {
-        r.name: desired_work(
-            ref,
-            spec,
-            r,
-            server_address,
-            endpoints.get(r.name, DEFAULT_AGENT_ENDPOINT),
-            server_name=server_name,
-            client_token=client_token,
-        )
-        for r in resolutions
-        if r.has_data
-    }
+    return WorkCache().works(
+        None,
+        ref,
+        spec,
+        resolutions,
+        server_address,
+        agent_endpoints,
+        server_name=server_name,
+        client_token=client_token,
+    )
 
 
 class WorkCache:
