@@ -398,6 +398,13 @@ class LocalFederation:
             self.stop()
             raise
 
+    def __enter__(self) -> LocalFederation:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def _ensure_ca(self) -> None:
         if (self.ca_dir / pki.KEY_FILE).exists():
             return

@@ -31,12 +31,8 @@ def fed(
     plane: cp.ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LocalFederation]:
     """Hub controller, aggregator, CSR signer and one agent per cluster, as processes."""
-    f = LocalFederation(plane, tmp_path_factory.mktemp("drills") / "federation")
-    f.start()
-    try:
+    with LocalFederation(plane, tmp_path_factory.mktemp("drills") / "federation") as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture(scope="package")

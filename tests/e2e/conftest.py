@@ -31,13 +31,8 @@ def plane() -> Iterator[cp.ControlPlane]:
 @pytest.fixture(scope="package")
 def fed(plane: cp.ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """Hub controller, aggregator, CSR signer and one agent per cluster, as processes."""
-    workdir = tmp_path_factory.mktemp("e2e")
-    f = LocalFederation(plane, workdir / "federation")
-    f.start()
-    try:
+    with LocalFederation(plane, tmp_path_factory.mktemp("e2e") / "federation") as f:
         yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture(scope="package")
