@@ -211,7 +211,7 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         self.metrics.streams.inc()
         # Acks leave in report order, each once its report is durable (the store says when:
         # on the hub, once the resource's status holds it); reading goes on meanwhile.
-        loop = asyncio.get_running_loop()
+        loop, on_loop = asyncio.get_running_loop(), threading.get_ident()
         unacked: deque[tuple[int, asyncio.Future[str]]] = deque()
         reports = aiter(request_iterator)
         reading: asyncio.Future[report_pb2.Report] | None = asyncio.ensure_future(anext(reports))
@@ -307,7 +307,10 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                 self.metrics.awaiting.inc()
 
                 def durable(outcome: asyncio.Future[str] = outcome) -> None:
-                    loop.call_soon_threadsafe(_resolve, outcome, self.metrics)
+                    if threading.get_ident() == on_loop:  # durable at once (no status writer)
+                        _resolve(outcome, self.metrics)
+                    else:  # the status writer's thread
+                        loop.call_soon_threadsafe(_resolve, outcome, self.metrics)
 
                 self.store.when_durable(report.fl_uid, state.version, durable)
         finally:
