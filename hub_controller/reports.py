@@ -98,6 +98,15 @@ class ReportSource(Protocol):
         """Drop a run's reports (its resource is gone)."""
         ...
 
+    def version(self, uid: str) -> int:
+        """A counter of the run's reports: read it before `snapshot`, hand it to
+        `persisted` once a status folded from that snapshot is written."""
+        ...
+
+    def persisted(self, uid: str, version: int) -> None:
+        """The run's status holds every report up to `version` (they may be acknowledged)."""
+        ...
+
 
 class NoReports:
     """The ReportSource of a hub that runs no aggregator (`ocm-fl-hub --no-aggregator`)."""
@@ -109,4 +118,10 @@ class NoReports:
         return lambda: None
 
     def forget(self, uid: str) -> None:
+        return None
+
+    def version(self, uid: str) -> int:
+        return 0
+
+    def persisted(self, uid: str, version: int) -> None:
         return None

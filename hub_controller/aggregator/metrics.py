@@ -66,6 +66,17 @@ class AggregatorMetrics:
             labels,
             registry=self.registry,
         )
+        self.final = Gauge(
+            "ocmfl_cluster_final",
+            "1 once a cluster's final report of the run (its client ended) was accepted",
+            labels,
+            registry=self.registry,
+        )
+        self.awaiting = Gauge(
+            "ocmfl_reports_awaiting_status",
+            "Accepted reports not acknowledged yet: the resource's status does not hold them",
+            registry=self.registry,
+        )
         self.streams = Gauge(
             "ocmfl_agent_streams", "Open agent report streams", registry=self.registry
         )

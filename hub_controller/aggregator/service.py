@@ -83,7 +83,8 @@ class AggregatorService:
                 max_rows_per_run=lim.max_rows_per_run,
                 max_rows=lim.max_rows,
                 max_runs=lim.max_runs,
-            )
+            ),
+            wait_for_status=True,  # ack a report once the resource's status holds it
         )
         self.metrics = AggregatorMetrics(max_series=lim.max_metric_series)
         self.registry = registry

@@ -2,7 +2,9 @@
 
 The cluster is read from the client certificate, never from the message. A report is stored
 only for a federation that has a ManifestWork on that cluster (`scope.py`, uid match); others
-are acked with `Ack.refused` naming why, so the agent drops them instead of resending. Each
+are acked with `Ack.refused` naming why, so the agent drops them instead of resending. A
+stored report is acked only once the store says it is durable (on the hub: the resource's
+status holds it), so an agent keeps it across a hub crash; reading goes on meanwhile. Each
 cluster has a bounded number of open streams and a report rate (`limits.py`), and the store
 is bounded (`store.StoreLimits`). Server credentials reload the certificate files when they
 change, so rotation needs no restart.
@@ -14,9 +16,10 @@ import asyncio
 import logging
 import os
 import threading
+from collections import deque
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 import grpc
 import grpc.aio
@@ -33,7 +36,17 @@ from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
+# After an agent half-closes (to rotate its certificate), how long its stream stays open for
+# the acks of reports not durable yet; it resends the rest on its new stream.
+HALF_CLOSE_ACK_WAIT_S: Final = 5.0
 _FileSig = tuple[tuple[int, int, int], ...]
+
+
+def _resolve(outcome: asyncio.Future[str], metrics: AggregatorMetrics) -> None:
+    """A stored report became durable: its ack ("" = not refused) may leave."""
+    metrics.awaiting.dec()
+    if not outcome.done():
+        outcome.set_result("")
 
 
 class ReloadingServerCredentials:
@@ -107,7 +120,8 @@ def peer_cluster(context: grpc.aio.ServicerContext[object, object]) -> str | Non
 
 
 class StatusServicer(report_pb2_grpc.StatusServiceServicer):
-    """Validates, authorizes and stores reports; acks each stored (or refused) one."""
+    """Validates, authorizes and stores reports; acks each refused one, and each stored one
+    once the store says it is durable."""
 
     def __init__(
         self,
@@ -126,13 +140,12 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         self._streams: dict[str, int] = {}
         self._buckets: dict[str, TokenBucket] = {}
 
-    def _refuse_report(
-        self, cluster: str, report: report_pb2.Report, reason: str, details: str
-    ) -> report_pb2.Ack:
-        """Ack a report refused for good, saying why (counted by reason, never stored)."""
+    def _refusal(self, cluster: str, report: report_pb2.Report, reason: str, details: str) -> str:
+        """The Ack.refused text of a report refused for good (counted by reason, never
+        stored)."""
         self.metrics.rejected.labels(reason).inc()
         log.debug("refused report %d from %s: %s", report.sequence, cluster, details)
-        return report_pb2.Ack(sequence=report.sequence, refused=f"{reason}: {details}")
+        return f"{reason}: {details}"
 
     def identify(self, context: grpc.aio.ServicerContext[object, object]) -> str | None:
         """The authenticated cluster of this call (override only in benchmarks)."""
@@ -196,8 +209,35 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
             bucket = self._buckets[cluster] = TokenBucket(limits.reports_per_s, limits.report_burst)
         self._streams[cluster] = self._streams.get(cluster, 0) + 1
         self.metrics.streams.inc()
+        # Acks leave in report order, each once its report is durable (the store says when:
+        # on the hub, once the resource's status holds it); reading goes on meanwhile.
+        loop, on_loop = asyncio.get_running_loop(), threading.get_ident()
+        unacked: deque[tuple[int, asyncio.Future[str]]] = deque()
+        reports = aiter(request_iterator)
+        reading: asyncio.Future[report_pb2.Report] | None = asyncio.ensure_future(anext(reports))
+        closing_at: float | None = None  # when the agent half-closed
         try:
-            async for report in request_iterator:
+            while reading is not None or unacked:
+                waits: set[asyncio.Future[Any]] = {unacked[0][1]} if unacked else set()
+                timeout = None
+                if reading is not None:
+                    waits.add(reading)
+                elif closing_at is not None:
+                    timeout = closing_at + HALF_CLOSE_ACK_WAIT_S - loop.time()
+                    if timeout <= 0:
+                        break  # the agent resends the unacked ones on its next stream
+                await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                while unacked and unacked[0][1].done():
+                    sequence, done = unacked.popleft()
+                    yield report_pb2.Ack(sequence=sequence, refused=done.result())
+                if reading is None or not reading.done():
+                    continue
+                try:
+                    report = reading.result()
+                except StopAsyncIteration:  # the agent half-closed: ack what is left
+                    reading, closing_at = None, loop.time()
+                    continue
+                reading = None
                 wait = bucket.reserve(limits.max_wait_s)
                 if wait is None:
                     await self._refuse(
@@ -239,25 +279,46 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                         "the hub has not loaded its ManifestWorks yet: retry shortly",
                     )
                     return
+                outcome: asyncio.Future[str] = loop.create_future()
+                unacked.append((report.sequence, outcome))
+                reading = asyncio.ensure_future(anext(reports))
                 if not self.scope.allows(
                     cluster, report.fl_namespace, report.fl_name, report.fl_uid
                 ):
-                    yield self._refuse_report(
-                        cluster,
-                        report,
-                        "not_in_scope",
-                        f"cluster {cluster!r} has no ManifestWork of FederatedLearning "
-                        f"{report.fl_namespace}/{report.fl_name} uid {report.fl_uid}",
+                    outcome.set_result(
+                        self._refusal(
+                            cluster,
+                            report,
+                            "not_in_scope",
+                            f"cluster {cluster!r} has no ManifestWork of FederatedLearning "
+                            f"{report.fl_namespace}/{report.fl_name} uid {report.fl_uid}",
+                        )
                     )
                     continue
                 try:
                     state = self.store.apply(cluster, report)
                 except StoreFull as e:
-                    yield self._refuse_report(cluster, report, e.reason, e.message)
+                    outcome.set_result(self._refusal(cluster, report, e.reason, e.message))
                     continue
                 self._observe(cluster, report, state.accuracy, state.loss, state.round)
-                yield report_pb2.Ack(sequence=report.sequence)
+                if report.final:
+                    labels = self.metrics.series(cluster, report.fl_namespace, report.fl_name)
+                    self.metrics.final.labels(*labels).set(1)
+                self.metrics.awaiting.inc()
+
+                def durable(outcome: asyncio.Future[str] = outcome) -> None:
+                    if threading.get_ident() == on_loop:  # durable at once (no status writer)
+                        _resolve(outcome, self.metrics)
+                    else:  # the status writer's thread
+                        loop.call_soon_threadsafe(_resolve, outcome, self.metrics)
+
+                self.store.when_durable(report.fl_uid, state.version, durable)
         finally:
+            if reading is not None:
+                reading.cancel()
+            for _, outcome in unacked:  # the agent resends these on its next stream
+                if not outcome.done():
+                    outcome.cancel()
             self.metrics.streams.dec()
             left = self._streams.get(cluster, 1) - 1
             if left > 0:

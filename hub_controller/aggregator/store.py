@@ -4,6 +4,14 @@ Thread-safe: the aggregator writes from its event loop while the controller read
 worker threads. Each run's subscribers (the run's reconcile loop) are called after every
 report of that run; `forget` drops a run whose resource is gone.
 
+Durability (`wait_for_status=True`, as the hub runs it): the store is memory, so a report
+counts as durable only once the run's status fold has written a status that includes it.
+Every applied report gets the run's next version; the reconcile loop reads `version(uid)`
+before its snapshot and calls `persisted(uid, version)` after its status write;
+`when_durable` calls back then (the aggregator acks the report to its agent only at that
+point, so an agent keeps it across a hub crash). `forget` releases a run's waiters (nothing
+is left to keep). Without a status writer (benchmarks, tests) a report is durable once applied.
+
 Bounded (`StoreLimits`): a cluster keeps its newest rows per run (older rounds are evicted);
 a report that would take a run, or the whole store, past its row limit, or open a run past
 the run limit, is refused with `StoreFull` and changes nothing. A flood therefore costs the
@@ -51,6 +59,7 @@ class Applied:
     loss: float | None
     accuracy: float | None
     final: bool
+    version: int = 0  # the run's version after this report (see `when_durable`)
 
 
 def _copy(state: ClusterReport) -> ClusterReport:
@@ -101,8 +110,12 @@ def _evict_oldest(state: ClusterReport, keep: int) -> None:
 class ReportStore:
     """Latest state per run (resource uid) -> cluster, with per-run change callbacks."""
 
-    def __init__(self, limits: StoreLimits | None = None) -> None:
+    def __init__(self, limits: StoreLimits | None = None, *, wait_for_status: bool = False) -> None:
         self.limits = limits or StoreLimits()
+        self.wait_for_status = wait_for_status
+        self._versions: dict[str, int] = {}  # uid -> reports applied
+        self._persisted: dict[str, int] = {}  # uid -> version the status holds
+        self._waiters: dict[str, list[tuple[int, Callable[[], object]]]] = {}
         self._lock = threading.Lock()
         self._runs: dict[str, dict[str, ClusterReport]] = {}
         self._run_rows: dict[str, int] = {}
@@ -147,7 +160,8 @@ class ReportStore:
             grown = len(state.rounds) - before  # == grow
             self._run_rows[uid] = self._run_rows.get(uid, 0) + grown
             self._rows += grown
-            result = Applied(cluster, state.round, state.loss, state.accuracy, state.final)
+            version = self._versions[uid] = self._versions.get(uid, 0) + 1
+            result = Applied(cluster, state.round, state.loss, state.accuracy, state.final, version)
             subscribers = list(self._subscribers.get(uid, ()))
         for callback in subscribers:
             callback()
@@ -170,10 +184,51 @@ class ReportStore:
             return sorted(self._runs)
 
     def forget(self, uid: str) -> None:
-        """Drop a run's reports (its FederatedLearning was deleted)."""
+        """Drop a run's reports (its FederatedLearning was deleted); release its waiters."""
         with self._lock:
             self._runs.pop(uid, None)
             self._rows -= self._run_rows.pop(uid, 0)
+            self._versions.pop(uid, None)
+            self._persisted.pop(uid, None)
+            waiters = self._waiters.pop(uid, [])
+        for _, callback in waiters:
+            callback()
+
+    def version(self, uid: str) -> int:
+        """How many reports of run `uid` were applied (read before a `snapshot`)."""
+        with self._lock:
+            return self._versions.get(uid, 0)
+
+    def persisted(self, uid: str, version: int) -> None:
+        """The run's status now holds everything up to `version`: call its due waiters."""
+        with self._lock:
+            if version <= self._persisted.get(uid, 0):
+                return
+            self._persisted[uid] = version
+            waiters = self._waiters.get(uid, [])
+            due = [cb for v, cb in waiters if v <= version]
+            left = [(v, cb) for v, cb in waiters if v > version]
+            if left:
+                self._waiters[uid] = left
+            else:
+                self._waiters.pop(uid, None)
+        for callback in due:
+            callback()
+
+    def when_durable(self, uid: str, version: int, callback: Callable[[], object]) -> None:
+        """Call `callback()` (now, or later from the status writer's thread) once the report
+        that made run `uid` reach `version` is durable."""
+        with self._lock:
+            wait = self.wait_for_status and version > self._persisted.get(uid, 0)
+            if wait:
+                self._waiters.setdefault(uid, []).append((version, callback))
+        if not wait:
+            callback()
+
+    def awaiting(self) -> int:
+        """Reports applied whose ack waits for a status write (all runs)."""
+        with self._lock:
+            return sum(len(w) for w in self._waiters.values())
 
     def subscribe(self, uid: str, callback: Callable[[], object]) -> Callable[[], None]:
         """Call `callback()` after every report of run `uid`; returns an unsubscriber.

@@ -512,6 +512,7 @@ def reconcile(
         status = invalid_status(refused, generation, previous, now, reason=REASON_POLICY)
         _write_status(op.kube, run, status)
         return None
+    seen = reports.version(ref.uid)  # before the snapshot: the status holds at least these
     obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root)
     inputs = (generation, observation_digest(obs))
     waiting_for_keys = False
@@ -567,6 +568,8 @@ def reconcile(
     if previous is None or new.phase != previous.phase:
         kopf.info(cast(kopf.Body, body), reason=new.phase.value, message=new.message)
     _write_status(op.kube, run, new)
+    # Written (or unchanged since the last write): the aggregator may ack these reports.
+    reports.persisted(ref.uid, seen)
     if waiting_for_keys:
         return KEYS_WAIT_S
     return COUNTDOWN_S if counting_down(fl, obs, new.phase) else RESYNC_S

@@ -4,9 +4,15 @@ transient state is missed between polls)."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from hack.controlplane.processes import State
 from hack.localfed import FL_PATH, LocalFederation
+from ocmfl import constants
 from ocmfl.kube import LIST, Kube, list_watch
 
 
@@ -50,3 +56,33 @@ def restore(fed: LocalFederation) -> None:
     for cluster in fed.clusters:
         if f"agent-{cluster}" not in names:
             fed.start_agent(cluster)
+
+
+def pending(fed: LocalFederation, cluster: str) -> int:
+    """Reports the cluster's agent holds unacknowledged (0 when it does not answer)."""
+    url = f"http://{fed.agent_host(cluster)}:{constants.AGENT_LOCAL_PORT}/healthz"
+    try:
+        return int(httpx.get(url, timeout=2).json().get("pending") or 0)
+    except httpx.HTTPError:
+        return 0
+
+
+def hub_metrics(fed: LocalFederation) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The hub's Prometheus samples: (name, sorted labels) -> value ({} when it does not
+    answer)."""
+    try:
+        text = httpx.get(fed.metrics_url, timeout=2).text
+    except httpx.HTTPError:
+        return {}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def apiserver_pid(state_dir: str, name: str = "hub") -> int:
+    """The process id of that apiserver of the plane."""
+    state = State.load(Path(state_dir))
+    assert state is not None, state_dir
+    return next(p.pid for p in state.procs if p.name == f"kube-apiserver-{name}")

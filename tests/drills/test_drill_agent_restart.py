@@ -14,15 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from drills_support import pending as _pending
 from drills_support import restore
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
 from hack.localfed import FL_PATH, LocalFederation, create_fl, get_fl, prepare_data, wait_fl
 from hack.testing import wait_for
-from ocmfl import constants
 from ocmfl.kube import Kube
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
@@ -30,14 +29,6 @@ pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 NS = "drill-agent"
 NAME = "agent-kill"
 ROUNDS = 3
-
-
-def _pending(fed: LocalFederation, cluster: str) -> int:
-    url = f"http://{fed.agent_host(cluster)}:{constants.AGENT_LOCAL_PORT}/healthz"
-    try:
-        return int(httpx.get(url, timeout=2).json().get("pending") or 0)
-    except httpx.HTTPError:
-        return 0
 
 
 def test_drill_agent_killed_with_reports_buffered(

@@ -317,10 +317,18 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
     port = await service.start()
     try:
         assert service.server is not None
-        acks = await send(
-            service.server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a", 7)
+        store = service.store
+        sending = asyncio.create_task(
+            send(service.server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a", 7))
         )
-        assert acks == [7]
+        # The hub's store holds the ack until the resource's status holds the report.
+        while store.version(UID) < 1:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert not sending.done()
+        assert store.awaiting() == 1
+        await asyncio.to_thread(store.persisted, UID, store.version(UID))  # the status writer
+        assert await asyncio.wait_for(sending, 10) == [7]
         metrics_port = service._metrics_server[0].server_port
         body = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
@@ -347,3 +355,68 @@ def test_addon_members_are_accepted_clusters_with_the_addon_from_the_indexes() -
     assert not members.is_registered("missing")
     addons["no-addon"] = ["federated-learning"]  # the indexes are live: no caching
     assert members.is_registered("no-addon")
+
+
+async def test_acks_wait_for_durability_in_order_while_reading_goes_on(tpki: TestPKI) -> None:
+    """A store that waits for the status: reports keep being read and stored while their
+    acks wait; each ack leaves once a status write covers its report, in report order; a
+    stream that ends leaves the unacked ones to be resent; forgetting the run releases them."""
+    store = ReportStore(wait_for_status=True)
+    creds = ReloadingServerCredentials.from_dir(tpki.server_dir("srv"))
+    hub = AggregatorServer(store, StaticMembers(["cluster-a"]), credentials=creds)
+    await hub.start()
+    try:
+        ca = pki.cert_to_pem(tpki.ca.cert)
+        async with channel_for(hub.port, tpki.client_dir("cluster-a"), ca) as channel:
+            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+            for seq in (1, 2, 3):
+                await call.write(make_report("cluster-a", seq, round=seq))
+            while store.version(UID) < 3:  # all three read and stored, none acked
+                await asyncio.sleep(0.01)
+            assert store.snapshot(UID)["cluster-a"].round == 3
+            assert store.awaiting() == 3
+            store.persisted(UID, 2)
+            assert [(await call.read()).sequence for _ in range(2)] == [1, 2]
+            reading = asyncio.ensure_future(call.read())
+            await asyncio.sleep(0.2)
+            assert not reading.done()
+            store.persisted(UID, 3)
+            assert (await asyncio.wait_for(reading, 10)).sequence == 3
+            await call.write(make_report("cluster-a", 4, round=4))
+            await call.done_writing()
+            while store.version(UID) < 4:
+                await asyncio.sleep(0.01)
+            store.forget(UID)  # the resource was deleted: nothing left to keep
+            assert (await asyncio.wait_for(call.read(), 10)).sequence == 4
+    finally:
+        await hub.stop()
+
+
+async def test_a_half_closed_stream_ends_without_waiting_forever_for_durability(
+    tpki: TestPKI, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An agent half-closes to rotate its certificate: the stream ends after a short wait
+    even when its reports are not durable yet (they stay unacked: the agent resends them)."""
+    from hub_controller.aggregator import servicer
+
+    monkeypatch.setattr(servicer, "HALF_CLOSE_ACK_WAIT_S", 0.3)
+    store = ReportStore(wait_for_status=True)
+    creds = ReloadingServerCredentials.from_dir(tpki.server_dir("srv"))
+    hub = AggregatorServer(store, StaticMembers(["cluster-a"]), credentials=creds)
+    await hub.start()
+    try:
+        ca = pki.cert_to_pem(tpki.ca.cert)
+        async with channel_for(hub.port, tpki.client_dir("cluster-a"), ca) as channel:
+            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+            await call.write(make_report("cluster-a", 1))
+            await call.done_writing()
+            acks = await asyncio.wait_for(_all_acks(call), 10)
+            assert acks == [] and store.version(UID) == 1
+    finally:
+        await hub.stop()
+
+
+async def _all_acks(
+    call: grpc.aio.StreamStreamCall[report_pb2.Report, report_pb2.Ack],
+) -> list[int]:
+    return [ack.sequence async for ack in call]

@@ -310,6 +310,41 @@ def test_a_report_refolds_status_without_applying_anything(
     assert kube.status()["clusters"][0]["round"] == 2
 
 
+def test_reports_are_acknowledged_only_after_a_status_write_that_holds_them(
+    op: handlers.Operator, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """reconcile tells the store the version it read before its snapshot once the status
+    is written, never when the write failed."""
+    from hub_controller.aggregator.store import ReportStore
+    from ocmfl.kube import KubeError
+    from tests.unit.test_report_store import report as make_report
+
+    spec = spec_dict(advertiseAddress="127.0.0.1:9443")
+    works = [WorkState(cluster=c, name=work_name(REF), applied=True) for c in ("c1", "c2")]
+    idx = indexes(works=works, job=JobState(exists=True, active=1))
+    store = ReportStore(wait_for_status=True)
+    acked: list[int] = []
+    applied = store.apply("c1", make_report("c1", 2, uid=REF.uid))
+    store.when_durable(REF.uid, applied.version, lambda: acked.append(applied.version))
+
+    def refused(*_: object, **__: object) -> dict[str, Any]:
+        raise KubeError(503, "ServiceUnavailable", "apiserver unavailable")
+
+    state = handlers.Run(REF, status={})
+    with monkeypatch.context() as m:
+        m.setattr(kube, "patch", refused)
+        with pytest.raises(KubeError):
+            handlers.reconcile(op, store, body(spec, state.status), idx, state, LOG)
+    assert acked == []
+    handlers.reconcile(op, store, body(spec, state.status), idx, state, LOG)
+    assert kube.status()["clusters"][0]["round"] == 2 and acked == [1]
+    again = store.apply("c1", make_report("c1", 2, uid=REF.uid))
+    store.when_durable(REF.uid, again.version, lambda: acked.append(again.version))
+    store.persisted(REF.uid, 1)  # an older write's news does not ack the newer report
+    handlers.reconcile(op, store, body(spec, state.status), idx, state, LOG)
+    assert acked == [1, 2]
+
+
 def test_delete_removes_owned_objects_forgets_reports_and_waits_for_works(
     op: handlers.Operator, kube: FakeKube
 ) -> None:

@@ -90,3 +90,35 @@ def test_final_report_sticks_and_the_last_round_sets_loss_and_accuracy() -> None
     row = store.snapshot("u1")["a"]
     assert (row.final, row.phase, row.round, row.accuracy) == (True, "Succeeded", 3, 0.9)
     assert row.loss == 1.0 / 3
+
+
+def test_a_report_is_durable_once_a_status_write_covers_it() -> None:
+    """The hub's store (`wait_for_status`): a report's waiter is called only once the status
+    writer says a status folded from a snapshot at or after it was written; per run."""
+    store = ReportStore(wait_for_status=True)
+    done: list[str] = []
+    v1 = store.apply("a", report("a", 1)).version
+    seen = store.version("u1")  # the reconcile pass reads this before its snapshot
+    v2 = store.apply("a", report("a", 2, final=True)).version
+    other = store.apply("a", report("a", 1, uid="u2")).version
+    store.when_durable("u1", v1, lambda: done.append("r1"))
+    store.when_durable("u1", v2, lambda: done.append("r2"))
+    store.when_durable("u2", other, lambda: done.append("u2"))
+    assert (v1, seen, v2, other, done, store.awaiting()) == (1, 1, 2, 1, [], 3)
+    store.persisted("u1", seen)  # that status write did not include report 2
+    assert done == ["r1"]
+    store.persisted("u1", 1)  # an older write changes nothing
+    store.persisted("u1", store.version("u1"))
+    assert done == ["r1", "r2"]
+    store.when_durable("u1", v2, lambda: done.append("again"))  # already durable: at once
+    assert done[-1] == "again"
+    store.forget("u2")  # its resource is gone: nothing left to keep
+    assert done[-1] == "u2" and store.awaiting() == 0
+
+
+def test_without_a_status_writer_a_report_is_durable_once_applied() -> None:
+    store = ReportStore()
+    done: list[int] = []
+    applied = store.apply("a", report("a", 1))
+    store.when_durable("u1", applied.version, lambda: done.append(applied.version))
+    assert done == [1]

@@ -163,3 +163,28 @@ def test_outside_the_platform_nothing_is_stored_and_the_app_default_rounds_apply
     assert to_numpy(result.arrays)["w"][0, 0] == 2.0
     with pytest.raises(ValueError, match="num_rounds must be >= 1"):
         run_strategy(one, grid, initial_arrays=_initial(), platform=ServerPlatform())
+
+
+def test_a_round_below_the_minimum_names_the_clusters_that_failed_or_never_replied() -> None:
+    """A SuperNode killed mid-round: the SuperLink answers for it (Node Unavailable, sent
+    from the SuperLink itself) or, when it came back without the message, nobody answers
+    until the round timeout. Either way the error names that cluster."""
+    from workloads.sdk.loop import PlatformGrid
+
+    names = {11: "cluster1", 12: "cluster2", 13: "cluster3"}
+    grid = PlatformGrid(LocalGrid({}), min_results=3, node_names=names)
+    sent = []
+    for i, node in enumerate(names, 1):
+        config = ConfigRecord({"server-round": 2})
+        msg = Message(RecordDict({"config": config}), dst_node_id=node, message_type="train")
+        msg.metadata.__dict__["_message_id"] = f"m{i}"
+        sent.append(msg)
+    ok = Message(RecordDict({"metrics": MetricRecord({"loss": 0.1})}), reply_to=sent[0])
+    unavailable = Message(Error(code=5, reason="Error: Node Unavailable"), reply_to=sent[1])
+    unavailable.metadata.__dict__["_src_node_id"] = 1  # the SuperLink's own node id
+    with pytest.raises(TooFewResultsError) as err:
+        grid._check(sent, [ok, unavailable])
+    text = str(err.value)
+    assert "round 2 train: 1 successful client results, minimum is 3" in text
+    assert "cluster2: Error: Node Unavailable" in text
+    assert "no reply from cluster3 before the round timeout" in text

@@ -212,14 +212,26 @@ class PlatformGrid(Grid):
         config = sent[0].content.config_records.get("config") if sent[0].has_content() else None
         raw_round = config.get("server-round") if config is not None else None
         rnd = raw_round if isinstance(raw_round, int) else 0
-        errors = [
-            f"{self.cluster_of(r)}: {error_text(r.error.reason or '')}"
-            for r in replies
-            if r.has_error()
-        ]
+        # Who each message went to: an error reply may come from the SuperLink itself (e.g.
+        # Node Unavailable), so the cluster is the one the message was sent to.
+        dst = {m.metadata.message_id: m.metadata.dst_node_id for m in sent}
+
+        def who(reply: Message) -> str:
+            node = dst.get(reply.metadata.reply_to_message_id)
+            if node is None:
+                return self.cluster_of(reply)
+            return self.node_names.get(node, f"node-{node}")
+
+        errors = [f"{who(r)}: {error_text(r.error.reason or '')}" for r in replies if r.has_error()]
         valid = [r for r in replies if not r.has_error()]
         need = min(self.min_results, len(sent))
         if len(valid) < need:
+            answered = {r.metadata.reply_to_message_id for r in replies}
+            silent = sorted(
+                {self.node_names.get(n, f"node-{n}") for i, n in dst.items() if i not in answered}
+            )
+            if silent:  # e.g. its SuperNode died holding the message and came back
+                errors.append(f"no reply from {', '.join(silent)} before the round timeout")
             detail = "; ".join(errors) if errors else "no reply before the round timeout"
             raise TooFewResultsError(
                 f"round {rnd} {phase}: {len(valid)} successful client results, minimum is "
