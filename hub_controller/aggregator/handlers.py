@@ -39,8 +39,16 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
     logger.info("aggregator listening on %d", port)
 
 
-@kopf.on.event(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
-@kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters")
+def _scope_unmarked(memo: kopf.Memo, **_: Any) -> bool:
+    """Whether `works_seen` still has something to do: once the scope is marked, kopf skips
+    the handler (a filter costs far less than a handler call, its bookkeeping and its log
+    line, on every one of thousands of work events during a fan-out)."""
+    scope: WorkScope | None = memo.get("report_scope")
+    return scope is not None and not scope.seen
+
+
+@kopf.on.event(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED, when=_scope_unmarked)
+@kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters", when=_scope_unmarked)
 async def works_seen(memo: kopf.Memo, **_: Any) -> None:
     """kopf calls handlers only once every index is filled, so the first event of any kind
     means the work index is complete: the scope is now final. ManagedClusters too, because a

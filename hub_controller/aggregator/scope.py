@@ -54,6 +54,11 @@ class WorkScope:
         """The indexes are filled (a ManifestWork event arrived)."""
         self._seen = True
 
+    @property
+    def seen(self) -> bool:
+        """Whether `mark_ready` was called."""
+        return self._seen
+
     def ready(self) -> bool:
         return self._seen or self._clock() >= self._ready_at
 

@@ -192,6 +192,40 @@ def _now() -> datetime:
 
 
 # --- settings ------------------------------------------------------------------------------
+# Event handlers that only wake a loop (or mark a scope): kopf would log "Handler 'x'
+# succeeded." at INFO for each call, several lines per ManifestWork during a fan-out.
+QUIET_HANDLERS: Final = frozenset(
+    {
+        "resource_changed",
+        "owned_changed",
+        "decision_changed",
+        "cluster_changed",
+        "policy_changed",
+        "works_seen",
+    }
+)
+
+
+class QuietEventHandlers(logging.Filter):
+    """Drops kopf's success line of the QUIET_HANDLERS; their failures and every other line
+    are kept."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        if record.levelno != logging.INFO or not isinstance(msg, str):
+            return True
+        if not (msg.startswith("Handler '") and msg.endswith("' succeeded.")):
+            return True
+        return msg[len("Handler '") : -len("' succeeded.")] not in QUIET_HANDLERS
+
+
+def quiet_event_handlers(logger: logging.Logger | None = None) -> None:
+    """Install QuietEventHandlers on kopf's object logger (once)."""
+    target = logger or logging.getLogger("kopf.objects")
+    if not any(isinstance(f, QuietEventHandlers) for f in target.filters):
+        target.addFilter(QuietEventHandlers())
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Finalizer and bookkeeping under our own names; warnings as Events; the memo."""
@@ -206,6 +240,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
+    quiet_event_handlers()
     kube = Kube(field_manager=FIELD_MANAGER)
     # Keep a connection per writer open: the client library keeps 5 per CPU, fewer than
     # WRITE_CONCURRENCY on a small hub, and a discarded connection costs a TLS handshake.

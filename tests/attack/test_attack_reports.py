@@ -489,12 +489,14 @@ def test_decision_owner_is_read_from_its_controller_reference() -> None:
         "status": {"decisions": [{"clusterName": "cluster-a"}]},
     }
     label = {"cluster.open-cluster-management.io/placement": "digits"}
-    fn: Any = decision_idx
-    assert fn(namespace="team-a", labels=label, body=body) == {
-        KEY: DecisionState(PLACEMENT_UID, ("cluster-a",))
-    }
+    fn: Any = decision_idx  # async (kopf calls it on the event loop)
+
+    def index(body: Any) -> Any:
+        return asyncio.run(fn(namespace="team-a", labels=label, body=body))
+
+    assert index(body) == {KEY: DecisionState(PLACEMENT_UID, ("cluster-a",))}
     body["metadata"]["ownerReferences"][0]["controller"] = False
-    assert fn(namespace="team-a", labels=label, body=body)[KEY].owner_uid == ""
+    assert index(body)[KEY].owner_uid == ""
 
 
 # --- overwriting another uid's ManifestWork ------------------------------------------------
