@@ -131,13 +131,26 @@ def _report(cluster: str) -> report_pb2.Report:
 
 
 async def _spoof(aggregator: AggregatorServer, hub_ca: bytes, cert: bytes, key: bytes) -> None:
+    """Send one report as cluster-a with this identity and read the answer.
+
+    The aggregator refuses a stream before reading from it, so the report's write can race
+    the refusal: gRPC then ends the call with its own INTERNAL ("SendMessageOperation")
+    instead of the server's status. Such an attempt says nothing either way; it is made
+    again (at most 5 times) so the test sees the server's answer.
+    """
     creds = grpc.ssl_channel_credentials(
         root_certificates=hub_ca, private_key=key, certificate_chain=cert
     )
-    async with grpc.aio.secure_channel(f"127.0.0.1:{aggregator.port}", creds) as channel:
-        call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
-        await call.write(_report("cluster-a"))
-        await call.read()
+    for attempt in range(5):
+        try:
+            async with grpc.aio.secure_channel(f"127.0.0.1:{aggregator.port}", creds) as ch:
+                call = report_pb2_grpc.StatusServiceStub(ch).StreamReports()
+                await call.write(_report("cluster-a"))
+                await call.read()
+            return
+        except grpc.aio.AioRpcError as err:
+            if err.code() != grpc.StatusCode.INTERNAL or attempt == 4:
+                raise
 
 
 async def test_report_spoofed_with_a_fleet_key_is_refused(
