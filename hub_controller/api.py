@@ -8,6 +8,7 @@ CRD's structural schema. JSON names are camelCase (aliases); Python names are sn
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -715,6 +716,24 @@ def data_claim_of(spec: FederatedLearningSpec) -> tuple[str | None, bool]:
         return spec.client.data_claim, False
     keys = exists_claim_keys(spec.client.placement)
     return (keys[0], True) if len(keys) == 1 else (None, False)
+
+
+def claim_placement(
+    claim: str,
+    cluster_sets: Sequence[str] = ("global",),
+    label_selector: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """spec.client.placement choosing every cluster of `cluster_sets` that carries ClusterClaim
+    `claim` (operator Exists: the form exists_claim_keys reads back), and with
+    `label_selector` only the clusters it matches."""
+    expr = {"key": claim, "operator": SelectorOperator.EXISTS.value}
+    required: dict[str, Any] = {"claimSelector": {"matchExpressions": [expr]}}
+    if label_selector is not None:
+        required["labelSelector"] = label_selector
+    return {
+        "clusterSets": list(cluster_sets),
+        "predicates": [{"requiredClusterSelector": required}],
+    }
 
 
 def exists_claim_keys(placement: PlacementSpec) -> list[str]:

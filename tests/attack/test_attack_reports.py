@@ -32,7 +32,7 @@ from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.scope import WorkScope
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore, StoreLimits
-from hub_controller.api import FLRef, parse_spec
+from hub_controller.api import FLRef, claim_placement, parse_spec
 from hub_controller.membership import ClusterInfo, StaticMembers
 from hub_controller.operator import handlers
 from hub_controller.operator.desired import works as works_mod
@@ -648,11 +648,7 @@ def plane_operator(
 
 def plane_fl(namespace: str, claim: str, only: str | None) -> dict[str, Any]:
     """SPEC's resource, selecting the clusters with `claim` (and, with `only`, that one)."""
-    selector: dict[str, Any] = {
-        "claimSelector": {"matchExpressions": [{"key": claim, "operator": "Exists"}]}
-    }
-    if only:
-        selector["labelSelector"] = {"matchLabels": {"name": only}}
+    only_one = {"matchLabels": {"name": only}} if only else None
     return {
         "apiVersion": constants.API_VERSION,
         "kind": constants.KIND,
@@ -661,10 +657,7 @@ def plane_fl(namespace: str, claim: str, only: str | None) -> dict[str, Any]:
             "server": {**SPEC["server"], "minAvailableClients": 9},
             "client": {
                 "dataClaim": claim,
-                "placement": {
-                    "clusterSets": ["global"],
-                    "predicates": [{"requiredClusterSelector": selector}],
-                },
+                "placement": claim_placement(claim, label_selector=only_one),
             },
         },
     }

@@ -33,6 +33,7 @@ from hack.localfed import (
     wait_fl,
 )
 from hack.testing import wait_for
+from hub_controller.api import claim_placement
 from ocmfl import constants
 from ocmfl.kube import Kube
 from tests.apps.byo.myapp.model import accuracy, load, make_model
@@ -73,18 +74,7 @@ def resource(name: str, app: str, **server: Any) -> dict[str, Any]:
             },
             "client": {
                 "image": IMAGE,
-                "placement": {
-                    "clusterSets": ["global"],
-                    "predicates": [
-                        {
-                            "requiredClusterSelector": {
-                                "claimSelector": {
-                                    "matchExpressions": [{"key": CLAIM, "operator": "Exists"}]
-                                }
-                            }
-                        }
-                    ],
-                },
+                "placement": claim_placement(CLAIM),
             },
         },
     }

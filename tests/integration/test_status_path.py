@@ -33,6 +33,7 @@ from hack.localfed import (
     install_crd,
 )
 from hack.testing import TestPKI, await_for, free_port, kopf_registry, wait_for
+from hub_controller.api import claim_placement
 from ocmfl import constants, pki, reports
 from ocmfl.kube import Kube
 from ocmfl.names import cluster_side_name
@@ -163,7 +164,6 @@ def fl(
             "spec": {"clusterSet": "global"},
         },
     )
-    selector = {"claimSelector": {"matchExpressions": [{"key": claim, "operator": "Exists"}]}}
     body = {
         "apiVersion": constants.API_VERSION,
         "kind": constants.KIND,
@@ -177,10 +177,7 @@ def fl(
             "client": {
                 "image": "example.invalid/not-run:0",
                 "dataClaim": claim,
-                "placement": {
-                    "clusterSets": ["global"],
-                    "predicates": [{"requiredClusterSelector": selector}],
-                },
+                "placement": claim_placement(claim),
             },
         },
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hub_controller.api import FederatedLearningSpec, FLRef, parse_spec
+from hub_controller.api import FederatedLearningSpec, FLRef, claim_placement, parse_spec
 
 REF = FLRef(namespace="team-a", name="digits", uid="0000-uid")
 
@@ -20,18 +20,7 @@ def spec_dict(**server: Any) -> dict[str, Any]:
         },
         "client": {
             "dataClaim": "fl.data-path",
-            "placement": {
-                "clusterSets": ["global"],
-                "predicates": [
-                    {
-                        "requiredClusterSelector": {
-                            "claimSelector": {
-                                "matchExpressions": [{"key": "fl.data-path", "operator": "Exists"}]
-                            }
-                        }
-                    }
-                ],
-            },
+            "placement": claim_placement("fl.data-path"),
         },
     }
 
