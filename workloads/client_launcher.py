@@ -44,7 +44,7 @@ from workloads.sdk.platform import (
     NODE_DATA_DIR,
     RESERVED_NODE_KEYS,
 )
-from workloads.sdk.worker import SOCKET_ENV, socket_dir
+from workloads.sdk.worker import SOCKET_ENV, socket_dir, write_exec_shim
 
 PREFIX = "ocm-fl-client"
 WORKER_START_TIMEOUT = 60.0  # seconds until its socket is there (imports Flower, then listens)
@@ -311,6 +311,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_worker:
             worker, socket_path = start_worker(args.worker_preload, env)
             env[SOCKET_ENV] = str(socket_path)
+            if socket_path.exists():  # Flower's SuperExec then starts the shim per message
+                shim_dir = write_exec_shim(socket_path.parent / "bin", socket_path)
+                env["PATH"] = os.pathsep.join([str(shim_dir), env.get("PATH", os.defpath)])
             print(f"{PREFIX}: ClientApp worker (preloads {args.worker_preload}) on "
                   f"{socket_path}", flush=True)  # fmt: skip
         command = supernode_command(args, config_file, tunnel)

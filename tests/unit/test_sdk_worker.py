@@ -17,7 +17,7 @@ from flower_local import stamp_task_identity
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from workloads.sdk import forwarding_client_app, to_numpy, to_record
-from workloads.sdk.worker import SOCKET_ENV
+from workloads.sdk.worker import SOCKET_ENV, write_exec_shim
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -117,3 +117,29 @@ def test_the_thin_example_clientapps_do_not_import_torch() -> None:
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
                          text=True, check=True)  # fmt: skip
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_the_exec_shim_runs_flowers_clientapp_in_the_worker(worker: Path, tmp_path: Path) -> None:
+    # What Flower's SuperExec does per message: start `flwr-clientapp ARGS` from PATH. The
+    # shim's output and exit code are those of Flower's entry point run in a child of the
+    # worker (its fallback, used only without a worker, is made to fail here).
+    shim_dir = write_exec_shim(worker.parent / "bin", worker, fallback=Path("/bin/false"))
+    shim = shim_dir / "flwr-clientapp"
+    assert stat.S_IMODE(shim.stat().st_mode) == 0o700
+    env = {**os.environ, "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}"}
+    ok = subprocess.run(["flwr-clientapp", "--help"], env=env, capture_output=True, text=True,
+                        timeout=60)  # fmt: skip
+    assert ok.returncode == 0, ok.stderr
+    assert "--runtime-api-address" in ok.stdout
+    bad = subprocess.run(["flwr-clientapp", "--no-such-flag"], env=env, capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 2  # argparse's usage error, from Flower's own parser
+    assert "flwr-clientapp: error:" in bad.stderr
+
+
+def test_the_exec_shim_runs_flowers_own_clientapp_without_a_worker(tmp_path: Path) -> None:
+    shim_dir = write_exec_shim(tmp_path / "bin", tmp_path / "gone.sock")
+    done = subprocess.run([str(shim_dir / "flwr-clientapp"), "--help"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--runtime-api-address" in done.stdout

@@ -16,6 +16,14 @@ the app's model stack again (torch: 2.5-4.4 s and about 1 GB). With this module:
 - Without ``$OCMFL_WORKER_SOCKET`` (stock Flower, ``flwr run`` on a laptop, tests) the thin
   app imports the real one and runs it in its own process: the app works the same anywhere.
 
+- Faster still, the launcher puts a tiny ``flwr-clientapp`` first on the SuperExec's PATH
+  (``write_exec_shim``): Flower's SuperExec starts it per message as it would Flower's own, it
+  passes its arguments, environment and standard streams to the worker, and the worker forks a
+  child that runs Flower's own ``flwr-clientapp`` entry point with them (Flower and torch
+  already imported: no interpreter start, no imports). The thin app then finds no socket in
+  its environment and runs the real one in that child. If the worker is gone, the shim execs
+  Flower's real ``flwr-clientapp``.
+
 Security: the socket directory is 0700 and the socket 0600, and the worker serves only peers
 with its own uid (SO_PEERCRED); nothing listens on the network; the worker runs as the
 launcher's (non-root) user with the same read-only root and scratch directory.
@@ -51,6 +59,8 @@ log = logging.getLogger(__name__)
 
 SOCKET_ENV = "OCMFL_WORKER_SOCKET"
 DEFAULT_PRELOAD = ("numpy", "torch")
+# Always imported by the worker: what the exec shim's children run.
+_FLOWER_PRELOAD = ("flwr.supernode.cli",)
 _LEN = struct.Struct("!Q")
 
 
@@ -78,10 +88,20 @@ def _recv_exact(sock: socket.socket, size: int) -> bytes:
 
 
 def _recv(sock: socket.socket) -> tuple[dict[str, Any], list[bytes]]:
-    (size,) = _LEN.unpack(_recv_exact(sock, _LEN.size))
+    header, blobs, _ = _recv_with_fds(sock)
+    return header, blobs
+
+
+def _recv_with_fds(sock: socket.socket) -> tuple[dict[str, Any], list[bytes], list[int]]:
+    """A frame and the file descriptors its sender attached to the first bytes (the shim
+    sends its standard streams that way; a thin ClientApp sends none)."""
+    first, fds, _, _ = socket.recv_fds(sock, _LEN.size, 3)
+    if not first:
+        raise WorkerError("the worker connection closed before a frame")
+    (size,) = _LEN.unpack(first + _recv_exact(sock, _LEN.size - len(first)))
     header = json.loads(_recv_exact(sock, size))
     blobs = [_recv_exact(sock, n) for n in header.pop("sizes")]
-    return header, blobs
+    return header, blobs, list(fds)
 
 
 def message_blobs(msg: Message) -> tuple[dict[str, Any], list[bytes]]:
@@ -173,7 +193,10 @@ def forwarding_client_app(ref: str) -> ForwardingClientApp:
 # --- the worker --------------------------------------------------------------------------
 def _handle(conn: socket.socket) -> None:
     """In the forked child: run one message through the app and answer."""
-    header, blobs = _recv(conn)
+    header, blobs, fds = _recv_with_fds(conn)
+    if "exec" in header:
+        _exec_flower_clientapp(conn, header, fds)
+        return
     try:
         task_id, run_id, node_id = header["task"]
         TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = (
@@ -195,6 +218,76 @@ def _handle(conn: socket.socket) -> None:
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join(timeout=5.0)
+
+
+def _exec_flower_clientapp(conn: socket.socket, header: dict[str, Any], fds: list[int]) -> None:
+    """In the forked child: be the ``flwr-clientapp`` process the shim stands for (its
+    arguments, environment and standard streams), then send its exit code back."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for target, fd in zip((0, 1, 2), fds, strict=False):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.environ.clear()
+    # Without the socket the thin app runs the real one here, in this child.
+    os.environ.update({k: v for k, v in header["env"].items() if k != SOCKET_ENV})
+    sys.argv = ["flwr-clientapp", *header["exec"]]
+    from flwr.supernode.cli import flwr_clientapp  # preloaded by the worker
+
+    code: int = 0
+    try:
+        flwr_clientapp()
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except Exception:  # Flower's own handling failed; the shim reports the exit code
+        log.exception("flwr-clientapp failed in the worker")
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with contextlib.suppress(OSError):
+            _send(conn, {"exit": code}, [])
+
+
+# The shim runs with -I -S (no site, no user paths): stdlib only, about 20 ms to start.
+_SHIM = """#!{python} -IS
+# flwr-clientapp for Flower's SuperExec: runs Flower's own entry point in the ClientApp
+# worker (workloads.sdk.worker) with this process's arguments, environment and streams.
+import json, os, socket, struct, sys
+LEN = struct.Struct("!Q")
+try:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect({socket_path!r})
+except OSError:
+    os.execv({real!r}, [{real!r}, *sys.argv[1:]])
+head = json.dumps({{"exec": sys.argv[1:], "env": dict(os.environ), "sizes": []}}).encode()
+frame = LEN.pack(len(head)) + head
+socket.send_fds(sock, [frame[:LEN.size]], [0, 1, 2])
+sock.sendall(frame[LEN.size:])
+buf = b""
+while True:
+    chunk = sock.recv(65536)
+    if not chunk:
+        sys.exit(1)  # the child died without an answer
+    buf += chunk
+    if len(buf) >= LEN.size and len(buf) >= LEN.size + LEN.unpack(buf[:LEN.size])[0]:
+        break
+sys.exit(json.loads(buf[LEN.size:LEN.size + LEN.unpack(buf[:LEN.size])[0]])["exit"])
+"""
+
+
+def write_exec_shim(directory: Path, socket_path: Path, fallback: Path | None = None) -> Path:
+    """Write the ``flwr-clientapp`` shim into `directory` (put it first on the SuperNode's
+    PATH) for the worker on `socket_path`; returns the directory. Without a worker the shim
+    execs `fallback` (default: Flower's own ``flwr-clientapp`` next to this Python)."""
+    real = fallback or Path(sys.executable).parent / "flwr-clientapp"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    shim = directory / "flwr-clientapp"
+    shim.write_text(
+        _SHIM.format(python=sys.executable, socket_path=str(socket_path), real=str(real))
+    )
+    shim.chmod(0o700)
+    return directory
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -261,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Listen first: a message that comes while the preload runs waits in the backlog.
     server = listen(args.socket)
-    for name in filter(None, (m.strip() for m in args.preload.split(","))):
+    names = [*filter(None, (m.strip() for m in args.preload.split(","))), *_FLOWER_PRELOAD]
+    for name in names:
         try:
             importlib.import_module(name)
         except ImportError as exc:
