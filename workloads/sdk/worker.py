@@ -255,16 +255,16 @@ _SHIM = """#!{python} -IS
 # worker (workloads.sdk.worker) with this process's arguments, environment and streams.
 import json, os, socket, struct, sys
 LEN = struct.Struct("!Q")
-try:
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.connect({socket_path!r})
-except OSError:
-    os.execv({real!r}, [{real!r}, *sys.argv[1:]])
 for fd in (0, 1, 2):  # a closed standard stream becomes /dev/null (open takes the lowest)
     try:
         os.fstat(fd)
     except OSError:
         os.open(os.devnull, os.O_RDWR)
+try:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect({socket_path!r})
+except OSError:
+    os.execv({real!r}, [{real!r}, *sys.argv[1:]])
 head = json.dumps({{"exec": sys.argv[1:], "env": dict(os.environ), "sizes": []}}).encode()
 frame = LEN.pack(len(head)) + head
 socket.send_fds(sock, [frame[:LEN.size]], [0, 1, 2])
