@@ -38,7 +38,7 @@ from flwr.supercore.run import Run
 from workloads.sdk.client import EVALUATE_IN_TRAIN, FOLDED_RECORD
 from workloads.sdk.formats import ModelFormatError, check_compatible, reorder
 from workloads.sdk.metrics import CLIENT_RECORD
-from workloads.sdk.platform import ServerPlatform
+from workloads.sdk.platform import ServerPlatform, env_number
 from workloads.sdk.store import ModelStore, ModelStoreError
 
 log = logging.getLogger("flwr")
@@ -52,16 +52,8 @@ DEFAULT_POLL_S = 0.2  # well under Flower's 3 s; faster mostly meets its 1 s obj
 def poll_interval(env: Mapping[str, str] | None = None) -> float:
     """Seconds between reply pulls: $OCMFL_GRID_POLL_INTERVAL, else 0.2 (0: Flower's own
     send_and_receive, which pulls every 3 s)."""
-    raw = (os.environ if env is None else env).get(POLL_ENV, "").strip()
-    if not raw:
-        return DEFAULT_POLL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"${POLL_ENV} must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"${POLL_ENV} must be >= 0, got {value}")
-    return value
+    value = env_number(os.environ if env is None else env, POLL_ENV, float, 0.0)
+    return DEFAULT_POLL_S if value is None else value
 
 
 class TooFewResultsError(RuntimeError):

@@ -18,6 +18,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ocmfl import constants
 
@@ -32,16 +33,24 @@ class PlatformConfigError(ValueError):
     """A platform setting is malformed; the message names it."""
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
+_Number = TypeVar("_Number", int, float)
+
+
+def env_number(
+    env: Mapping[str, str], name: str, kind: type[_Number], minimum: _Number
+) -> _Number | None:
+    """``$name`` as an int or float (None when unset or blank); a malformed value or one
+    below `minimum` raises PlatformConfigError naming the variable."""
     raw = env.get(name, "").strip()
     if not raw:
         return None
     try:
-        value = int(raw)
+        value = kind(raw)
     except ValueError:
-        raise PlatformConfigError(f"${name} must be an integer, got {raw!r}") from None
-    if value < 1:
-        raise PlatformConfigError(f"${name} must be >= 1, got {value}")
+        what = "an integer" if kind is int else "a number"
+        raise PlatformConfigError(f"${name} must be {what}, got {raw!r}") from None
+    if value < minimum:
+        raise PlatformConfigError(f"${name} must be >= {minimum}, got {value}")
     return value
 
 
@@ -61,20 +70,13 @@ class ServerPlatform:
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerPlatform:
         """Read the settings ``ocm-fl-server`` exported (``os.environ`` by default)."""
         env = os.environ if env is None else env
-        timeout_raw = env.get(constants.ENV_ROUND_TIMEOUT, "").strip()
-        try:
-            timeout = float(timeout_raw) if timeout_raw else None
-        except ValueError:
-            raise PlatformConfigError(
-                f"${constants.ENV_ROUND_TIMEOUT} must be a number, got {timeout_raw!r}"
-            ) from None
         return cls(
             storage=env.get(constants.ENV_STORAGE, "").strip(),
             init_model=env.get(constants.ENV_INIT_MODEL, "").strip(),
             resource_uid=env.get(constants.ENV_FL_UID, "").strip(),
-            rounds=_int(env, constants.ENV_ROUNDS),
-            min_results=_int(env, constants.ENV_MIN_CLIENTS) or 1,
-            round_timeout=timeout,
+            rounds=env_number(env, constants.ENV_ROUNDS, int, 1),
+            min_results=env_number(env, constants.ENV_MIN_CLIENTS, int, 1) or 1,
+            round_timeout=env_number(env, constants.ENV_ROUND_TIMEOUT, float, 0.0),
             node_names_file=env.get(constants.ENV_NODE_NAMES, "").strip(),
         )
 
