@@ -148,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="start no ClientApp worker (every message imports the app in its own process)",
     )
     p.add_argument(
+        "--no-exec-shim",
+        action="store_true",
+        help="keep Flower's own flwr-clientapp per message (a fresh interpreter that then "
+        "forwards to the worker) instead of the shim that runs it in a fork of the worker",
+    )
+    p.add_argument(
         "--max-retries",
         type=int,
         default=None,
@@ -311,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.no_worker:
             worker, socket_path = start_worker(args.worker_preload, env)
             env[SOCKET_ENV] = str(socket_path)
-            if socket_path.exists():  # Flower's SuperExec then starts the shim per message
+            if socket_path.exists() and not args.no_exec_shim:  # SuperExec starts the shim
                 shim_dir = write_exec_shim(socket_path.parent / "bin", socket_path)
                 env["PATH"] = os.pathsep.join([str(shim_dir), env.get("PATH", os.defpath)])
             print(f"{PREFIX}: ClientApp worker (preloads {args.worker_preload}) on "
