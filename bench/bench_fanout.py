@@ -424,7 +424,8 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
                     JSON) for m in posts]  # fmt: skip
         setup.check(deletes, (200, 202))
 
-        fed = LocalFederation(plane, workdir / f"n{n}", [])
+        # The one agent's certificate waits for the hub's initial listing (N clusters).
+        fed = LocalFederation(plane, workdir / f"n{n}", [], agent_wait_s=60 + n * 0.06)
         fed.start()
         hub_proc = next(p for p in fed.procs if p.name == "hub")
         sampler = ProcSampler(hub_proc.popen.pid)

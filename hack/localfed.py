@@ -326,6 +326,10 @@ class LocalFederation:
     # The admin's root for HostPath model stores (the hub's $OCMFL_HOSTPATH_ROOT); default:
     # <workdir>/models.
     hostpath_root: Path | None = None
+    # How long to wait for each agent's port and its certificate from the hub's CSR signer:
+    # the signer runs once the hub has listed everything it watches (ManagedClusters included),
+    # which takes longer on a hub with thousands of clusters (bench_fanout).
+    agent_wait_s: float = 60.0
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -483,11 +487,11 @@ class LocalFederation:
             "--state-dir", str(cdir / "state"),
         ]  # fmt: skip
         proc = self._spawn(f"agent-{cluster}", argv, {})
-        self._wait_port(proc, host, constants.AGENT_LOCAL_PORT, 60)
+        self._wait_port(proc, host, constants.AGENT_LOCAL_PORT, self.agent_wait_s)
         # The agent's identity comes from the hub CSR signer: wait until it holds it.
         wait_for(
             lambda: (cdir / "tls" / pki.CERT_FILE).exists(),
-            60,
+            self.agent_wait_s,
             f"agent {cluster}'s certificate from the hub CSR signer (log {proc.log})",
             error=FederationError,
         )

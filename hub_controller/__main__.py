@@ -56,6 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     kopf.run(
+        # The operator's own ManifestWork streams follow the same namespaces as kopf.
+        memo=kopf.Memo(namespaces=namespaces),
         standalone=True,
         clusterwide=not namespaces,
         namespaces=namespaces,

@@ -2,14 +2,13 @@
 
 A report from cluster C for resource (namespace, name, uid) is in scope only when the hub has a
 ManifestWork in C's cluster namespace labelled with that owner and uid (the operator's works;
-`indexes.work_owner_idx` keeps them as (cluster, uid) -> (namespace, name)). A cluster's agent
-certificate therefore lets it speak for the federations that placed work on it, and for no
-other tenant's federation.
+`workwatch.WorkStore.owners` keeps them as (cluster, uid) -> (namespace, name)). A cluster's
+agent certificate therefore lets it speak for the federations that placed work on it, and for
+no other tenant's federation.
 
-Right after the hub process starts, kopf's indexes may not be filled yet: until the first
-ManifestWork or ManagedCluster event (kopf fills every index before it calls any handler) or a
-grace period, `ready()` is False and the aggregator asks agents to come back later rather than
-refusing reports for good.
+Right after the hub process starts, the operator's ManifestWork streams may not have listed
+yet: until they have (`WorkStore.when_synced`) or a grace period, `ready()` is False and the
+aggregator asks agents to come back later rather than refusing reports for good.
 """
 
 from __future__ import annotations
@@ -51,7 +50,7 @@ class WorkScope:
         self._seen = False
 
     def mark_ready(self) -> None:
-        """The indexes are filled (a ManifestWork event arrived)."""
+        """The work store is complete (its streams have listed)."""
         self._seen = True
 
     @property

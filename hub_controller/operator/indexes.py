@@ -1,11 +1,12 @@
 """kopf indexes: what the hub process knows about related objects, in memory, by owner.
 
-Placements, PlacementDecisions, ManifestWorks and the server Job, Service and Pod are indexed
-under the owning resource's (namespace, name), as the small values `observed.py` reads from
-them; ManagedClusters by name and the addon's ManagedClusterAddOns by cluster. The last two are
-the hub's one source of cluster membership: the operator resolves federation members from them,
-and the aggregator and the signer ask `membership.AddonMembers` over them who may report. The
-hub admin's FederationPolicy `default` is indexed (its spec) by namespace.
+Placements, PlacementDecisions and the server Job, Service and Pod are indexed under the
+owning resource's (namespace, name), as the small values `observed.py` reads from them (the
+ManifestWorks likewise, but by a watch of the operator's own: workwatch.py); ManagedClusters
+by name and the addon's ManagedClusterAddOns by cluster. The last two are the hub's one
+source of cluster membership: the operator resolves federation members from them, and the
+aggregator and the signer ask `membership.AddonMembers` over them who may report. The hub
+admin's FederationPolicy `default` is indexed (its spec) by namespace.
 `gather` turns what the indexes hold for one resource into its `Observations`, without any
 API read.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import kopf
 
@@ -45,7 +46,6 @@ from hub_controller.operator.observed import (
     placement_state,
     server_address,
     server_pod_state,
-    work_state,
 )
 from hub_controller.reports import ReportSource
 from ocmfl import constants
@@ -58,6 +58,12 @@ SERVER_OWNED: Final[dict[str, Any]] = {**OWNED, constants.LABEL_COMPONENT: serve
 DECIDED: Final[dict[str, Any]] = {placement_mod.PLACEMENT_LABEL: kopf.PRESENT}
 
 Key = tuple[str, str]  # (namespace, name) of a FederatedLearning
+
+
+class WorkIndex(Protocol):
+    """Owner key -> its works' states (workwatch.WorkStore.works; a dict in tests)."""
+
+    def get(self, key: Key, default: Any = ..., /) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -110,21 +116,6 @@ async def addon_idx(namespace: str | None, name: str, **_: Any) -> Any:
     return {namespace or "": name}
 
 
-@kopf.index(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
-async def work_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
-    key = owner_key(labels)
-    return {key: work_state(body)} if key else None
-
-
-@kopf.index(constants.WORK_GROUP, "v1", "manifestworks", labels=OWNED)
-async def work_owner_idx(namespace: str | None, labels: Mapping[str, str], **_: Any) -> Any:
-    """(cluster, owner uid) -> owner (namespace, name): which federations placed work on a
-    cluster, so the aggregator takes that cluster's reports for them only."""
-    key = owner_key(labels)
-    uid = labels.get(constants.LABEL_OWNER_UID, "")
-    return {(namespace or "", uid): key} if key and uid else None
-
-
 @kopf.index("batch", "v1", "jobs", labels=SERVER_OWNED)
 async def server_job_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
     return _owned_by(labels, job_state(body))
@@ -159,20 +150,22 @@ class Indexes:
     decisions: kopf.Index[Key, DecisionState]
     clusters: kopf.Index[str, ClusterInfo]
     addons: kopf.Index[str, str]
-    works: kopf.Index[Key, WorkState]
+    works: WorkIndex
     jobs: kopf.Index[Key, Owned]
     services: kopf.Index[Key, Owned]
     pods: kopf.Index[Key, Owned]
     policies: kopf.Index[str, dict[str, Any]]
 
     @classmethod
-    def of(cls, kwargs: Mapping[str, Any]) -> Indexes:
+    def of(cls, kwargs: Mapping[str, Any], works: WorkIndex | None = None) -> Indexes:
+        """From kopf's handler kwargs; the works from `works` (the operator's WorkStore)
+        or, in tests, kwargs["work_idx"]."""
         return cls(
             placements=kwargs["placement_idx"],
             decisions=kwargs["decision_idx"],
             clusters=kwargs["cluster_idx"],
             addons=kwargs["addon_idx"],
-            works=kwargs["work_idx"],
+            works=works if works is not None else kwargs.get("work_idx", {}),
             jobs=kwargs["server_job_idx"],
             services=kwargs["server_service_idx"],
             pods=kwargs["server_pod_idx"],

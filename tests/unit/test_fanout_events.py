@@ -1,5 +1,4 @@
-"""What the hub does per ManifestWork event during a fan-out: the aggregator's `works_seen`
-runs only until it marked the scope, and the wake-up handlers' success lines are not logged."""
+"""What the hub logs per event: the wake-up handlers' success lines are not logged."""
 
 from __future__ import annotations
 
@@ -8,21 +7,7 @@ import logging
 
 import kopf
 
-from hub_controller.aggregator import handlers as agg_handlers
-from hub_controller.aggregator.scope import WorkScope
 from hub_controller.operator import handlers
-
-
-def test_works_seen_is_filtered_out_once_the_scope_is_marked() -> None:
-    memo = kopf.Memo()
-    assert not agg_handlers._scope_unmarked(memo=memo)  # no aggregator: nothing to mark
-    scope = WorkScope({}, grace_s=30)
-    memo.report_scope = scope
-    assert agg_handlers._scope_unmarked(memo=memo)
-    assert not scope.seen and not scope.ready()
-    scope.mark_ready()
-    assert scope.seen and scope.ready()
-    assert not agg_handlers._scope_unmarked(memo=memo)
 
 
 def _log_through_filter(*messages: tuple[int, str]) -> str:
@@ -48,13 +33,11 @@ def _log_through_filter(*messages: tuple[int, str]) -> str:
 def test_quiet_filter_drops_only_wakeup_successes() -> None:
     text = _log_through_filter(
         (logging.INFO, "Handler 'owned_changed' succeeded."),
-        (logging.INFO, "Handler 'works_seen' succeeded."),
         (logging.INFO, "Handler 'cleanup' succeeded."),
         (logging.INFO, "deleting ManifestWork c1/w: cluster left"),
         (logging.ERROR, "Handler 'owned_changed' failed with an exception and will try again"),
     )
     assert "owned_changed' succeeded" not in text
-    assert "works_seen" not in text
     assert "Handler 'cleanup' succeeded." in text
     assert "deleting ManifestWork c1/w: cluster left" in text
     assert "owned_changed' failed" in text
