@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import tomli_w
 
-from ocmfl.constants import ENV_FL_UID, SUPERLINK_PORT
+from ocmfl.constants import ENV_FL_UID, SERVER_FAILED_EXIT, SUPERLINK_PORT
 from ocmfl.nodekeys import read_public_keys
 from workloads import flower_env as fe
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
@@ -621,7 +621,7 @@ def finish(args: argparse.Namespace, result: Outcome) -> int:
         with contextlib.suppress(OSError):
             args.termination_log.write_text(json.dumps(message))
     print(f"{PREFIX}: {'completed' if result.ok else 'failed'}: {result.reason}", flush=True)
-    return 0 if result.ok else 1
+    return 0 if result.ok else SERVER_FAILED_EXIT
 
 
 if __name__ == "__main__":
