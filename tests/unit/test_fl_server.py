@@ -7,6 +7,7 @@ import json
 from fl_fixtures import REF, spec
 
 from hub_controller.operator.desired.server import (
+    MODEL_DIR,
     SERVER_BACKOFF_LIMIT,
     desired_job,
     desired_model_claim,
@@ -82,6 +83,7 @@ def test_s3_storage_gives_the_server_the_bucket_and_the_secret() -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     assert args[args.index("--storage") + 1] == "s3://fl/runs"
+    assert "--persist-dir" not in args  # its volume is an emptyDir: nothing outlives the pod
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9000" and env["AWS_REGION"] == "eu-1"
     # Only the AWS keys come from the Secret (its other keys never become env).
@@ -201,3 +203,13 @@ def test_a_killed_server_pod_is_replaced_a_bounded_number_of_times_but_a_verdict
     }
     # SIGKILL (137) and other crashes are not a verdict: they count against backoffLimit.
     assert 137 not in fail["onExitCodes"]["values"]
+
+
+def test_the_superlink_database_lives_on_the_store_volume_per_resource() -> None:
+    # HostPath (default) and PVC stores are volumes that outlive the pod: a replacement pod
+    # keeps the SuperLink's node ids there.
+    for storage in ({}, {"storage": {"type": "PVC", "size": "1Gi"}}):
+        args = server_args(REF, spec(**storage))
+        persist = args[args.index("--persist-dir") + 1]
+        assert persist == f"{MODEL_DIR}/.ocm-fl-server/{REF.uid}"
+        assert args[args.index("--state-dir") + 1] not in persist

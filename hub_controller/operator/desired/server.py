@@ -18,7 +18,11 @@ from ocmfl import constants
 COMPONENT: Final = "server"
 SERVER_COMMAND: Final = "ocm-fl-server"
 MODEL_DIR: Final = "/var/lib/ocm-fl/models"
-STATE_DIR: Final = "/var/lib/ocm-fl/state"  # SuperLink database, FLWR_HOME, nginx run dir
+STATE_DIR: Final = "/var/lib/ocm-fl/state"  # FLWR_HOME, logs, nginx run dir (emptyDir)
+# SuperLink database and node map, on the model store's volume so that they outlive the pod:
+# a replacement pod keeps the SuperNodes' node ids (they reconnect on their own) and stops
+# the killed pod's run before it submits the resumed one.
+PERSIST_DIR: Final = f"{MODEL_DIR}/.ocm-fl-server"
 TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.server_tls_bundle
 NODE_KEYS_DIR: Final = "/var/run/ocm-fl/node-keys"  # <cluster>.pub
 FLEET_PORT_NAME: Final = "fleet"
@@ -89,6 +93,8 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
       --clients-ready-timeout SECS  give up (exit 1) when min clients do not connect in time
       --round-timeout SECS          per-round timeout
       --run-id NAMESPACE/NAME       label for logs
+      --persist-dir DIR             SuperLink database + node map (on the store's volume;
+                                    absent for S3 storage, whose volume is an emptyDir)
     The launcher exits 0 when training completed, non-zero otherwise, and writes a JSON
     {"ok", "reason", "round", "path", "sha256", "metrics"} outcome to /dev/termination-log
     (read by `outcome_from_termination_message`).
@@ -131,6 +137,8 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
         "--gateway-keyfile",
         f"{TLS_DIR}/{credentials.GATEWAY_KEY}",
     ]
+    if not server.storage.is_s3:
+        args += ["--persist-dir", f"{PERSIST_DIR}/{ref.uid}"]
     if server.init_model:
         args += ["--init-model", server.init_model]
     if server.app.install_dependencies:
