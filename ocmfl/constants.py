@@ -136,6 +136,9 @@ ENV_AGENT_STATE_DIR: Final = "OCMFL_AGENT_STATE_DIR"
 # hub: the admin's root for HostPath model stores (Helm value storage.hostPathRoot); each
 # resource's store is <root>/<namespace>/<name>-<uid>, never a path a tenant names.
 ENV_HOSTPATH_ROOT: Final = "OCMFL_HOSTPATH_ROOT"
+# ocm-fl-server's exit code when training failed (its verdict, reason in the termination
+# message): the server Job's podFailurePolicy fails the Job on it instead of retrying.
+SERVER_FAILED_EXIT: Final = 1
 DEFAULT_HOSTPATH_ROOT: Final = "/var/lib/ocm-fl/models"
 # Pod security of the server and client pods (the restricted Pod Security profile): the uid
 # and gid the workload image runs as, and the writable scratch directory (HOME, TMPDIR) its

@@ -393,7 +393,8 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
     """Run the SuperNode; restart it while it cannot connect, until ``connect_timeout``.
 
     The server may register this node's key after the client starts (exit code 305 until
-    then) or be restarting; the clock restarts whenever the SuperNode got connected.
+    then) or be restarting; the clock restarts whenever the SuperNode got connected. Only a
+    signal stops it for good (exit 0): a SuperNode that exits 0 by itself is restarted too.
     """
     stopping = False
     proc: subprocess.Popen[str] | None = None
@@ -436,9 +437,14 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
             last_connected = time.monotonic()
             backoff = 1.0
             continue
-        if stopping or code == 0:
+        if stopping:
             print(f"{PREFIX}: SuperNode stopped (exit {code})", flush=True)
             return code
+        if code == 0:
+            # Flower stops the SuperNode cleanly when the SuperLink refuses its node id (401:
+            # a replacement server pod whose database is new); started again, it activates
+            # its key with that server. Nobody asked it to stop, so the node must go on.
+            print(f"{PREFIX}: the SuperNode stopped on its own: restarting it", flush=True)
         waited = time.monotonic() - last_connected
         if waited >= connect_timeout:
             reason = {305: "the server refused this node (is its public key registered?)"}.get(

@@ -33,7 +33,7 @@ from typing import IO, Any
 
 import tomli_w
 
-from ocmfl.constants import ENV_FL_UID, SUPERLINK_PORT
+from ocmfl.constants import ENV_FL_UID, SERVER_FAILED_EXIT, SUPERLINK_PORT
 from ocmfl.nodekeys import read_public_keys
 from workloads import flower_env as fe
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
@@ -82,6 +82,14 @@ def build_parser() -> argparse.ArgumentParser:
         required=True,
         type=Path,
         help="SuperLink database, FLWR_HOME, logs, node map",
+    )
+    g.add_argument(
+        "--persist-dir",
+        type=Path,
+        default=None,
+        help="where the SuperLink database and node map live instead, when --state-dir does "
+        "not outlive this process's pod (a replacement pod then keeps the node ids, so the "
+        "SuperNodes reconnect on their own)",
     )
     g.add_argument(
         "--superlink-address",
@@ -220,7 +228,7 @@ def settings_from_args(args: argparse.Namespace) -> LaunchSettings:
         rounds=args.rounds,
         min_results=args.min_clients,
         round_timeout=args.round_timeout,
-        node_names_file=str(Path(args.state_dir).resolve() / "nodes.json"),
+        node_names_file=str(persist_dir(args) / "nodes.json"),
     )
     return LaunchSettings(
         app=app,
@@ -228,6 +236,11 @@ def settings_from_args(args: argparse.Namespace) -> LaunchSettings:
         platform=platform,
         install_dependencies=bool(args.install_dependencies),
     )
+
+
+def persist_dir(args: argparse.Namespace) -> Path:
+    """Where the SuperLink database and the node map live (--persist-dir, else --state-dir)."""
+    return Path(args.persist_dir or args.state_dir).resolve()
 
 
 def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
@@ -246,6 +259,7 @@ class Launcher:
         self.args = args
         self.settings = settings
         self.state = Path(args.state_dir).resolve()
+        self.persist = persist_dir(args)
         self.flwr_home = self.state / "flwr-home"
         # The SuperLink's SuperExec starts the ServerApp with this environment: it carries
         # the platform's settings to workloads.sdk.
@@ -290,6 +304,7 @@ class Launcher:
             if not Path(path).is_file():
                 raise LaunchError(f"{flag} {path} does not exist")
         self.state.mkdir(parents=True, exist_ok=True)
+        self.persist.mkdir(parents=True, exist_ok=True)
         fe.write_connection(self.flwr_home, self.address, Path(a.ssl_ca_certfile))
         cmd = [
             fe.executable("flower-superlink"),
@@ -301,7 +316,7 @@ class Launcher:
             str(Path(a.ssl_keyfile).resolve()),
             "--enable-supernode-auth",
             "--database",
-            str(self.state / "superlink.db"),
+            str(self.persist / "superlink.db"),
             "--host",
             self.host,
             "--port",
@@ -391,7 +406,7 @@ class Launcher:
                 f"{self.args.supernode_keys} has {len(keys)} SuperNode keys, "
                 f"--min-clients is {self.settings.min_clients}"
             )
-        path = self.state / "nodes.json"
+        path = self.persist / "nodes.json"
         known: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
         nodes: dict[str, str] = {}
         for cluster, key in keys.items():
@@ -621,7 +636,7 @@ def finish(args: argparse.Namespace, result: Outcome) -> int:
         with contextlib.suppress(OSError):
             args.termination_log.write_text(json.dumps(message))
     print(f"{PREFIX}: {'completed' if result.ok else 'failed'}: {result.reason}", flush=True)
-    return 0 if result.ok else 1
+    return 0 if result.ok else SERVER_FAILED_EXIT
 
 
 if __name__ == "__main__":

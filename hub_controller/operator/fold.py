@@ -36,6 +36,7 @@ from hub_controller.api import (
     run_finished,
 )
 from hub_controller.membership import ClusterResolution
+from hub_controller.operator.desired.server import SERVER_BACKOFF_LIMIT
 from hub_controller.operator.observed import Observations, PlacementState, ready_clusters
 
 GLOBAL = "global"  # history rows of the federation as a whole
@@ -368,6 +369,16 @@ def fold(
             "False",
             obs.server_problem.split(":", 1)[0],
             f"server pod cannot run: {obs.server_problem}",
+        )
+    elif job.exists and job.failed:
+        # A server pod died without a verdict (killed, OOM, node lost): the Job replaces it
+        # and the new pod resumes from the last checkpoint.
+        server = (
+            "True",
+            "Restarted",
+            f"server pod replaced after {job.failed} failure(s) (the Job retries up to "
+            f"{SERVER_BACKOFF_LIMIT}); resuming from the last checkpoint; clients dial "
+            f"{obs.server_address}",
         )
     elif job.exists:
         server = ("True", "Running", f"server Job running; clients dial {obs.server_address}")

@@ -3,6 +3,9 @@ transient state is missed between polls)."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import threading
 from pathlib import Path
 from typing import Any
@@ -86,3 +89,31 @@ def apiserver_pid(state_dir: str, name: str = "hub") -> int:
     state = State.load(Path(state_dir))
     assert state is not None, state_dir
     return next(p.pid for p in state.procs if p.name == f"kube-apiserver-{name}")
+
+
+def _netns(pid: int | str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def kill_pod_processes(pod_ip: str, sig: int = signal.SIGKILL) -> list[int]:
+    """Signal every process of the local-node pod with this IP (as a kubelet killing the pod's
+    cgroup would): those with POD_IP=<ip> and whatever else runs in their network namespace
+    (never the caller's own). Returns the pids signalled."""
+    marker = f"POD_IP={pod_ip}".encode()
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    seeds: set[tuple[int, int] | None] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if marker in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                seeds.add(_netns(pid))
+    seeds.discard(None)
+    seeds.discard(_netns("self"))
+    hit = [int(p) for p in pids if _netns(p) in seeds]
+    for pid in hit:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    return hit

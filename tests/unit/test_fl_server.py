@@ -7,6 +7,8 @@ import json
 from fl_fixtures import REF, spec
 
 from hub_controller.operator.desired.server import (
+    MODEL_DIR,
+    SERVER_BACKOFF_LIMIT,
     desired_job,
     desired_model_claim,
     desired_service,
@@ -19,6 +21,7 @@ from hub_controller.operator.observed import (
     server_address,
 )
 from ocmfl import constants
+from ocmfl.constants import SERVER_FAILED_EXIT
 
 
 def test_service_is_a_load_balancer_on_the_fleet_port_owned_and_labelled() -> None:
@@ -32,9 +35,8 @@ def test_service_is_a_load_balancer_on_the_fleet_port_owned_and_labelled() -> No
     assert all(pod_labels[k] == v for k, v in svc["spec"]["selector"].items())
 
 
-def test_server_job_runs_ocm_fl_server_once_with_the_rounds_and_min_clients() -> None:
+def test_server_job_runs_ocm_fl_server_with_the_rounds_and_min_clients() -> None:
     job = desired_job(REF, spec(rounds=7))
-    assert job["spec"]["backoffLimit"] == 0
     container = job["spec"]["template"]["spec"]["containers"][0]
     assert container["command"] == ["ocm-fl-server"]
     args = container["args"]
@@ -81,6 +83,7 @@ def test_s3_storage_gives_the_server_the_bucket_and_the_secret() -> None:
     container = job["spec"]["template"]["spec"]["containers"][0]
     args = container["args"]
     assert args[args.index("--storage") + 1] == "s3://fl/runs"
+    assert "--persist-dir" not in args  # its volume is an emptyDir: nothing outlives the pod
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["AWS_ENDPOINT_URL_S3"] == "http://127.0.0.1:9000" and env["AWS_REGION"] == "eu-1"
     # Only the AWS keys come from the Secret (its other keys never become env).
@@ -180,3 +183,33 @@ def test_model_location_names_the_host_directory_or_the_claim_not_the_container_
     incumbent = spec(storage={"type": "PersistentVolumeClaim", "name": "theirs"})
     assert model_location(REF, incumbent, inside) == "pvc://theirs/final/model.npz"
     assert model_location(REF, spec(), "s3://fl/runs/final/model.npz").startswith("s3://")
+
+
+def test_a_killed_server_pod_is_replaced_a_bounded_number_of_times_but_a_verdict_is_final() -> None:
+    job = desired_job(REF, spec())["spec"]
+    assert job["backoffLimit"] == SERVER_BACKOFF_LIMIT > 0
+    # podFailurePolicy needs restartPolicy Never (the Job controller replaces the pod).
+    assert job["template"]["spec"]["restartPolicy"] == "Never"
+    rules = job["podFailurePolicy"]["rules"]
+    # Rules apply in order: a disruption (eviction, drain) never counts, even when the
+    # SIGTERMed launcher then exits 1.
+    assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    fail = rules[1]
+    assert fail["action"] == "FailJob"
+    assert fail["onExitCodes"] == {
+        "containerName": job["template"]["spec"]["containers"][0]["name"],
+        "operator": "In",
+        "values": [SERVER_FAILED_EXIT],
+    }
+    # SIGKILL (137) and other crashes are not a verdict: they count against backoffLimit.
+    assert 137 not in fail["onExitCodes"]["values"]
+
+
+def test_the_superlink_database_lives_on_the_store_volume_per_resource() -> None:
+    # HostPath (default) and PVC stores are volumes that outlive the pod: a replacement pod
+    # keeps the SuperLink's node ids there.
+    for storage in ({}, {"storage": {"type": "PVC", "size": "1Gi"}}):
+        args = server_args(REF, spec(**storage))
+        persist = args[args.index("--persist-dir") + 1]
+        assert persist == f"{MODEL_DIR}/.ocm-fl-server/{REF.uid}"
+        assert args[args.index("--state-dir") + 1] not in persist

@@ -119,6 +119,21 @@ def test_running_once_the_server_job_exists() -> None:
     assert not should_start_server(spec(), obs, None, 1)
 
 
+def test_a_replaced_server_pod_keeps_the_run_running_and_says_so() -> None:
+    # The killed pod failed (counted), the Job's new pod runs: not a failed run.
+    obs = _obs(works=_applied("a", "b", active=1), server_job=JobState(exists=True, failed=1))
+    st = fold(spec(), 1, obs, None, T0)
+    assert st.phase == Phase.RUNNING
+    assert _cond(st, "ServerReady") == ("True", "Restarted")
+    server = next(c for c in st.conditions if c.type == "ServerReady")
+    assert "replaced after 1 failure(s)" in server.message
+    assert "resuming from the last checkpoint" in server.message
+    # Once the Job gives up, the run fails as before.
+    gave_up = JobState(exists=True, failed=4, failed_condition=True, message="BackoffLimitExceeded")
+    st = fold(spec(), 1, _obs(works=_applied("a", "b"), server_job=gave_up), st, T0)
+    assert st.phase == Phase.FAILED and "BackoffLimitExceeded" in st.message
+
+
 def test_completed_and_failed_follow_the_server_job() -> None:
     done = _obs(works=_applied("a", "b"), server_job=JobState(exists=True, complete=True))
     st = fold(spec(), 1, done, None, T0)

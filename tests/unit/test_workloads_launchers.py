@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -183,3 +186,37 @@ def test_a_flwr_call_that_hangs_fails_with_one_clear_line(
     with pytest.raises(flower_env.FlwrCliError, match=r"^flwr supernode register: no answer"):
         flower_env.flwr_json(["supernode", "register", "k.pub"], {}, timeout=0.5)
     assert flower_env.FLWR_CLI_TIMEOUT >= 300
+
+
+def test_the_supernode_database_and_node_map_go_to_persist_dir(tmp_path: Path) -> None:
+    # A replacement server pod finds the killed pod's node ids there (its --state-dir is new).
+    args = server_launcher.build_parser().parse_args(
+        [*BASE, "--persist-dir", str(tmp_path / "kept")]
+    )
+    settings = server_launcher.settings_from_args(args)
+    assert settings.platform.node_names_file == str(tmp_path / "kept" / "nodes.json")
+    assert server_launcher.persist_dir(args) == tmp_path / "kept"
+    plain = server_launcher.build_parser().parse_args(BASE)
+    assert server_launcher.persist_dir(plain) == Path("st").resolve()
+
+
+def test_a_supernode_that_exits_0_by_itself_is_restarted(tmp_path: Path) -> None:
+    # First run: connects, then exits 0 on its own (as Flower does after a 401 from a new
+    # SuperLink). It must be restarted, not taken as "stopped"; the second run never connects,
+    # so the launcher gives up after --connect-timeout with "could not connect".
+    runs = tmp_path / "runs"
+    script = (
+        "import pathlib, sys; p = pathlib.Path(sys.argv[1]); n = len(p.read_text()) "
+        "if p.exists() else 0; p.write_text('x' * (n + 1)); "
+        "print('SuperNode ID: 1', flush=True) if n == 0 else None; sys.exit(0 if n == 0 else 1)"
+    )
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        code = client_launcher.supervise(
+            [sys.executable, "-c", script, str(runs)], dict(os.environ), connect_timeout=0.5
+        )
+    finally:  # supervise forwards these to the SuperNode: give pytest its own back
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert code == client_launcher.EXIT_DISCONNECTED
+    assert len(runs.read_text()) >= 2

@@ -18,10 +18,18 @@ from ocmfl import constants
 COMPONENT: Final = "server"
 SERVER_COMMAND: Final = "ocm-fl-server"
 MODEL_DIR: Final = "/var/lib/ocm-fl/models"
-STATE_DIR: Final = "/var/lib/ocm-fl/state"  # SuperLink database, FLWR_HOME, nginx run dir
+STATE_DIR: Final = "/var/lib/ocm-fl/state"  # FLWR_HOME, logs, nginx run dir (emptyDir)
+# SuperLink database and node map, on the model store's volume so that they outlive the pod:
+# a replacement pod keeps the SuperNodes' node ids (they reconnect on their own) and stops
+# the killed pod's run before it submits the resumed one.
+PERSIST_DIR: Final = f"{MODEL_DIR}/.ocm-fl-server"
 TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.server_tls_bundle
 NODE_KEYS_DIR: Final = "/var/run/ocm-fl/node-keys"  # <cluster>.pub
 FLEET_PORT_NAME: Final = "fleet"
+# A server pod that dies (SIGKILL, OOM, node loss) is replaced this many times; each new pod
+# resumes from the model store's last checkpoint. The launcher's own verdict (exit 1: training
+# failed, bad settings) fails the Job at once (SERVER_FAILURE_POLICY), so only crashes retry.
+SERVER_BACKOFF_LIMIT: Final = 3
 
 
 def server_name(ref: FLRef) -> str:
@@ -85,6 +93,8 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
       --clients-ready-timeout SECS  give up (exit 1) when min clients do not connect in time
       --round-timeout SECS          per-round timeout
       --run-id NAMESPACE/NAME       label for logs
+      --persist-dir DIR             SuperLink database + node map (on the store's volume;
+                                    absent for S3 storage, whose volume is an emptyDir)
     The launcher exits 0 when training completed, non-zero otherwise, and writes a JSON
     {"ok", "reason", "round", "path", "sha256", "metrics"} outcome to /dev/termination-log
     (read by `outcome_from_termination_message`).
@@ -127,6 +137,8 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
         "--gateway-keyfile",
         f"{TLS_DIR}/{credentials.GATEWAY_KEY}",
     ]
+    if not server.storage.is_s3:
+        args += ["--persist-dir", f"{PERSIST_DIR}/{ref.uid}"]
     if server.init_model:
         args += ["--init-model", server.init_model]
     if server.app.install_dependencies:
@@ -221,12 +233,34 @@ def desired_model_claim(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, An
     }
 
 
+def server_failure_policy() -> dict[str, Any]:
+    """The Job's podFailurePolicy: a disrupted pod (eviction, preemption, node drain: the
+    DisruptionTarget condition) is replaced without counting; the launcher's failure verdict
+    (exit SERVER_FAILED_EXIT, its reason in the termination message) fails the Job at once;
+    any other exit (a kill, OOM, a crash) counts against SERVER_BACKOFF_LIMIT."""
+    return {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": "server",
+                    "operator": "In",
+                    "values": [constants.SERVER_FAILED_EXIT],
+                },
+            },
+        ]
+    }
+
+
 def desired_job(
     ref: FLRef,
     spec: FederatedLearningSpec,
     hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT,
 ) -> dict[str, Any]:
-    """The server Job: runs the rounds and exits with the training outcome (no retries).
+    """The server Job: runs the rounds and exits with the training outcome. A pod that dies
+    without a verdict is replaced (up to SERVER_BACKOFF_LIMIT times) and resumes from the
+    last checkpoint in the model store; the launcher's failure verdict is not retried.
 
     A HostPath store is `hostpath_store_dir(hostpath_root, ref)`; the pod runs under the
     restricted profile's settings (security.harden), apart from that hostPath volume."""
@@ -314,7 +348,8 @@ def desired_job(
         "kind": "Job",
         "metadata": _meta(ref, server_name(ref)),
         "spec": {
-            "backoffLimit": 0,
+            "backoffLimit": SERVER_BACKOFF_LIMIT,
+            "podFailurePolicy": server_failure_policy(),
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
     }
