@@ -326,6 +326,8 @@ class LocalFederation:
     # The admin's root for HostPath model stores (the hub's $OCMFL_HOSTPATH_ROOT); default:
     # <workdir>/models.
     hostpath_root: Path | None = None
+    # Extra env of the hub process from its next start (e.g. OCMFL_CERT_LIFETIME_SECONDS).
+    hub_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -457,6 +459,7 @@ class LocalFederation:
             constants.ENV_RUN_CSR_SIGNER: "true",
             constants.ENV_AGENT_ENDPOINTS: json.dumps(self.agent_endpoints()),
             constants.ENV_HOSTPATH_ROOT: str(self.hostpath_root),
+            **self.hub_env,
         }
         argv = [
             str(VENV_BIN / "ocm-fl-hub"),
