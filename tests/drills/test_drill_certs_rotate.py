@@ -20,6 +20,7 @@ no request refused at the gateway, the agents' buffers drained.
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
 import re
 import signal
 import socket
@@ -46,11 +47,16 @@ pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 NS = "drill-certs"
 NAME = "certs-rotate"
 LIFETIME_S = 40
-ROUNDS = 6
+ROUNDS = 10
 MIN_CHANGES = 2
 POLL_S = 0.5
 
-AGENT_STREAM = re.compile(r"stream from cluster (\S+), certificate serial ([0-9a-f]+)")
+# The hub's log line (asctime first) for each agent stream the aggregator accepts.
+AGENT_STREAM = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ .*stream from cluster (\S+), "
+    r"certificate serial ([0-9a-f]+)",
+    re.MULTILINE,
+)
 # log_format fleet: $remote_addr "$ssl_client_s_dn" $ssl_client_serial "$request" $status ...
 GATEWAY_LINE = re.compile(r'"[^"]*CN=fleet:([^,"]+)[^"]*" ([0-9A-Fa-f]+) "[^"]*" (\d{3}) ')
 RELOAD_LINE = "ocm-fl: new certificate"
@@ -149,9 +155,9 @@ def test_drill_certificates_rotate_mid_run(
             fed.start_agent(c)
         with Observer(plane, fed, hub) as seen:
             create_fl(hub, NS, body)
-            started = time.monotonic()
+            started, run_from = time.monotonic(), dt.datetime.now().replace(microsecond=0)
             final = wait_fl(hub, NS, NAME, 600, fed=fed)
-            took = time.monotonic() - started
+            took, run_to = time.monotonic() - started, dt.datetime.now()
         status: dict[str, Any] = final["status"]
         assert status["phase"] == "Completed", status.get("message")
 
@@ -175,9 +181,10 @@ def test_drill_certificates_rotate_mid_run(
         observed = dict(seen.seen)
         agent_streams: dict[str, list[int]] = defaultdict(list)
         for m in AGENT_STREAM.finditer(hub_log.read_bytes()[log_from:].decode(errors="replace")):
-            serial = int(m.group(2), 16)
-            if serial not in agent_streams[m.group(1)]:
-                agent_streams[m.group(1)].append(serial)
+            at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")  # the hub's local time
+            serial = int(m.group(3), 16)
+            if run_from <= at <= run_to and serial not in agent_streams[m.group(2)]:
+                agent_streams[m.group(2)].append(serial)
         for c in clusters:
             observed[f"agent presented {c}"] = agent_streams[c]
         [gateway_log] = seen.logs(f"*/{NS}_*/volumes/state/gateway/nginx.log")
