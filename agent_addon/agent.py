@@ -264,7 +264,7 @@ class Agent:
 
     async def _renew_loop(self) -> None:
         """CSR mode: keep the client certificate fresh (the streamer picks up new files)."""
-        from agent_addon.csr import RenewalError, renew_if_due
+        from agent_addon.csr import RenewalError, next_check_s, renew_if_due
         from ocmfl.kube import Kube
 
         hub = Kube(self.config.csr_hub_kubeconfig, field_manager="ocm-fl-agent")
@@ -275,7 +275,10 @@ class Agent:
                 log.warning("certificate renewal failed: %s", e)
             except Exception:
                 log.exception("certificate renewal failed")
-            await asyncio.sleep(self.config.csr_check_interval_s)
+            # By the certificate's own dates, so a short-lived one is renewed in time.
+            await asyncio.sleep(
+                next_check_s(self.config.cert_dir, self.config.csr_check_interval_s)
+            )
 
     async def _fleet_loop(self) -> None:
         """Each federation's client keys, made here; certificates from the hub's Fleet

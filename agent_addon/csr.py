@@ -15,7 +15,7 @@ import logging
 from pathlib import Path
 from typing import Any, Final
 
-from ocmfl import constants, pki
+from ocmfl import certlife, constants, pki
 from ocmfl.kube import Kube, path_of
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,23 @@ def needs_renewal(
 ) -> bool:
     """True when less than `threshold` of the certificate's lifetime is left."""
     return pki.remaining_fraction(cert, now) < threshold
+
+
+def next_check_s(
+    cert_dir: Path,
+    interval_s: float,
+    now: dt.datetime | None = None,
+    threshold: float = RENEW_AT_REMAINING,
+    floor_s: float = 1.0,
+) -> float:
+    """Seconds until the next renewal check: when the certificate in `cert_dir` becomes due,
+    at most `interval_s`, at least `floor_s` (also when there is no readable certificate)."""
+    try:
+        cert = pki.load_cert_pem((cert_dir / pki.CERT_FILE).read_bytes())
+    except (OSError, ValueError):
+        return floor_s
+    due = certlife.renew_in(cert, threshold, now or pki.utcnow())
+    return max(floor_s, min(interval_s, due))
 
 
 def csr_object(

@@ -26,6 +26,10 @@ log = logging.getLogger(__name__)
 NODE_KEY: Final = "node.key"
 CLIENT_NAMESPACES: Final = "/api/v1/namespaces"
 CLIENT_SELECTOR: Final = f"{constants.LABEL_COMPONENT}=client"
+# Renew with 30 % of the lifetime left (the agent's own: 20 %): a new Fleet pair still has to
+# reach the pod through the kubelet's Secret refresh (up to a minute or more) and the
+# tunnel's nginx reload before the old one expires.
+RENEW_AT_REMAINING: Final = 0.3
 
 
 @dataclass(frozen=True)
@@ -110,7 +114,7 @@ def current_identity(secret: Mapping[str, Any] | None) -> tuple[bytes | None, bo
         if node:
             nodekeys.public_key_of(node)
         pair = pki.load_cert_and_key(data[pki.CERT_FILE], data[pki.KEY_FILE])
-        return node, not needs_renewal(pair.cert)
+        return node, not needs_renewal(pair.cert, threshold=RENEW_AT_REMAINING)
     except (KeyError, ValueError):
         return node, False
 

@@ -330,6 +330,8 @@ class LocalFederation:
     # the signer runs once the hub has listed everything it watches (ManagedClusters included),
     # which takes longer on a hub with thousands of clusters (bench_fanout).
     agent_wait_s: float = 60.0
+    # Extra env of the hub process from its next start (e.g. OCMFL_CERT_LIFETIME_SECONDS).
+    hub_env: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -461,6 +463,7 @@ class LocalFederation:
             constants.ENV_RUN_CSR_SIGNER: "true",
             constants.ENV_AGENT_ENDPOINTS: json.dumps(self.agent_endpoints()),
             constants.ENV_HOSTPATH_ROOT: str(self.hostpath_root),
+            **self.hub_env,
         }
         argv = [
             str(VENV_BIN / "ocm-fl-hub"),

@@ -13,7 +13,7 @@ import argparse
 import logging
 import os
 
-from ocmfl import constants
+from ocmfl import certlife, constants
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> None:
         "--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     args = parser.parse_args(argv)
+    try:  # a bad setting stops the hub at start, not at its first certificate
+        certlife.lifetime_override()
+    except certlife.CertLifetimeError as e:
+        parser.error(str(e))
     namespaces = list(args.namespace)
     env_namespaces = os.environ.get(constants.ENV_WATCH_NAMESPACES, "")
     namespaces += [n.strip() for n in env_namespaces.split(",") if n.strip()]

@@ -407,7 +407,10 @@ def _leaf_builder(
         .issuer_name(ca.cert.subject)
         .public_key(public_key)  # type: ignore[arg-type]
         .serial_number(x509.random_serial_number())
-        .not_valid_before(now - CLOCK_SKEW)
+        # Backdated for clock skew, but by a small share of a short lifetime: renewal is
+        # due at a share of (not_after - not_before) left, so 5 min on a 1 min certificate
+        # would make it due at once.
+        .not_valid_before(now - min(CLOCK_SKEW, lifetime / 10))
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(_key_usage(ca=False), critical=True)

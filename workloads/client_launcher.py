@@ -238,10 +238,12 @@ def supernode_command(
     else:
         cmd += [
             "--superlink", args.server_address,
-            "--root-certificates", str(Path(args.root_certificates).resolve()),
+            "--root-certificates", str(Path(args.root_certificates).absolute()),
         ]  # fmt: skip
+    # Mounted paths as they are (not resolved): a restarted SuperNode must read the Secret's
+    # current files, not the kubelet's previous `..<timestamp>` directory (deleted on update).
     cmd += [
-        "--auth-supernode-private-key", str(Path(args.auth_key).resolve()),
+        "--auth-supernode-private-key", str(Path(args.auth_key).absolute()),
         "--node-config", str(node_config_file),
         "--port", str(port),
     ]  # fmt: skip

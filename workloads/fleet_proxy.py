@@ -50,7 +50,8 @@ http {{
     fastcgi_temp_path {run_dir}/fastcgi;
     uwsgi_temp_path {run_dir}/uwsgi;
     scgi_temp_path {run_dir}/scgi;
-    log_format fleet '$remote_addr "$ssl_client_s_dn" "$request" $status $request_time';
+    log_format fleet '$remote_addr "$ssl_client_s_dn" $ssl_client_serial "$request" $status '
+                     '$request_time';
     access_log /dev/stdout fleet;
     server_tokens off;
     client_max_body_size 64m;

@@ -1,18 +1,26 @@
 """Run the Fleet API gateway (server side) and tunnel (client side) as nginx child processes.
 
-The configurations come from `workloads.fleet_proxy`; this module only starts nginx, checks that
-it came up, and stops it. The launchers own these processes next to the SuperLink/SuperNode,
-so one container carries each end of the mutually authenticated connection.
+The configurations come from `workloads.fleet_proxy`; this module starts nginx, checks that
+it came up, reloads it (SIGHUP) when its mounted certificate pair is replaced, and stops it.
+The launchers own these processes next to the SuperLink/SuperNode, so one container carries
+each end of the mutually authenticated connection.
+
+Certificates are named by the path they are mounted at, never by its resolved target: the
+kubelet updates a Secret volume by pointing `..data` at a new `..<timestamp>` directory and
+deleting the old one, so a resolved path goes on naming the old pair (and then nothing).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
+import signal
 import socket
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocmfl import pki
@@ -23,6 +31,50 @@ class ProxyError(RuntimeError):
     """nginx could not be configured or started; the message names the file or address."""
 
 
+RELOAD_CHECK_S = 1.0  # how often the mounted certificate files are looked at
+
+# (mtime_ns, size, inode) of each watched file, through symlinks
+FilesSig = tuple[tuple[int, int, int], ...]
+
+
+def files_signature(paths: tuple[Path, ...]) -> FilesSig:
+    """What changes when any of `paths` is replaced (OSError when one is missing)."""
+    out = []
+    for p in paths:
+        st = os.stat(p)  # follows the kubelet's ..data symlink
+        out.append((st.st_mtime_ns, st.st_size, st.st_ino))
+    return tuple(out)
+
+
+@dataclass
+class PairWatch:
+    """A certificate, its key and a CA bundle as mounted; `poll` says when they became a new
+    consistent set (a half-written update, a key that does not match, is waited out)."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    seen: FilesSig | None = None
+
+    def __post_init__(self) -> None:
+        with contextlib.suppress(OSError):
+            self.seen = files_signature((self.cert, self.key, self.ca))
+
+    def poll(self) -> int | None:
+        """The new certificate's serial number once the files changed since the last set
+        this returned (or since start) and cert and key match; else None."""
+        try:
+            sig = files_signature((self.cert, self.key, self.ca))
+            if sig == self.seen:
+                return None
+            pair = pki.load_cert_and_key(self.cert.read_bytes(), self.key.read_bytes())
+            pki.load_certs_pem(self.ca.read_bytes())
+        except (OSError, ValueError):
+            return None  # mid-update or unreadable: look again at the next poll
+        self.seen = sig
+        return int(pair.cert.serial_number)
+
+
 @dataclass
 class Proxy:
     """A running nginx and the address it listens on."""
@@ -31,12 +83,31 @@ class Proxy:
     listen: str
     log: Path
     local_ca: Path | None = None  # tunnel only: the CA of its loopback listener
+    reloads: int = 0  # SIGHUPs sent for a new certificate pair
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     def check(self) -> None:
         if self.process.poll() is not None:
             raise ProxyError(f"nginx exited with {self.process.returncode}; log {self.log}")
 
+    def watch(self, pair: PairWatch, interval_s: float = RELOAD_CHECK_S) -> None:
+        """Reload nginx (SIGHUP: new workers read the files again, old ones finish their
+        requests) whenever `pair` is replaced by a consistent new set."""
+
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                serial = pair.poll()
+                if serial is None or self.process.poll() is not None:
+                    continue
+                self.process.send_signal(signal.SIGHUP)
+                self.reloads += 1
+                with self.log.open("a") as fh:  # next to nginx's own "reconfiguring" line
+                    fh.write(f"ocm-fl: new certificate {pair.cert} serial {serial:x}: reload\n")
+
+        threading.Thread(target=loop, name="nginx-reload", daemon=True).start()
+
     def stop(self) -> None:
+        self._stop.set()
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -118,15 +189,17 @@ def start_gateway(
     conf = fleet_gateway_conf(
         listen=listen,
         server_tls=TLSFiles(
-            cert=str(certfile.resolve()),
-            key=str(keyfile.resolve()),
-            ca=str(client_ca_file.resolve()),
+            cert=str(certfile.absolute()),
+            key=str(keyfile.absolute()),
+            ca=str(client_ca_file.absolute()),
         ),
         superlink_address=f"{dial}:{port}",
-        superlink_ca=str(superlink_ca_file.resolve()),
+        superlink_ca=str(superlink_ca_file.absolute()),
         run_dir=str(run_dir.resolve()),
     )
-    return _start(conf, run_dir, listen)
+    proxy = _start(conf, run_dir, listen)
+    proxy.watch(PairWatch(certfile.absolute(), keyfile.absolute(), client_ca_file.absolute()))
+    return proxy
 
 
 def start_tunnel(
@@ -155,7 +228,7 @@ def start_tunnel(
         gateway_address=gateway_address,
         gateway_server_name=server_name or host,
         client_tls=TLSFiles(
-            cert=str(certfile.resolve()), key=str(keyfile.resolve()), ca=str(ca_file.resolve())
+            cert=str(certfile.absolute()), key=str(keyfile.absolute()), ca=str(ca_file.absolute())
         ),
         listen_tls=TLSFiles(
             cert=str((tls_dir / pki.CERT_FILE).resolve()),
@@ -166,4 +239,5 @@ def start_tunnel(
     )
     proxy = _start(conf, run_dir, listen)
     proxy.local_ca = tls_dir / pki.CA_FILE
+    proxy.watch(PairWatch(certfile.absolute(), keyfile.absolute(), ca_file.absolute()))
     return proxy

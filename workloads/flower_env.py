@@ -53,7 +53,11 @@ def executable(name: str) -> str:
 
 
 def write_connection(flwr_home: Path, address: str, root_certificates: Path) -> Path:
-    """Write $FLWR_HOME/config.toml with one TLS connection named CONNECTION as default."""
+    """Write $FLWR_HOME/config.toml with one TLS connection named CONNECTION as default.
+
+    The CA is named by its mounted path, not resolved: the kubelet replaces a Secret's files
+    by switching `..data` to a new directory and deleting the old one, and every `flwr`
+    command of the run reads this file again."""
     flwr_home.mkdir(parents=True, exist_ok=True)
     path = flwr_home / "config.toml"
     path.write_text(
@@ -61,7 +65,7 @@ def write_connection(flwr_home: Path, address: str, root_certificates: Path) -> 
         f'default = "{CONNECTION}"\n\n'
         f"[superlink.{CONNECTION}]\n"
         f'address = "{address}"\n'
-        f'root-certificates = "{root_certificates.resolve()}"\n'
+        f'root-certificates = "{root_certificates.absolute()}"\n'
     )
     return path
 

@@ -34,6 +34,9 @@ SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 CREATED_MOUNTPOINTS = Path("/dev/shm/ocm-fl-cp-mountpoints")
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
 PULL_BACKOFF = 2.0  # seconds an image stays ErrImagePull before ImagePullBackOff
+# Seconds between refreshes of a running pod's ConfigMap/Secret volumes (kubelet: its sync
+# period, 1 min, plus its cache's TTL; shorter here so that drills stay short).
+VOLUME_REFRESH_S = 2.0
 # What kube-scheduler writes on a pod whose nodeSelector no node matches (one node here).
 UNSCHEDULABLE = (
     "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. "
@@ -487,6 +490,11 @@ class LocalNode:
                     c.waiting, c.fatal = ("CreateContainerError", str(e)), True
                 run.prepared = True
                 return
+        if time.monotonic() >= run.next_refresh and any(c.running for c in run.all()):
+            run.next_refresh = time.monotonic() + VOLUME_REFRESH_S
+            changed = podplan.refresh_volumes(pod, run.dir, self._lookup, run.ip, self.host_ip)
+            if changed:
+                log.info("pod %s/%s: volumes %s updated", run.ns, run.name, ", ".join(changed))
         for c in run.all():
             self._poll(run, c)
             pulling = c.fatal and c.waiting and c.waiting[0] == podplan.ERR_IMAGE_PULL

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
 import shlex
+import shutil
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -298,10 +301,10 @@ def argv_for(container: Obj, runtime: Runtime, env: Mapping[str, str]) -> list[s
     return command + args
 
 
-def _write_files(
-    directory: Path, data: Mapping[str, str | bytes], items: list[Obj] | None, what: str
-) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
+def _payload(
+    data: Mapping[str, str | bytes], items: list[Obj] | None, what: str
+) -> dict[str, tuple[bytes, int]]:
+    """relative path -> (content, mode) of one ConfigMap/Secret source, as kubelet lays it out."""
     if items:
         pairs = []
         for it in items:
@@ -310,11 +313,63 @@ def _write_files(
             pairs.append((it["path"], data[it["key"]], it.get("mode")))
     else:
         pairs = [(k, v, None) for k, v in data.items()]
-    for rel, value, mode in pairs:
-        dst = directory / rel
+    return {
+        rel: (value.encode() if isinstance(value, str) else value, int(mode or 0o644))
+        for rel, value, mode in pairs
+    }
+
+
+DATA_LINK = "..data"
+
+
+def atomic_write(directory: Path, payload: Mapping[str, tuple[bytes, int]]) -> bool:
+    """Write a volume as kubelet's AtomicWriter does: the files in a new `..<timestamp>`
+    directory, `..data` switched to it by one rename, each top-level name a symlink through
+    `..data`, the old directory removed. A reader of `<dir>/<key>` sees the old set or the new
+    one, never a mix; a process holding a resolved path keeps the old (then deleted) files.
+    False when the content is already that."""
+    directory.mkdir(parents=True, exist_ok=True)
+    link = directory / DATA_LINK
+    old = os.readlink(link) if link.is_symlink() else None
+    if old is not None and _read_payload(directory / old) == payload:
+        return False
+    stamp = directory / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{time.monotonic_ns()}"
+    for rel, (value, mode) in payload.items():
+        dst = stamp / rel
         dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_bytes(value.encode() if isinstance(value, str) else value)
-        dst.chmod(int(mode) if mode is not None else 0o644)
+        dst.write_bytes(value)
+        dst.chmod(mode)
+    tmp = directory / "..data_tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(stamp.name)
+    tmp.rename(link)
+    tops = {Path(rel).parts[0] for rel in payload}
+    for top in tops:
+        entry = directory / top
+        if not entry.is_symlink():
+            if entry.is_dir():
+                shutil.rmtree(entry)
+            elif entry.exists():
+                entry.unlink()
+            entry.symlink_to(f"{DATA_LINK}/{top}")
+    for entry in directory.iterdir():
+        if entry.name.startswith(".."):
+            continue
+        if entry.is_symlink() and entry.name not in tops:
+            entry.unlink()  # a key the source no longer has
+    if old is not None:
+        shutil.rmtree(directory / old, ignore_errors=True)
+    return True
+
+
+def _read_payload(root: Path) -> dict[str, tuple[bytes, int]] | None:
+    if not root.is_dir():
+        return None
+    return {
+        str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mode & 0o777)
+        for p in root.rglob("*")
+        if p.is_file()
+    }
 
 
 def _source_data(kind: str, ns: str, ref: Obj, lookup: Lookup) -> dict[str, str] | None:
@@ -393,40 +448,10 @@ def materialise_volumes(
                 raise NotRunnable("FailedMount", f"volume {name}: no claim source on this node")
             path, kind = claim_host_path(ns, claim, *claims(ns, claim))
             out[name] = _host_path(Path(path), kind)
-        elif "configMap" in vol or "secret" in vol:
-            kind = "configmap" if "configMap" in vol else "secret"
-            ref = vol.get("configMap") or vol.get("secret") or {}
-            data = _source_data(kind, ns, ref, lookup) or {}
-            _write_files(vdir, data, ref.get("items"), f"{kind} {ns}")
-            out[name] = vdir
-        elif "projected" in vol:
-            vdir.mkdir(parents=True, exist_ok=True)
-            for src in vol["projected"].get("sources") or []:
-                if "configMap" in src or "secret" in src:
-                    kind = "configmap" if "configMap" in src else "secret"
-                    ref = src.get("configMap") or src.get("secret") or {}
-                    data = _source_data(kind, ns, ref, lookup) or {}
-                    _write_files(vdir, data, ref.get("items"), f"{kind} {ns}")
-                elif "downwardAPI" in src:
-                    _write_downward(
-                        vdir, pod, src["downwardAPI"].get("items") or [], pod_ip, host_ip
-                    )
-                elif "serviceAccountToken" in src:
-                    sat = src["serviceAccountToken"]
-                    sa = pod.get("spec", {}).get("serviceAccountName") or "default"
-                    tok = (
-                        token(ns, sa, sat.get("audience"), int(sat.get("expirationSeconds", 3600)))
-                        if token
-                        else None
-                    )
-                    if tok is None:
-                        raise NotYet("FailedMount", f"no token for serviceaccount {ns}/{sa}")
-                    _write_files(vdir, {sat["path"]: tok}, None, "token")
-                else:
-                    raise NotRunnable("FailedMount", f"unsupported projected source in {name}")
-            out[name] = vdir
-        elif "downwardAPI" in vol:
-            _write_downward(vdir, pod, vol["downwardAPI"].get("items") or [], pod_ip, host_ip)
+        elif {"configMap", "secret", "projected", "downwardAPI"} & set(vol):
+            payload = volume_payload(vol, pod, lookup, pod_ip, host_ip, token)
+            assert payload is not None
+            atomic_write(vdir, payload)
             out[name] = vdir
         else:
             kinds = sorted(k for k in vol if k != "name")
@@ -434,7 +459,79 @@ def materialise_volumes(
     return out
 
 
-def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str, host_ip: str) -> None:
+def volume_payload(
+    vol: Obj,
+    pod: Obj,
+    lookup: Lookup,
+    pod_ip: str,
+    host_ip: str,
+    token: TokenSource | None = None,
+    refresh: bool = False,
+) -> dict[str, tuple[bytes, int]] | None:
+    """The files of a configMap, secret, projected or downwardAPI volume. With `refresh`
+    (kubelet's periodic resync of a running pod): None for volumes that are not refreshed
+    here (downwardAPI, and projected ones with a serviceAccountToken source)."""
+    ns = pod["metadata"]["namespace"]
+    name = vol["name"]
+    payload: dict[str, tuple[bytes, int]] = {}
+    if "configMap" in vol or "secret" in vol:
+        kind = "configmap" if "configMap" in vol else "secret"
+        ref = vol.get("configMap") or vol.get("secret") or {}
+        data = _source_data(kind, ns, ref, lookup) or {}
+        return _payload(data, ref.get("items"), f"{kind} {ns}")
+    if "projected" in vol:
+        for src in vol["projected"].get("sources") or []:
+            if "configMap" in src or "secret" in src:
+                kind = "configmap" if "configMap" in src else "secret"
+                ref = src.get("configMap") or src.get("secret") or {}
+                data = _source_data(kind, ns, ref, lookup) or {}
+                payload.update(_payload(data, ref.get("items"), f"{kind} {ns}"))
+            elif "downwardAPI" in src:
+                items = src["downwardAPI"].get("items") or []
+                payload.update(_downward(pod, items, pod_ip, host_ip))
+            elif "serviceAccountToken" in src:
+                if refresh:
+                    return None
+                sat = src["serviceAccountToken"]
+                sa = pod.get("spec", {}).get("serviceAccountName") or "default"
+                tok = (
+                    token(ns, sa, sat.get("audience"), int(sat.get("expirationSeconds", 3600)))
+                    if token
+                    else None
+                )
+                if tok is None:
+                    raise NotYet("FailedMount", f"no token for serviceaccount {ns}/{sa}")
+                payload.update(_payload({sat["path"]: tok}, None, "token"))
+            else:
+                raise NotRunnable("FailedMount", f"unsupported projected source in {name}")
+        return payload
+    if "downwardAPI" in vol and not refresh:
+        return _downward(pod, vol["downwardAPI"].get("items") or [], pod_ip, host_ip)
+    return None
+
+
+def refresh_volumes(
+    pod: Obj, pod_dir: Path, lookup: Lookup, pod_ip: str, host_ip: str
+) -> list[str]:
+    """Rewrite the running pod's ConfigMap, Secret and projected volumes whose sources
+    changed (kubelet's resync; a source gone or mid-change keeps the old files, as kubelet
+    does). Returns the names of the volumes rewritten."""
+    changed = []
+    for vol in pod.get("spec", {}).get("volumes") or []:
+        if not {"configMap", "secret", "projected"} & set(vol):
+            continue
+        try:
+            payload = volume_payload(vol, pod, lookup, pod_ip, host_ip, refresh=True)
+        except (NotYet, NotRunnable):
+            continue
+        if payload is not None and atomic_write(pod_dir / "volumes" / vol["name"], payload):
+            changed.append(vol["name"])
+    return changed
+
+
+def _downward(
+    pod: Obj, items: list[Obj], pod_ip: str, host_ip: str
+) -> dict[str, tuple[bytes, int]]:
     data: dict[str, str] = {}
     for it in items:
         if "fieldRef" in it:
@@ -445,7 +542,7 @@ def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str, host_ip
                 data[it["path"]] = "\n".join(f'{k}="{v}"' for k, v in sorted(kv.items()))
             else:
                 data[it["path"]] = _field_ref(pod, path, pod_ip, host_ip)
-    _write_files(vdir, data, None, "downwardAPI")
+    return _payload(data, None, "downwardAPI")
 
 
 @dataclass

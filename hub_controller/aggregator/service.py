@@ -23,12 +23,13 @@ from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServer
 from hub_controller.aggregator.store import ReportStore, StoreLimits
 from hub_controller.ca import HubCA
 from hub_controller.membership import Registry
-from ocmfl import constants, pki
+from ocmfl import certlife, constants, pki
 
 log = logging.getLogger(__name__)
 
 SERVER_CERT_LIFETIME = dt.timedelta(days=7)
 SERVER_CERT_RENEW_AT = 0.3  # renew with 30 % of the lifetime left
+RENEW_RETRY_S = 5.0  # after a failed renewal
 
 
 def _host_of(address: str) -> str:
@@ -101,7 +102,7 @@ class AggregatorService:
             ca,
             dns_names=self.settings.server_names,
             ip_addresses=self.settings.server_ips,
-            lifetime=SERVER_CERT_LIFETIME,
+            lifetime=certlife.leaf_lifetime(SERVER_CERT_LIFETIME),
         )
         pki.save_tls_dir(self._tls_dir, pair, ca.cert)
         log.info(
@@ -110,15 +111,15 @@ class AggregatorService:
         return pair
 
     async def _renew_loop(self, cert: Any) -> None:
+        """Renew the server certificate when SERVER_CERT_RENEW_AT of its lifetime is left
+        (the servicer's credentials pick the new files up for new connections)."""
         while True:
-            left = cert.not_valid_after_utc - pki.utcnow()
-            total = cert.not_valid_after_utc - cert.not_valid_before_utc
-            wait = max(60.0, (left - total * SERVER_CERT_RENEW_AT).total_seconds())
-            await asyncio.sleep(wait)
+            await asyncio.sleep(certlife.renew_in(cert, SERVER_CERT_RENEW_AT, pki.utcnow()))
             try:
                 cert = (await asyncio.to_thread(self._issue_server_cert)).cert
             except (OSError, ValueError):
                 log.exception("renewing the aggregator certificate failed; retrying")
+                await asyncio.sleep(RENEW_RETRY_S)
 
     async def start(self) -> int:
         """Issue the server certificate, start serving; returns the gRPC port."""

@@ -113,10 +113,14 @@ def peer_cluster(context: grpc.aio.ServicerContext[object, object]) -> str | Non
     if len(pems) != 1:
         return None
     try:
-        return pki.cluster_from_certificate(pems[0])
-    except pki.IdentityError as e:
+        cert = pki.load_cert_pem(pems[0])
+        cluster = pki.cluster_from_certificate(cert)
+    except ValueError as e:  # IdentityError, or an unreadable certificate
         log.info("peer %s: %s", context.peer(), e)
         return None
+    # Which certificate a cluster's agent streams with (its rotation shows in the log).
+    log.info("stream from cluster %s, certificate serial %x", cluster, cert.serial_number)
+    return cluster
 
 
 class StatusServicer(report_pb2_grpc.StatusServiceServicer):

@@ -78,7 +78,7 @@ from hub_controller.operator.observed import (
 )
 from hub_controller.operator.workwatch import WorkStore
 from hub_controller.reports import NoReports, ReportSource
-from ocmfl import constants
+from ocmfl import certlife, constants, pki
 from ocmfl.kube import MERGE_PATCH, Kube, KubeError, object_path, path_of
 
 GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
@@ -297,6 +297,9 @@ class Run:
     # cluster -> spec hash of the work this loop wrote there (DELETED: deleted it) that the
     # index does not show yet (forgotten at every resync).
     sent: dict[str, str] = field(default_factory=dict)
+    # Monotonic time at which a credential (gateway certificate, ...) is due for renewal:
+    # everything is applied again then, whatever else changed.
+    renew_at: float = float("inf")
 
 
 def _write_status(kube: Kube, run: Run, new: Any) -> None:
@@ -336,6 +339,7 @@ def ensure_credentials(
         federation_uid=ref.uid,
         ca_name=credentials.fleet_ca_name(ref.namespace, ref.name),
         enrolled=enrolled,
+        gateway_lifetime=certlife.leaf_lifetime(pki.DEFAULT_SERVER_LIFETIME),
     )
     meta = {
         "namespace": ref.namespace,
@@ -567,7 +571,8 @@ def reconcile(
     inputs = (generation, observation_digest(obs))
     waiting_for_keys = False
     try:
-        if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
+        renew = clock() >= run.renew_at
+        if inputs != run.applied or clock() - run.applied_at >= RESYNC_S or renew:
             if clock() - run.applied_at >= RESYNC_S:
                 run.written.clear()  # write every key shard again (drift)
                 run.sent.clear()
@@ -586,6 +591,8 @@ def reconcile(
                 # current after (not rewritten on every pass while thousands join).
                 keys=obs.server_job.exists or should_start_server(fl, obs, previous, generation),
             )
+            due = credentials.renew_in_s(creds, now) if creds else None
+            run.renew_at = float("inf") if due is None else clock() + due
             keys_missing = False
             if should_start_server(fl, obs, previous, generation):
                 # The server registers SuperNode keys once, at start: wait until enough
@@ -622,7 +629,9 @@ def reconcile(
     reports.persisted(ref.uid, seen)
     if waiting_for_keys:
         return KEYS_WAIT_S
-    return COUNTDOWN_S if counting_down(fl, obs, new.phase) else RESYNC_S
+    delay = COUNTDOWN_S if counting_down(fl, obs, new.phase) else RESYNC_S
+    # Back when a credential is due (at least a second on: a failing renewal is retried).
+    return min(delay, max(1.0, run.renew_at - clock()))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)

@@ -27,7 +27,7 @@ from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.indexes import Indexes
 from hub_controller.signer.policy import Deny, Ignore, agent_group, requested_lifetime
-from ocmfl import constants, pki
+from ocmfl import certlife, constants, pki
 from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
 
 log = logging.getLogger(__name__)
@@ -58,9 +58,13 @@ def _conditions(csr: Mapping[str, Any]) -> set[str]:
 
 
 def decide_fleet_csr(
-    csr: Mapping[str, Any], known_clusters: Collection[str], work_of: WorkLookup
+    csr: Mapping[str, Any],
+    known_clusters: Collection[str],
+    work_of: WorkLookup,
+    cap: dt.timedelta | None = None,
 ) -> FleetDecision:
-    """What to do with one CertificateSigningRequest for the Fleet signer."""
+    """What to do with one CertificateSigningRequest for the Fleet signer (`cap`: the hub's
+    lifetime cap, ocmfl.certlife)."""
     spec = csr.get("spec") or {}
     if spec.get("signerName") != constants.FLEET_SIGNER_NAME:
         return Ignore("not the Fleet signer")
@@ -111,7 +115,7 @@ def decide_fleet_csr(
     ns, name = labels.get(constants.LABEL_OWNER_NAMESPACE), labels.get(constants.LABEL_OWNER_NAME)
     if not ns or not name:
         return Deny("NoWork", f"the work of federation {uid} on {cluster!r} names no owner")
-    lifetime = requested_lifetime(spec)
+    lifetime = requested_lifetime(spec, cap)
     if isinstance(lifetime, Deny):
         return lifetime
     return ApproveFleet(
@@ -162,7 +166,9 @@ class FleetSigner:
         return None
 
     def handle(self, csr: dict[str, Any], members: Registry) -> FleetDecision:
-        decision = decide_fleet_csr(csr, members.registered(), self.work_of)
+        decision = decide_fleet_csr(
+            csr, members.registered(), self.work_of, certlife.lifetime_override()
+        )
         if isinstance(decision, Ignore):
             return decision
         name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")

@@ -30,7 +30,7 @@ from hub_controller.signer.policy import (
     decide_csr,
     sign_request,
 )
-from ocmfl import constants, pki
+from ocmfl import certlife, constants, pki
 from ocmfl.kube import Kube, KubeError, path_of
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class Signer:
         """Decide on one CSR (as the API returns it) and write the outcome."""
         if (csr.get("spec") or {}).get("signerName") != constants.SIGNER_NAME:
             return Ignore("not our signer")
-        decision = decide_csr(csr, members.registered())
+        decision = decide_csr(csr, members.registered(), certlife.lifetime_override())
         name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")
         if isinstance(decision, Ignore):
             return decision

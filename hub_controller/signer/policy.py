@@ -58,8 +58,11 @@ def _conditions(csr: Mapping[str, Any]) -> set[str]:
     return {c.get("type", "") for c in status.get("conditions") or []}
 
 
-def decide_csr(csr: Mapping[str, Any], known_clusters: Collection[str]) -> Decision:
-    """What to do with one CertificateSigningRequest (a camelCase dict)."""
+def decide_csr(
+    csr: Mapping[str, Any], known_clusters: Collection[str], cap: dt.timedelta | None = None
+) -> Decision:
+    """What to do with one CertificateSigningRequest (a camelCase dict); `cap`: the hub's
+    lifetime cap (ocmfl.certlife)."""
     spec = csr.get("spec") or {}
     if spec.get("signerName") != constants.SIGNER_NAME:
         return Ignore("not our signer")
@@ -98,7 +101,7 @@ def decide_csr(csr: Mapping[str, Any], known_clusters: Collection[str]) -> Decis
             f"usages must be client auth (+ digital signature, key "
             f"encipherment), got {sorted(usages)}",
         )
-    lifetime = requested_lifetime(spec)
+    lifetime = requested_lifetime(spec, cap)
     if isinstance(lifetime, Deny):
         return lifetime
     return Approve(cluster, lifetime, already_approved="Approved" in conditions)
@@ -132,15 +135,21 @@ def approval_condition(decision: Approve | Deny, now: dt.datetime) -> dict[str, 
     }
 
 
-def requested_lifetime(spec: Mapping[str, Any]) -> dt.timedelta | Deny:
+def requested_lifetime(
+    spec: Mapping[str, Any], cap: dt.timedelta | None = None
+) -> dt.timedelta | Deny:
     """A CSR's certificate lifetime: its expirationSeconds capped at MAX_LIFETIME (default
-    MAX_LIFETIME); Deny when it asks for less than MIN_LIFETIME or for a non-integer."""
+    MAX_LIFETIME) and at `cap` (the hub's OCMFL_CERT_LIFETIME_SECONDS, ocmfl.certlife: the
+    signer may issue shorter than asked); Deny when it asks for less than MIN_LIFETIME or for
+    a non-integer."""
     seconds = spec.get("expirationSeconds")
     if seconds is None:
-        return MAX_LIFETIME
-    if not isinstance(seconds, int) or seconds < MIN_LIFETIME.total_seconds():
+        lifetime = MAX_LIFETIME
+    elif not isinstance(seconds, int) or seconds < MIN_LIFETIME.total_seconds():
         return Deny(
             "BadExpiration",
             f"expirationSeconds must be at least {int(MIN_LIFETIME.total_seconds())}",
         )
-    return min(MAX_LIFETIME, dt.timedelta(seconds=seconds))
+    else:
+        lifetime = min(MAX_LIFETIME, dt.timedelta(seconds=seconds))
+    return lifetime if cap is None else min(lifetime, cap)

@@ -8,6 +8,7 @@ behind the same configuration.
 from __future__ import annotations
 
 import http.server
+import re
 import socket
 import ssl
 import subprocess
@@ -19,8 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from cryptography import x509
 
-from hack.testing import free_port
+from hack.controlplane import podplan
+from hack.testing import free_port, wait_for
 from ocmfl import pki
 from workloads.fleet_proxy import (
     TLSFiles,
@@ -28,6 +31,7 @@ from workloads.fleet_proxy import (
     fleet_tunnel_conf,
     nginx_command,
 )
+from workloads.fleet_tls import start_gateway, start_tunnel
 
 
 def _write(path: Path, data: bytes) -> str:
@@ -241,3 +245,81 @@ def test_tunnel_fails_closed_when_the_gateway_certificate_is_not_trusted(
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def _mount(directory: Path, files: dict[str, bytes]) -> None:
+    """A Secret volume as the kubelet writes and updates it (files behind `..data`)."""
+    podplan.atomic_write(directory, {k: (v, 0o400) for k, v in files.items()})
+
+
+def _served_serial(address: str) -> int:
+    host, _, port = address.rpartition(":")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    with socket.create_connection((host, int(port)), 5) as raw, ctx.wrap_socket(raw) as tls:
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return int(x509.load_der_x509_certificate(der).serial_number)
+
+
+def test_gateway_and_tunnel_reload_each_new_pair_from_their_mounted_secret(
+    certs: Pki, upstream: str, tmp_path: Path
+) -> None:
+    """Drill 5's mechanism on its own: both nginx read their pairs through the kubelet's
+    `..data` link and reload on a new consistent pair; the tunnel then presents the new
+    Fleet certificate (the gateway's access log carries its serial)."""
+    ca = certs.ca.cert_pem
+
+    def gateway_pair() -> pki.CertAndKey:
+        return pki.issue_server_cert(certs.ca, dns_names=["localhost"])
+
+    def client_pair() -> pki.CertAndKey:
+        return pki.issue_fleet_client_cert(certs.ca, "fl-uid", "cluster1")
+
+    gw_dir, tun_dir = tmp_path / "gw-tls", tmp_path / "tun-tls"
+    gw, client = gateway_pair(), client_pair()
+    _mount(gw_dir, {"gateway.crt": gw.cert_pem, "gateway.key": gw.key_pem, "ca.crt": ca})
+    _mount(tun_dir, {"tls.crt": client.cert_pem, "tls.key": client.key_pem, "ca.crt": ca})
+    gateway = start_gateway(
+        listen=f"127.0.0.1:{free_port()}",
+        certfile=gw_dir / "gateway.crt",
+        keyfile=gw_dir / "gateway.key",
+        client_ca_file=gw_dir / "ca.crt",
+        superlink_address=upstream,
+        superlink_ca_file=gw_dir / "ca.crt",
+        run_dir=tmp_path / "gw-run",
+    )
+    tunnel = start_tunnel(
+        gateway_address=gateway.listen,
+        certfile=tun_dir / "tls.crt",
+        keyfile=tun_dir / "tls.key",
+        ca_file=tun_dir / "ca.crt",
+        run_dir=tmp_path / "tun-run",
+        server_name="localhost",
+    )
+    try:
+        assert tunnel.local_ca is not None
+        ctx = ssl.create_default_context(cafile=str(tunnel.local_ca))
+
+        def presented() -> set[int]:
+            with httpx.Client(verify=ctx, timeout=5) as http:
+                r = http.post(f"https://{tunnel.listen}/v1/fleet/pull-messages", content=b"x")
+            assert r.status_code == 200, r.text
+            return {int(s, 16) for s in re.findall(r'fleet:cluster1[^"]*" ([0-9A-F]+) ',
+                                                   gateway.log.read_text())}  # fmt: skip
+
+        assert _served_serial(gateway.listen) == gw.cert.serial_number
+        assert presented() == {client.cert.serial_number}
+        for _ in range(2):
+            gw, client = gateway_pair(), client_pair()
+            _mount(gw_dir, {"gateway.crt": gw.cert_pem, "gateway.key": gw.key_pem, "ca.crt": ca})
+            _mount(tun_dir, {"tls.crt": client.cert_pem, "tls.key": client.key_pem, "ca.crt": ca})
+            want_gw, want_client = gw.cert.serial_number, client.cert.serial_number
+            wait_for(lambda w=want_gw: _served_serial(gateway.listen) == w, 20,
+                     "the gateway serving its new certificate")  # fmt: skip
+            wait_for(lambda w=want_client: w in presented(), 20,
+                     "the tunnel presenting its new certificate")  # fmt: skip
+        assert (gateway.reloads, tunnel.reloads) == (2, 2)
+    finally:
+        tunnel.stop()
+        gateway.stop()

@@ -27,7 +27,7 @@ from hack.helm import helm_binary
 from hack.images.deploy import dockerfile_instructions
 from hub_controller import policy
 from hub_controller.bootstrap import ca_init, rbac
-from ocmfl import constants, pki
+from ocmfl import certlife, constants, pki
 from ocmfl.kube import KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -811,3 +811,12 @@ def test_aggregator_limits_values_become_the_hub_env_the_aggregator_reads(helm: 
     limits = Limits.from_env(env.get)
     assert (limits.max_streams_per_cluster, limits.reports_per_s) == (2, 7.5)
     assert limits.max_rows == Limits().max_rows
+
+
+def test_certificate_lifetime_value_reaches_the_hub_env_only_when_set(helm: str) -> None:
+    def env(*sets: str) -> dict[str, str]:
+        (c,) = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"]
+        return {e["name"]: e.get("value", "") for e in c.get("env") or []}
+
+    assert certlife.ENV_CERT_LIFETIME not in env()
+    assert env("certificates.lifetimeSeconds=120")[certlife.ENV_CERT_LIFETIME] == "120"

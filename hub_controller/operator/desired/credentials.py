@@ -34,7 +34,7 @@ from typing import Any
 
 from cryptography import x509
 
-from ocmfl import constants, nodekeys, pki
+from ocmfl import certlife, constants, nodekeys, pki
 
 CA = "ca.crt"
 FLEET_CA_KEY = "fleet-ca.key"
@@ -125,8 +125,10 @@ def reconcile_credentials(
     ca_name: str = "ocm-fl-fleet-ca",
     enrolled: Mapping[str, bytes] | None = None,
     now: dt.datetime | None = None,
+    gateway_lifetime: dt.timedelta = pki.DEFAULT_SERVER_LIFETIME,
 ) -> dict[str, bytes]:
-    """The Secret data to store: `current` where still good, newly issued where not.
+    """The Secret data to store: `current` where still good, newly issued where not (a new
+    gateway certificate lasts `gateway_lifetime`).
 
     The Fleet CA comes from `current` (made when missing or expiring, which reissues all).
     Clusters no longer in `clusters` lose their material (their identity for this resource
@@ -150,7 +152,11 @@ def reconcile_credentials(
         out[GATEWAY_CERT], out[GATEWAY_KEY] = current[GATEWAY_CERT], current[GATEWAY_KEY]
     else:
         pair = pki.issue_server_cert(
-            ca, dns_names=list(gateway.dns), ip_addresses=list(gateway.ips), now=now
+            ca,
+            dns_names=list(gateway.dns),
+            ip_addresses=list(gateway.ips),
+            now=now,
+            lifetime=gateway_lifetime,
         )
         out[GATEWAY_CERT], out[GATEWAY_KEY] = pair.cert_pem, pair.key_pem
 
@@ -161,6 +167,20 @@ def reconcile_credentials(
         if enrolled.get(node_pub):
             out[node_pub] = enrolled[node_pub]
     return out
+
+
+def renew_in_s(data: Mapping[str, bytes], now: dt.datetime) -> float | None:
+    """Seconds until the first of the Fleet CA, SuperLink and gateway certificates in `data`
+    is due for renewal (RENEW_BELOW of its lifetime left); None when none is readable. The
+    reconcile loop comes back by then: renewal happens by time, not only on a change."""
+    due = []
+    for key in (CA, SUPERLINK_CERT, GATEWAY_CERT):
+        try:
+            cert = pki.load_cert_pem(data[key])
+        except (KeyError, ValueError):
+            continue
+        due.append(certlife.renew_in(cert, RENEW_BELOW, now))
+    return min(due) if due else None
 
 
 def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:

@@ -1,0 +1,236 @@
+"""Drill 5: every certificate rotates several times during one run (docs/reliability.md).
+
+The hub is restarted with `OCMFL_CERT_LIFETIME_SECONDS` (ocmfl.certlife), so the aggregator's
+server certificate, the agents' certificates (from the hub's CSR signer), the Fleet client
+certificates (Fleet signer) and the federation's gateway certificate all last LIFETIME_S.
+The agents are restarted as freshly installed ones (no certificate yet), so theirs are short
+from the start. Then one run trains while they rotate.
+
+What is observed is what each party actually uses, not the Secrets: the aggregator's and the
+gateway's served certificates (TLS handshakes from the test), the agent certificate each
+stream to the aggregator presents (the aggregator logs its serial), the Fleet client
+certificate each tunnel presents to the gateway (the gateway's access log carries
+`$ssl_client_serial`), and the pairs mounted in the pods (the local node refreshes Secret
+volumes as the kubelet does, through `..data`). What must hold: each certificate of each kind
+changed at least twice during the run, nginx reloaded on each new pair, the run Completed with
+every round once in the history and every cluster's row at the last round, no report refused,
+no request refused at the gateway, the agents' buffers drained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import re
+import signal
+import socket
+import ssl
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from drills_support import hub_metrics, pending, restore
+
+from examples.demo import demo_resource
+from hack import controlplane as cp
+from hack.localfed import FL_PATH, LocalFederation, create_fl, get_fl, prepare_data, wait_fl
+from hack.testing import wait_for
+from ocmfl import certlife, pki
+from ocmfl.kube import Kube
+
+pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
+
+NS = "drill-certs"
+NAME = "certs-rotate"
+LIFETIME_S = 40
+ROUNDS = 8
+MIN_CHANGES = 2
+POLL_S = 0.5
+
+# The hub's log line (asctime first) for each agent stream the aggregator accepts.
+AGENT_STREAM = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+ .*stream from cluster (\S+), "
+    r"certificate serial ([0-9a-f]+)",
+    re.MULTILINE,
+)
+# log_format fleet: $remote_addr "$ssl_client_s_dn" $ssl_client_serial "$request" $status ...
+GATEWAY_LINE = re.compile(r'"[^"]*CN=fleet:([^,"]+)[^"]*" ([0-9A-Fa-f]+) "[^"]*" (\d{3}) ')
+RELOAD_LINE = "ocm-fl: new certificate"
+
+
+def served_serial(host: str, port: int) -> int | None:
+    """The serial of the certificate a TLS server presents (None when it does not answer).
+    The server wants a client certificate; it is sent only after the server's own, so the
+    handshake shows it whatever happens next."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        with (
+            socket.create_connection((host, port), timeout=2) as raw,
+            ctx.wrap_socket(raw) as tls,
+        ):
+            der = tls.getpeercert(binary_form=True)
+    except OSError:
+        return None
+    return x509.load_der_x509_certificate(der).serial_number if der else None
+
+
+def file_serial(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(pki.load_cert_pem(path.read_bytes()).serial_number)
+    return None
+
+
+class Observer:
+    """Polls served and mounted certificates in the background: kind -> serials in order."""
+
+    def __init__(self, plane: cp.ControlPlane, fed: LocalFederation, hub: Kube) -> None:
+        self.pods = Path(plane.state_dir) / "pods"
+        self.fed, self.hub = fed, hub
+        self.seen: dict[str, list[int]] = defaultdict(list)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="cert-observer")
+        self.gateway: tuple[str, int] | None = None
+
+    def __enter__(self) -> Observer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _add(self, kind: str, serial: int | None) -> None:
+        if serial is not None and (not self.seen[kind] or self.seen[kind][-1] != serial):
+            self.seen[kind].append(serial)
+
+    def _gateway_address(self) -> tuple[str, int] | None:
+        services = self.hub.get(f"/api/v1/namespaces/{NS}/services") or {}
+        for svc in services.get("items") or []:
+            ingress = ((svc.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+            if svc["spec"].get("type") == "LoadBalancer" and ingress:
+                return ingress[0]["ip"], int(svc["spec"]["ports"][0]["port"])
+        return None
+
+    def _run(self) -> None:
+        host, _, port = self.fed.aggregator_address.rpartition(":")
+        while not self._stop.wait(POLL_S):
+            self._add("aggregator served", served_serial(host, int(port)))
+            if self.gateway is None:
+                with contextlib.suppress(Exception):
+                    self.gateway = self._gateway_address()
+            if self.gateway is not None:
+                self._add("gateway served", served_serial(*self.gateway))
+            for crt in self.pods.glob(f"*/{NS}_*/volumes/tls/gateway.crt"):
+                self._add("gateway mounted", file_serial(crt))
+            for crt in self.pods.glob(f"*/fl-{NS}-*_*/volumes/tls/tls.crt"):
+                self._add(f"fleet mounted {crt.parts[-5]}", file_serial(crt))
+
+    def logs(self, pattern: str) -> list[Path]:
+        return sorted(self.pods.glob(pattern))
+
+
+def test_drill_certificates_rotate_mid_run(
+    plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
+) -> None:
+    clusters = plane.clusters[:2]
+    body = demo_resource(rounds=ROUNDS, min_clients=2)
+    body["metadata"]["name"] = NAME
+    prepare_data(plane, tmp_path / "data", clusters, body["spec"]["client"]["dataClaim"])
+    hub_log = fed.log_file("hub")
+    try:
+        # Short lifetimes from here: the hub (aggregator certificate, both signers) and
+        # freshly installed agents (no certificate, so theirs come from the short signer).
+        fed.hub_env[certlife.ENV_CERT_LIFETIME] = str(LIFETIME_S)
+        fed.kill("hub", signal.SIGTERM)
+        log_from = hub_log.stat().st_size
+        fed.start_hub()
+        for c in clusters:
+            fed.kill(f"agent-{c}", signal.SIGTERM)
+            (fed.workdir / "agents" / c / "tls" / pki.CERT_FILE).unlink()
+            fed.start_agent(c)
+        with Observer(plane, fed, hub) as seen:
+            create_fl(hub, NS, body)
+            started, run_from = time.monotonic(), dt.datetime.now().replace(microsecond=0)
+            final = wait_fl(hub, NS, NAME, 600, fed=fed)
+            took, run_to = time.monotonic() - started, dt.datetime.now()
+        status: dict[str, Any] = final["status"]
+        assert status["phase"] == "Completed", status.get("message")
+
+        # Nothing lost: every round once, every cluster's row at the last round.
+        history = status.get("history") or []
+        rounds = sorted(h["round"] for h in history if h["cluster"] == "global")
+        assert rounds == list(range(1, ROUNDS + 1)), history
+        for c in clusters:
+            mine = sorted(h["round"] for h in history if h["cluster"] == c)
+            assert mine == list(range(1, ROUNDS + 1)), (c, history)
+        rows = {r["name"]: r for r in status["clusters"]}
+        assert all(rows[c].get("round") == ROUNDS for c in clusters), rows
+        for c in clusters:
+            wait_for(lambda c=c: pending(fed, c) == 0, 120, f"{c}'s reports acknowledged")
+        # Nothing refused: no report at the aggregator, no request at the gateway.
+        metrics = hub_metrics(fed)
+        rejected = {
+            k: v for k, v in metrics.items() if k[0] == "ocmfl_reports_rejected_total" and v
+        }
+        assert not rejected, rejected
+
+        # What each party actually used.
+        observed = dict(seen.seen)
+        agent_streams: dict[str, list[int]] = defaultdict(list)
+        for m in AGENT_STREAM.finditer(hub_log.read_bytes()[log_from:].decode(errors="replace")):
+            at = dt.datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S")  # the hub's local time
+            serial = int(m.group(3), 16)
+            if run_from <= at <= run_to and serial not in agent_streams[m.group(2)]:
+                agent_streams[m.group(2)].append(serial)
+        for c in clusters:
+            observed[f"agent presented {c}"] = agent_streams[c]
+        [gateway_log] = seen.logs(f"*/{NS}_*/volumes/state/gateway/nginx.log")
+        gateway_text = gateway_log.read_text(errors="replace")
+        fleet_presented: dict[str, list[int]] = defaultdict(list)
+        statuses: dict[str, int] = defaultdict(int)
+        for m in GATEWAY_LINE.finditer(gateway_text):
+            serial = int(m.group(2), 16)
+            statuses[m.group(3)] += 1
+            if serial not in fleet_presented[m.group(1)]:
+                fleet_presented[m.group(1)].append(serial)
+        for c in clusters:
+            observed[f"fleet presented {c}"] = fleet_presented[c]
+        reloads = {"gateway": gateway_text.count(RELOAD_LINE)}
+        for log in seen.logs(f"*/fl-{NS}-*_*/volumes/state/tunnel/nginx.log"):
+            reloads[f"tunnel {log.parts[-6]}"] = log.read_text(errors="replace").count(RELOAD_LINE)
+        changes = {kind: len(serials) - 1 for kind, serials in observed.items()}
+        print(
+            f"\nDRILL 5: lifetime {LIFETIME_S}s, {ROUNDS} rounds Completed {took:.1f}s after "
+            f"the resource was created; certificate changes seen {changes}; nginx reloads "
+            f"{reloads}; gateway answers by status {dict(statuses)}; 0 reports refused"
+        )
+        expected = {
+            "aggregator served",
+            "gateway served",
+            "gateway mounted",
+            *(f"agent presented {c}" for c in clusters),
+            *(f"fleet presented {c}" for c in clusters),
+        }
+        assert expected <= set(changes), (expected - set(changes), changes)
+        assert sum(1 for k in changes if k.startswith("fleet mounted")) == len(clusters), changes
+        short = {k: n for k, n in changes.items() if n < MIN_CHANGES}
+        assert not short, f"certificates that changed fewer than {MIN_CHANGES} times: {short}"
+        assert all(n >= MIN_CHANGES for n in reloads.values()), reloads
+        assert len(reloads) == 1 + len(clusters), reloads
+        refused = {s: n for s, n in statuses.items() if not s.startswith("2")}
+        assert not refused, f"the gateway refused requests: {refused}"
+    finally:
+        fed.hub_env.pop(certlife.ENV_CERT_LIFETIME, None)
+        restore(fed)
+        with contextlib.suppress(Exception):
+            hub.delete(f"{FL_PATH.format(ns=NS)}/{NAME}")
+            wait_for(lambda: get_fl(hub, NS, NAME) is None, 180, f"{NAME} deleted")
+        # The later drills run with the default lifetimes again.
+        if any(p.name == "hub" for p in fed.procs):
+            fed.kill("hub", signal.SIGTERM)
+        fed.start_hub()
