@@ -34,6 +34,9 @@ SA_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 CREATED_MOUNTPOINTS = Path("/dev/shm/ocm-fl-cp-mountpoints")
 MAX_BACKOFF = 30.0  # seconds between restarts (kubelet: 10 s doubling to 5 min)
 PULL_BACKOFF = 2.0  # seconds an image stays ErrImagePull before ImagePullBackOff
+# Seconds between refreshes of a running pod's Secret/ConfigMap volumes (kubelet: its sync
+# period, about a minute, plus its cache's TTL; shorter here so the drills stay short).
+VOLUME_SYNC_S = 5.0
 # What kube-scheduler writes on a pod whose nodeSelector no node matches (one node here).
 UNSCHEDULABLE = (
     "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity/selector. "
@@ -487,6 +490,19 @@ class LocalNode:
                     c.waiting, c.fatal = ("CreateContainerError", str(e)), True
                 run.prepared = True
                 return
+        live = any(c.running for c in run.all())
+        if live and time.monotonic() >= run.next_volume_sync and not run.deleting:
+            # As the kubelet's periodic volume sync: a Secret changed after the pod started
+            # (e.g. SuperNode keys of clusters that joined a running federation) reaches it.
+            first = not run.next_volume_sync  # the pass that just prepared it: files are new
+            run.next_volume_sync = time.monotonic() + VOLUME_SYNC_S
+            try:
+                changed = [] if first else podplan.refresh_volumes(pod, run.dir, self._lookup)
+            except Exception as e:  # the pod keeps its last files (as with a kubelet)
+                log.warning("pod %s/%s: volume refresh failed: %s", run.ns, run.name, e)
+                changed = []
+            if changed:
+                log.info("pod %s/%s: volumes %s updated", run.ns, run.name, changed)
         for c in run.all():
             self._poll(run, c)
             pulling = c.fatal and c.waiting and c.waiting[0] == podplan.ERR_IMAGE_PULL

@@ -434,6 +434,77 @@ def materialise_volumes(
     return out
 
 
+def _files_of(ref: Obj, data: Mapping[str, str]) -> dict[str, str] | None:
+    """The files a Secret/ConfigMap source projects (None when an item's key is missing)."""
+    if not ref.get("items"):
+        return dict(data)
+    out = {}
+    for it in ref["items"]:
+        if it["key"] not in data:
+            return None
+        out[it["path"]] = data[it["key"]]
+    return out
+
+
+def refresh_volumes(pod: Obj, pod_dir: Path, lookup: Lookup) -> list[str]:
+    """Bring a running pod's Secret and ConfigMap volume files up to date, as the kubelet
+    does periodically (a Secret changed after the pod started reaches its files); return the
+    names of the volumes that changed.
+
+    Files change in place (write aside, then rename), since containers see the volume
+    directory through a bind mount. A volume made only of Secret/ConfigMap sources also loses
+    the files its sources no longer have (a key removed); a projected volume with other
+    sources (tokens, downward API) only gets its Secret/ConfigMap files rewritten. A source
+    that is missing, or lacks a listed key, leaves the volume as it is (the kubelet keeps the
+    last content too)."""
+    ns = pod["metadata"]["namespace"]
+    changed = []
+    for vol in pod.get("spec", {}).get("volumes") or []:
+        if "configMap" in vol or "secret" in vol:
+            sources, only_data = [vol], True
+        elif "projected" in vol:
+            sources = vol["projected"].get("sources") or []
+            only_data = all("configMap" in s or "secret" in s for s in sources)
+        else:
+            continue
+        want: dict[str, str] = {}
+        complete = True
+        for src in sources:
+            if not ("configMap" in src or "secret" in src):
+                continue
+            kind = "configmap" if "configMap" in src else "secret"
+            ref = src.get("configMap") or src.get("secret") or {}
+            data = lookup(kind, ns, ref.get("name") or ref.get("secretName") or "")
+            files = None if data is None else _files_of(ref, data)
+            if files is None:
+                complete = complete and bool(ref.get("optional") and data is None)
+                continue
+            want.update(files)
+        vdir = pod_dir / "volumes" / vol["name"]
+        if not complete or not vdir.is_dir():
+            continue
+        dirty = False
+        for rel, value in want.items():
+            dst = vdir / rel
+            raw = value.encode()
+            if dst.is_file() and dst.read_bytes() == raw:
+                continue
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dst.with_name(f".{dst.name}.tmp")
+            tmp.write_bytes(raw)
+            tmp.chmod(dst.stat().st_mode & 0o777 if dst.exists() else 0o644)
+            tmp.replace(dst)
+            dirty = True
+        if only_data:
+            for path in [p for p in vdir.rglob("*") if p.is_file()]:
+                if str(path.relative_to(vdir)) not in want:
+                    path.unlink()
+                    dirty = True
+        if dirty:
+            changed.append(vol["name"])
+    return changed
+
+
 def _write_downward(vdir: Path, pod: Obj, items: list[Obj], pod_ip: str, host_ip: str) -> None:
     data: dict[str, str] = {}
     for it in items:

@@ -57,6 +57,7 @@ class PodRun:
     start_time: str = field(default_factory=now)
     prepared: bool = False
     next_prepare: float = 0.0
+    next_volume_sync: float = 0.0  # when Secret/ConfigMap volume files are next refreshed
     kill_deadline: float | None = None
     deleting: bool = False
     transitions: dict[str, tuple[str, str]] = field(default_factory=dict)

@@ -242,3 +242,50 @@ def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> 
         pytest.skip("mount namespaces not permitted here")
     assert outs == ["one", "two"]
     assert list(target.iterdir()) == []  # nothing leaked into the host mount table
+
+
+def test_running_pods_secret_volumes_follow_the_secret(tmp_path: Path) -> None:
+    """As the kubelet's volume sync: a Secret's new, changed and removed keys reach a running
+    pod's files in place; a projected volume with a token keeps the token; a Secret that is
+    gone leaves the files as they were."""
+    data: dict[str, dict[str, str]] = {"keys": {"a.pub": "A1"}, "cm": {"x": "1"}}
+
+    def lookup(kind: str, ns: str, name: str) -> dict[str, str] | None:
+        return data.get(name)
+
+    pod: dict[str, Any] = {
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {
+            "volumes": [
+                {"name": "keys", "secret": {"secretName": "keys"}},
+                {
+                    "name": "mixed",
+                    "projected": {
+                        "sources": [
+                            {"configMap": {"name": "cm"}},
+                            {"serviceAccountToken": {"path": "token"}},
+                        ]
+                    },
+                },
+                {"name": "scratch", "emptyDir": {}},
+            ]
+        },
+    }
+    podplan.materialise_volumes(pod, tmp_path, lookup, "ip", "host", lambda *_: "tok")
+    vols = tmp_path / "volumes"
+    inode = (vols / "keys").stat().st_ino
+    assert podplan.refresh_volumes(pod, tmp_path, lookup) == []
+    data["keys"] = {"a.pub": "A2", "b.pub": "B1"}
+    data["cm"] = {"y": "2"}
+    assert podplan.refresh_volumes(pod, tmp_path, lookup) == ["keys", "mixed"]
+    assert (vols / "keys" / "a.pub").read_text() == "A2"
+    assert (vols / "keys" / "b.pub").read_text() == "B1"
+    assert (vols / "keys").stat().st_ino == inode  # same directory: bind mounts see it
+    assert (vols / "mixed" / "token").read_text() == "tok"
+    assert (vols / "mixed" / "y").read_text() == "2"
+    data["keys"] = {"b.pub": "B1"}
+    assert podplan.refresh_volumes(pod, tmp_path, lookup) == ["keys"]
+    assert sorted(p.name for p in (vols / "keys").iterdir()) == ["b.pub"]
+    del data["keys"]
+    assert podplan.refresh_volumes(pod, tmp_path, lookup) == []
+    assert (vols / "keys" / "b.pub").read_text() == "B1"
