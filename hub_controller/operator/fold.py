@@ -52,6 +52,7 @@ _ROW_ORDER = {
     ClusterPhase.RUNNING: 3,
     ClusterPhase.APPLIED: 4,
     ClusterPhase.SUCCEEDED: 5,
+    ClusterPhase.LEFT: 6,
 }
 
 
@@ -232,6 +233,26 @@ def _cluster_row(
             values = {k: getattr(previous, k) if v is None else v for k, v in values.items()}
         row = row.model_copy(update=values)
     return row
+
+
+def left_rows(previous: Iterable[ClusterStatus], selected: set[str]) -> list[ClusterStatus]:
+    """Rows of clusters that took part in the run (they reported a round) and are no longer
+    selected: phase Left, their last values kept, so the user sees who left and when. A
+    cluster that comes back is selected again and gets its ordinary row."""
+    out = []
+    for row in previous:
+        if row.name in selected or (row.round is None and row.phase != ClusterPhase.LEFT):
+            continue
+        if row.phase != ClusterPhase.LEFT:
+            row = row.model_copy(
+                update={
+                    "phase": ClusterPhase.LEFT,
+                    "reason": f"left the placement after round {row.round}; its work is deleted",
+                    "work_applied": False,
+                }
+            )
+        out.append(row)
+    return out
 
 
 def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[HistoryEntry]:
@@ -436,6 +457,7 @@ def fold(
         _cluster_row(r, obs, obs.server_address is not None, prev_rows.get(r.name))
         for r in obs.resolutions
     ]
+    rows += left_rows(prev_rows.values(), {r.name for r in obs.resolutions})
     if phase == Phase.COMPLETED:
         # The run ended well: a client still seen running (its Job feedback and the agent's
         # last report lag behind) took part to the end.
