@@ -111,6 +111,9 @@ class ClusterPhase(StrEnum):
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    # It took part in this run and is no longer selected (its claim or label went, the
+    # placement dropped it): its work is deleted; its last values stay on the row.
+    LEFT = "Left"
 
 
 class SelectorOperator(StrEnum):

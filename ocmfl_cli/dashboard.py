@@ -51,6 +51,7 @@ _PHASE_STYLE: Final = {
     "Running": "cyan",
     "Waiting": "yellow",
     "NoData": "yellow",
+    "Left": "dim",
 }
 
 

@@ -34,7 +34,7 @@ from typing import IO, Any
 import tomli_w
 
 from ocmfl.constants import ENV_FL_UID, SERVER_FAILED_EXIT, SUPERLINK_PORT
-from ocmfl.nodekeys import read_public_keys
+from ocmfl.nodekeys import PUBLIC_SUFFIX, read_public_keys
 from workloads import flower_env as fe
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
 from workloads.flower_app import AppError, FlowerApp, RunConfigValue, inspect_app, run_config
@@ -51,6 +51,9 @@ PREFIX = "ocm-fl-server"
 # While the run's log stream is open the run is not finished (the SuperLink closes it then):
 # its status is asked only this often, as a safety net.
 STATUS_FALLBACK_S = 60.0
+# How often the running launcher looks for SuperNode keys that appeared or changed (the key
+# directory is a Secret volume, which the kubelet refreshes about every minute).
+KEY_SYNC_S = 3.0
 
 
 class LaunchError(Exception):
@@ -252,6 +255,17 @@ def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
     )
 
 
+def _key_line(path: Path) -> bytes:
+    """The key of an OpenSSH public key file, without its comment (the cluster's name)."""
+    return b" ".join(path.read_bytes().split()[:2])
+
+
+def key_changes(registered: Mapping[str, bytes], found: Mapping[str, bytes]) -> list[str]:
+    """Clusters whose key in ``found`` is new or differs from the one ``registered``, in
+    order; clusters that are no longer found are not listed (see Launcher.sync_nodes)."""
+    return sorted(c for c, key in found.items() if registered.get(c) != key)
+
+
 class Launcher:
     """Owns the SuperLink process and talks to it through the flwr CLI."""
 
@@ -267,6 +281,8 @@ class Launcher:
         self.superlink: subprocess.Popen[bytes] | None = None
         self.gateway: Proxy | None = None
         self.run_id: str | None = None
+        self.keys: dict[str, bytes] = {}  # cluster -> the public key registered for it
+        self.nodes: dict[str, str] = {}  # cluster -> its node id (nodes.json)
         host, _, port = str(args.superlink_address).rpartition(":")
         if not host or not port.isdigit():
             raise LaunchError(
@@ -418,9 +434,61 @@ class Launcher:
                     nodes[cluster] = known[cluster]
                 else:
                     raise LaunchError(f"registering {key}: {one_line(str(exc))}") from None
+            self.keys[cluster] = _key_line(key)
+        self.nodes = dict(nodes)
         path.write_text(json.dumps(nodes, indent=2) + "\n")
         self.log(f"registered SuperNodes {', '.join(sorted(nodes))}")
         return nodes
+
+    def sync_nodes(self) -> list[str]:
+        """Register the keys that appeared or changed in the key directory since the last
+        look (a cluster that joined the running federation, or came back with a new key);
+        a changed key's previous node is unregistered, so the old key is refused. A key
+        that disappeared (the cluster left) stays registered: Flower keeps an unregistered
+        key in use, so the same key could never be registered again if the cluster came
+        back; the cluster's client is gone with its work anyway. Returns what it did, one
+        line per cluster."""
+        try:
+            found = {
+                c: _key_line(p) for c, p in read_public_keys(Path(self.args.supernode_keys)).items()
+            }
+        except OSError as exc:
+            return [f"key directory unreadable: {exc}"]
+        done: list[str] = []
+        for cluster in key_changes(self.keys, found):
+            path = Path(self.args.supernode_keys) / f"{cluster}{PUBLIC_SUFFIX}"
+            try:
+                out = self.flwr(
+                    "supernode", "register", str(path), fe.CONNECTION, "--name", cluster
+                )
+            except fe.FlwrCliError as exc:
+                done.append(f"{cluster}: key not registered: {one_line(str(exc))}")
+                continue
+            old = self.nodes.get(cluster)
+            self.nodes[cluster] = str(out["node-id"])
+            self.keys[cluster] = found[cluster]
+            line = f"{cluster}: {'new key' if old else 'joined'}, node {out['node-id']}"
+            if old:
+                try:
+                    self.flwr("supernode", "unregister", old, fe.CONNECTION)
+                    line += f" (node {old} of its previous key unregistered)"
+                except fe.FlwrCliError as exc:
+                    line += (
+                        f" (node {old} of its previous key not unregistered: {one_line(str(exc))})"
+                    )
+            done.append(line)
+        if done:
+            path = self.state / "nodes.json"
+            tmp = path.with_name(".nodes.json.tmp")
+            tmp.write_text(json.dumps(self.nodes, indent=2) + "\n")
+            tmp.replace(path)  # the ServerApp reads it after every round
+        return done
+
+    def watch_keys(self, stop: threading.Event) -> None:
+        """Until ``stop``: look at the key directory every KEY_SYNC_S (sync_nodes)."""
+        while not stop.wait(KEY_SYNC_S):
+            for line in self.sync_nodes():
+                self.log(f"SuperNode keys: {line}")
 
     def wait_for_clients(self, nodes: Mapping[str, str]) -> None:
         need = self.settings.min_clients
@@ -588,6 +656,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return finish(args, result)
     signal.signal(signal.SIGTERM, _raise_exit)
     launcher: Launcher | None = None
+    keys_stop = threading.Event()
     try:
         launcher = Launcher(args, settings)
         if args.run_id:
@@ -599,10 +668,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         launcher.check_store()
         launcher.start_superlink()
         launcher.start_gateway()
-        nodes = launcher.register_nodes()
+        launcher.register_nodes()
+        threading.Thread(
+            target=launcher.watch_keys, args=(keys_stop,), daemon=True, name="keys"
+        ).start()
         attempt = 1
         while True:
-            launcher.wait_for_clients(nodes)
+            launcher.wait_for_clients(dict(launcher.nodes))
             launcher.stop_stale_runs()
             run_id = launcher.submit()
             result = launcher.outcome(*launcher.follow(run_id))
@@ -619,6 +691,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:
         result = Outcome(False, f"terminated (exit {exc.code})")
     finally:
+        keys_stop.set()
         if launcher is not None:
             launcher.stop_superlink()
     return finish(args, result)

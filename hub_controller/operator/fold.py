@@ -53,6 +53,7 @@ _ROW_ORDER = {
     ClusterPhase.RUNNING: 3,
     ClusterPhase.APPLIED: 4,
     ClusterPhase.SUCCEEDED: 5,
+    ClusterPhase.LEFT: 6,
 }
 
 
@@ -233,6 +234,36 @@ def _cluster_row(
             values = {k: getattr(previous, k) if v is None else v for k, v in values.items()}
         row = row.model_copy(update=values)
     return row
+
+
+def _took_part(row: ClusterStatus | None) -> bool:
+    """The row of a cluster that trained in this run (it reported a round) or had left."""
+    return row is not None and (row.round is not None or row.phase == ClusterPhase.LEFT)
+
+
+def _as_left(row: ClusterStatus, why: str) -> ClusterStatus:
+    """`row` as a Left row, its last values kept."""
+    if row.phase == ClusterPhase.LEFT:
+        return row
+    return row.model_copy(
+        update={
+            "phase": ClusterPhase.LEFT,
+            "reason": f"left after round {row.round} ({why}); its work is deleted",
+            "work_applied": False,
+        }
+    )
+
+
+def left_rows(previous: Iterable[ClusterStatus], selected: set[str]) -> list[ClusterStatus]:
+    """Rows of clusters that took part in the run (they reported a round) and are no longer
+    selected, or still selected but without their data claim: phase Left, their last values
+    kept, so the user sees who left and when. A cluster that comes back gets its ordinary row
+    again."""
+    return [
+        _as_left(row, "no longer selected by the placement")
+        for row in previous
+        if row.name not in selected and _took_part(row)
+    ]
 
 
 def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[HistoryEntry]:
@@ -444,9 +475,12 @@ def fold(
 
     prev_rows = {row.name: row for row in previous.clusters} if previous else {}
     rows = [
-        _cluster_row(r, obs, obs.server_address is not None, prev_rows.get(r.name))
+        _as_left(prev_rows[r.name], r.reason)
+        if not r.has_data and _took_part(prev_rows.get(r.name))
+        else _cluster_row(r, obs, obs.server_address is not None, prev_rows.get(r.name))
         for r in obs.resolutions
     ]
+    rows += left_rows(prev_rows.values(), {r.name for r in obs.resolutions})
     if phase == Phase.COMPLETED:
         # The run ended well: a client still seen running (its Job feedback and the agent's
         # last report lag behind) took part to the end.

@@ -117,3 +117,33 @@ def kill_pod_processes(pod_ip: str, sig: int = signal.SIGKILL) -> list[int]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
     return hit
+
+
+def flower_pids(fed: LocalFederation, cluster: str, uid: str, program: str) -> list[int]:
+    """Pids of `program` (e.g. `flower-supernode`, `flwr-clientapp`) processes of the client
+    pod that `cluster` runs for the resource with this uid (read from each process's
+    environment: its cluster, its agent and the resource's uid; other resources' and earlier
+    drills' client pods run the same programs)."""
+    found = []
+    endpoint = fed.agent_host(cluster)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if not any(a.endswith(program.encode()) for a in argv[:2]):
+                continue
+            env = dict(
+                kv.split("=", 1)
+                for kv in (entry / "environ").read_bytes().decode(errors="replace").split("\0")
+                if "=" in kv
+            )
+        except OSError:
+            continue
+        if (
+            env.get(constants.ENV_CLUSTER_NAME) == cluster
+            and env.get(constants.ENV_FL_UID) == uid
+            and endpoint in env.get(constants.ENV_AGENT_ENDPOINT, "")
+        ):
+            found.append(int(entry.name))
+    return found

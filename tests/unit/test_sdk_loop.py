@@ -188,3 +188,20 @@ def test_a_round_below_the_minimum_names_the_clusters_that_failed_or_never_repli
     assert "round 2 train: 1 successful client results, minimum is 3" in text
     assert "cluster2: Error: Node Unavailable" in text
     assert "no reply from cluster3 before the round timeout" in text
+
+
+def test_on_the_platform_a_minimum_of_one_trains_with_one_cluster(tmp_path: Path) -> None:
+    """Flower's FedAvg waits for 2 nodes by default: with minAvailableClients 1 and a single
+    cluster (drills 2-4 start so) the run would wait forever; the platform's minimum rules."""
+    strategy = FedAvg()
+    grid = LocalGrid({11: client("cluster1", 30)})
+    result = run_strategy(
+        strategy,
+        grid,
+        initial_arrays=_initial(),
+        num_rounds=1,
+        platform=ServerPlatform(storage=str(tmp_path), resource_uid="uid-1", min_results=1),
+    )
+    assert to_numpy(result.arrays)["w"][0, 0] == 1.0
+    assert (strategy.min_available_nodes, strategy.min_train_nodes) == (1, 1)
+    assert strategy.min_evaluate_nodes == 1

@@ -220,3 +220,21 @@ def test_a_supernode_that_exits_0_by_itself_is_restarted(tmp_path: Path) -> None
             signal.signal(sig, handler)
     assert code == client_launcher.EXIT_DISCONNECTED
     assert len(runs.read_text()) >= 2
+
+
+def test_server_registers_keys_that_appear_or_change_but_keeps_those_that_leave(
+    tmp_path: Path,
+) -> None:
+    """The running launcher's key sync: a joining cluster's key and a changed key are to be
+    registered; a key that disappeared is not acted on (Flower keeps an unregistered key in
+    use, so unregistering it would refuse the same cluster's return)."""
+    pub = tmp_path / "c1.pub"
+    pub.write_bytes(b"ecdsa-sha2-nistp384 AAAAkey1 c1\n")
+    assert server_launcher._key_line(pub) == b"ecdsa-sha2-nistp384 AAAAkey1"
+    registered = {"c1": b"k1", "c2": b"k2"}
+    assert server_launcher.key_changes(registered, {"c1": b"k1", "c2": b"k2"}) == []
+    assert server_launcher.key_changes(registered, {"c1": b"k1", "c2": b"k2", "c3": b"k3"}) == [
+        "c3"
+    ]
+    assert server_launcher.key_changes(registered, {"c1": b"k1b", "c3": b"k3"}) == ["c1", "c3"]
+    assert server_launcher.key_changes(registered, {}) == []

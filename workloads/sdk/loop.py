@@ -12,6 +12,8 @@ What the call adds to ``strategy.start``:
   the resource uid) and the final model;
 - a round fails the run when fewer than the platform's minimum of clients reply without error
   (Flower itself carries on and ends "completed"); the message carries the clients' errors;
+- on the platform, the strategy's minimum node counts (``min_available_nodes``,
+  ``min_train_nodes``, ``min_evaluate_nodes``) are the platform's minimum;
 - clients see the global round in ``config["server-round"]`` also after a resume.
 
 All of it goes through ``PlatformGrid``, a wrapper of Flower's Grid, which also pulls replies
@@ -278,6 +280,22 @@ def _fit(start: ArrayRecord, initial: ArrayRecord, source: str) -> None:
         raise StartModelError(str(exc)) from None
 
 
+MIN_NODE_ATTRS = ("min_available_nodes", "min_train_nodes", "min_evaluate_nodes")
+
+
+def use_platform_minimum(strategy: Strategy, minimum: int) -> list[str]:
+    """Set the strategy's minimum node counts (Flower's FedAvg defaults them to 2) to the
+    platform's minimum (spec.server.minAvailableClients): with a minimum of 1 and one
+    cluster, Flower's defaults would wait for a second node forever. Returns the attributes
+    it changed."""
+    changed = []
+    for attr in MIN_NODE_ATTRS:
+        if isinstance(getattr(strategy, attr, None), int) and getattr(strategy, attr) != minimum:
+            setattr(strategy, attr, minimum)
+            changed.append(attr)
+    return changed
+
+
 def run_strategy(
     strategy: Strategy,
     grid: Grid,
@@ -332,6 +350,11 @@ def run_strategy(
         result.arrays = start
         return result
 
+    if platform.resource_uid:  # on the platform: the resource's minimum is the rule
+        changed = use_platform_minimum(strategy, platform.min_results)
+        if changed:
+            log.info("%s set to the platform's minimum, %d", ", ".join(changed),
+                     platform.min_results)  # fmt: skip
     wrapped = PlatformGrid(
         grid,
         min_results=platform.min_results,
