@@ -242,4 +242,3 @@ def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> 
         pytest.skip("mount namespaces not permitted here")
     assert outs == ["one", "two"]
     assert list(target.iterdir()) == []  # nothing leaked into the host mount table
-
