@@ -478,7 +478,7 @@ class Launcher:
                     )
             done.append(line)
         if done:
-            path = self.state / "nodes.json"
+            path = self.persist / "nodes.json"
             tmp = path.with_name(".nodes.json.tmp")
             tmp.write_text(json.dumps(self.nodes, indent=2) + "\n")
             tmp.replace(path)  # the ServerApp reads it after every round

@@ -238,3 +238,31 @@ def test_server_registers_keys_that_appear_or_change_but_keeps_those_that_leave(
     ]
     assert server_launcher.key_changes(registered, {"c1": b"k1b", "c3": b"k3"}) == ["c1", "c3"]
     assert server_launcher.key_changes(registered, {}) == []
+
+
+def test_a_key_registered_mid_run_reaches_the_node_map_the_serverapp_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cluster joins the running federation: its key is registered and its node id goes
+    # into the node map the ServerApp reads (platform.node_names_file, on --persist-dir).
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    args = server_launcher.build_parser().parse_args(
+        [*BASE, "--state-dir", str(tmp_path / "st"), "--supernode-keys", str(keys),
+         "--persist-dir", str(tmp_path / "kept")]
+    )  # fmt: skip
+    settings = server_launcher.settings_from_args(args)
+    launcher = server_launcher.Launcher(args, settings)
+    (tmp_path / "kept").mkdir()
+    calls: list[tuple[str, ...]] = []
+
+    def flwr(*argv: str) -> dict[str, str]:
+        calls.append(argv)
+        return {"node-id": "42"}
+
+    monkeypatch.setattr(launcher, "flwr", flwr)
+    (keys / "cluster3.pub").write_bytes(b"ecdsa-sha2-nistp384 AAAAkey3 cluster3\n")
+    assert launcher.sync_nodes() == ["cluster3: joined, node 42"]
+    assert calls[0][:2] == ("supernode", "register")
+    names = json.loads(Path(settings.platform.node_names_file).read_text())
+    assert names == {"cluster3": "42"}
