@@ -131,7 +131,9 @@ def flower_pids(fed: LocalFederation, cluster: str, uid: str, program: str) -> l
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-            if not any(a.endswith(program.encode()) for a in argv[:2]):
+            # argv[:3]: a script run through its shebang is `python -IS <script> ...` (the
+            # ClientApp worker's flwr-clientapp shim, workloads.sdk.worker).
+            if not any(a.endswith(program.encode()) for a in argv[:3]):
                 continue
             env = dict(
                 kv.split("=", 1)
