@@ -47,7 +47,7 @@ pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 NS = "drill-certs"
 NAME = "certs-rotate"
 LIFETIME_S = 40
-ROUNDS = 8
+ROUNDS = 12  # with about 30 s between rotations, at least 3 rotations even at 7 s per round
 MIN_CHANGES = 2
 POLL_S = 0.5
 
