@@ -214,10 +214,15 @@ def _handle(conn: socket.socket) -> None:
         _send(conn, reply_header, reply_blobs)
     except Exception as exc:  # the app's error goes back as the reply
         _send(conn, {"error": str(exc), "type": type(exc).__name__}, [])
-    # Background work the app started (the agent_metrics POST) finishes before the exit.
+    _join_app_threads()
+
+
+def _join_app_threads(timeout_s: float = 5.0) -> None:
+    """Let background work the app started (the agent_metrics POST) finish before the child
+    exits with os._exit, which, unlike a normal interpreter exit, does not wait for it."""
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
-            thread.join(timeout=5.0)
+            thread.join(timeout=timeout_s)
 
 
 def _exec_flower_clientapp(conn: socket.socket, header: dict[str, Any], fds: list[int]) -> None:
@@ -243,6 +248,7 @@ def _exec_flower_clientapp(conn: socket.socket, header: dict[str, Any], fds: lis
         log.exception("flwr-clientapp failed in the worker")
         code = 1
     finally:
+        _join_app_threads()
         sys.stdout.flush()
         sys.stderr.flush()
         with contextlib.suppress(OSError):
