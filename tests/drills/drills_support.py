@@ -149,3 +149,13 @@ def flower_pids(fed: LocalFederation, cluster: str, uid: str, program: str) -> l
         ):
             found.append(int(entry.name))
     return found
+
+
+def rounds_missing(
+    status: dict[str, Any], clusters: list[str], rounds: int
+) -> list[tuple[int, str]]:
+    """The (round, cluster) pairs of rounds 1..`rounds` that have no loss in the status's
+    history: a report lost somewhere on the way (empty when none was)."""
+    have = {(h["round"], h["cluster"]) for h in status.get("history") or []
+            if h.get("loss") is not None}  # fmt: skip
+    return sorted({(r, c) for r in range(1, rounds + 1) for c in clusters} - have)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from drills_support import pending as _pending
-from drills_support import restore
+from drills_support import restore, rounds_missing
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
@@ -63,10 +63,8 @@ def test_drill_agent_killed_with_reports_buffered(
         status: dict[str, Any] = final["status"]
         assert status["phase"] == "Completed", status.get("message")
         # No report lost: every round of every cluster is in the history, with a loss.
-        have = {(h["round"], h["cluster"]) for h in status.get("history") or []
-                if h.get("loss") is not None}  # fmt: skip
-        want = {(r, c) for r in range(1, ROUNDS + 1) for c in clusters}
-        assert want <= have, sorted(want - have)
+        missing = rounds_missing(status, clusters, ROUNDS)
+        assert not missing, missing
         wait_for(lambda: _pending(fed, victim) == 0, 60, f"{victim}'s buffer drained")
         print(
             f"\nDRILL 8: {buffered} report(s) buffered at {victim}'s agent when it was killed, "

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drills_support import apiserver_pid, hub_metrics
+from drills_support import apiserver_pid, hub_metrics, rounds_missing
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
@@ -93,10 +93,8 @@ def test_drill_hub_apiserver_stopped_30s_training_goes_on_status_catches_up(
         final = wait_fl(hub, NS, NAME, 600, fed=fed)
         status: dict[str, Any] = final["status"]
         assert status["phase"] == "Completed", status.get("message")
-        have = {(h["round"], h["cluster"]) for h in status.get("history") or []
-                if h.get("loss") is not None}  # fmt: skip
-        want = {(r, c) for r in range(1, ROUNDS + 1) for c in clusters}
-        assert want <= have, sorted(want - have)
+        missing = rounds_missing(status, clusters, ROUNDS)
+        assert not missing, missing
         rows = {r["name"]: r for r in status["clusters"]}
         assert all(rows[c].get("round") == ROUNDS for c in clusters), rows
         print(
