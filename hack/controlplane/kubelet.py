@@ -337,7 +337,16 @@ def image_store(images: list[str], log_file: Path) -> Iterator[Path]:
         if not (store / "images.json").is_file():
             seeds = [d for d in STORE_ROOT.iterdir() if (d / "images.json").is_file()]
             seed = max(seeds, key=lambda d: d.stat().st_mtime, default=None)
-            _build_store(images, store, log_file, None if seed is None else seed / "root")
+            try:
+                _build_store(images, store, log_file, None if seed is None else seed / "root")
+            except NodeError as err:
+                if seed is None:
+                    raise
+                # Seen once: containerd refused a seeded import ("parent snapshot ... does not
+                # exist"); the seed only saves time, so build the store from nothing instead.
+                with log_file.open("a") as fh:
+                    fh.write(f"seeded import failed ({err}); importing without a seed\n")
+                _build_store(images, store, log_file, None)
             for old in STORE_ROOT.iterdir():
                 if old.is_dir() and old != store:
                     shutil.rmtree(old, ignore_errors=True)

@@ -147,3 +147,33 @@ def test_a_node_shares_the_stores_layers_but_writes_its_own_databases(tmp_path: 
         assert (node / rel).stat().st_ino != (store / rel).stat().st_ino
         (node / rel).write_text("changed by the node")
         assert (store / rel).read_text() == Path(rel).name
+
+
+def test_a_store_whose_seeded_import_fails_is_built_from_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seen in CI: containerd refused the import into a copy of the previous store ("parent
+    # snapshot ... does not exist"); the seed only saves time, the plane must still come up.
+    monkeypatch.setattr(kubelet, "STORE_ROOT", tmp_path / "stores")
+    monkeypatch.setattr(podman, "image_id", lambda image: f"sha256:{image}-new")
+    old = tmp_path / "stores" / "old"
+    (old / "root").mkdir(parents=True)
+    (old / "images.json").write_text("[]")
+    seeds: list[Path | None] = []
+
+    def build(images: list[str], out: Path, log_file: Path, seed: Path | None) -> None:
+        seeds.append(seed)
+        if seed is not None:
+            raise kubelet.NodeError("ctr: parent snapshot sha256:c7ab does not exist")
+        (out / "root").mkdir(parents=True)
+        (out / "images.json").write_text('["workload"]')
+
+    monkeypatch.setattr(kubelet, "_build_store", build)
+    log = tmp_path / "store.log"
+    with kubelet.image_store(["workload"], log) as root:
+        assert root.is_dir() and root.parent.name == kubelet.store_key(
+            {"workload": "sha256:workload-new"}
+        )
+    assert seeds == [old / "root", None]
+    assert "importing without a seed" in log.read_text()
+    assert not old.exists()  # the old store goes once the new one stands
