@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,21 @@ def _body(run: Run) -> dict[str, Any]:
 
 def _status(hub: Kube, run: Run) -> dict[str, Any]:
     return dict((get_fl(hub, run.namespace, run.name) or {}).get("status") or {})
+
+
+def _reached(
+    fed: LocalFederation, hub: Kube, run: Run, *phases: str
+) -> Callable[[], dict[str, Any] | None]:
+    """A `wait_for` probe: `run`'s status once its phase is one of `phases`; Failed raises."""
+
+    def probe() -> dict[str, Any] | None:
+        fed.check_alive()
+        st = _status(hub, run)
+        if st.get("phase") == "Failed":
+            raise AssertionError(f"{run.key} failed: {st.get('message')}")
+        return st if st.get("phase") in phases else None
+
+    return probe
 
 
 def _works(hub: Kube, cluster: str, run: Run) -> list[dict[str, Any]]:
@@ -178,27 +194,24 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
     kept = [keep_a, keep_c]
     spokes = {c: Kube(plane.cluster_kubeconfigs[c]) for c in (c1, c2, c3)}
     try:
-        for run in runs:
-            created = create_fl(hub, run.namespace, _body(run))
-            run.uid = created["metadata"]["uid"]
+        # The short one first, the others once it trains; all three then train side by side.
+        # Started together, a long one on quick clusters finished all its rounds before the
+        # short one's server came up.
+        gone.uid = create_fl(hub, gone.namespace, _body(gone))["metadata"]["uid"]
+        wait_for(_reached(fed, hub, gone, "Running", "Completed"), 600, f"{gone.key} training")
+        for run in kept:
+            run.uid = create_fl(hub, run.namespace, _body(run))["metadata"]["uid"]
 
         # One tenant's client pod cannot post metrics for another tenant's federation.
         spoof_ns = f"/api/v1/namespaces/{client_namespace(keep_c.ref)}"
         wait_for(lambda: spokes[c3].get(spoof_ns), 300, f"client namespace of {keep_c.key}")
         spokes[c3].create(f"{spoof_ns}/pods", _spoof_pod(keep_c, fed.agent_endpoints()[c3]))
 
-        # All three train at the same time: the short one completes while the others run.
-        def short_done() -> dict[str, Any] | None:
-            fed.check_alive()
-            st = _status(hub, gone)
-            if st.get("phase") == "Failed":
-                raise AssertionError(f"{gone.key} failed: {st.get('message')}")
-            return st if st.get("phase") == "Completed" else None
-
-        wait_for(short_done, 900, f"{gone.key} Completed")
+        # The short one completes while the others train.
+        wait_for(_reached(fed, hub, gone, "Completed"), 900, f"{gone.key} Completed")
         for run in kept:
+            wait_for(_reached(fed, hub, run, "Running", "Completed"), 600, f"{run.key} training")
             st = _status(hub, run)
-            assert st.get("phase") == "Running", (run.key, st.get("phase"), st.get("message"))
             assert int(st.get("round") or 0) < run.rounds, (run.key, "finished too early")
 
         def spoof_done() -> str | None:
