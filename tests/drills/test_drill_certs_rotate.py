@@ -60,6 +60,8 @@ AGENT_STREAM = re.compile(
 # log_format fleet: $remote_addr "$ssl_client_s_dn" $ssl_client_serial "$request" $status ...
 GATEWAY_LINE = re.compile(r'"[^"]*CN=fleet:([^,"]+)[^"]*" ([0-9A-Fa-f]+) "[^"]*" (\d{3}) ')
 RELOAD_LINE = "ocm-fl: new certificate"
+# A gateway access line whose status is not 2xx (the request line says which Fleet call).
+REFUSED_LINE = re.compile(r'" [0-9A-Fa-f-]+ "[^"]*" [^2]\d\d ')
 
 
 def served_serial(host: str, port: int) -> int | None:
@@ -137,7 +139,9 @@ class Observer:
 # Not yet reliable on the merged code (2026-12-01): in one run the gateway answered one of 759
 # Fleet requests 412 during the rotations (cause not found: logs gone), in the clean-clone CI
 # the 8-round run was too short for two agent rotations (now 12 rounds). Runs and reports
-# XFAIL/XPASS until that 412 is understood; see docs/reliability.md.
+# XFAIL/XPASS until that 412 is understood; see docs/reliability.md. In Flower 1.42 a Fleet
+# 412 is most likely FLEET_NODE_ACTIVATION_FAILED: a SuperNode that (re)activates while its
+# node is still ONLINE; the assertion now prints the refused request lines to confirm it.
 @pytest.mark.xfail(reason="a gateway 412 during rotation, seen once, not explained", strict=False)
 def test_drill_certificates_rotate_mid_run(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
@@ -227,8 +231,8 @@ def test_drill_certificates_rotate_mid_run(
         assert not short, f"certificates that changed fewer than {MIN_CHANGES} times: {short}"
         assert all(n >= MIN_CHANGES for n in reloads.values()), reloads
         assert len(reloads) == 1 + len(clusters), reloads
-        refused = {s: n for s, n in statuses.items() if not s.startswith("2")}
-        assert not refused, f"the gateway refused requests: {refused}"
+        refused = [line for line in gateway_text.splitlines() if REFUSED_LINE.search(line)]
+        assert not refused, "the gateway refused requests:\n" + "\n".join(refused[:20])
     finally:
         fed.hub_env.pop(certlife.ENV_CERT_LIFETIME, None)
         restore(fed)
