@@ -4,10 +4,11 @@
 
 Builds `--clients` train replies (ArrayRecord of `--params` float32 values in a few tensors,
 plus the `num-examples` MetricRecord, as Flower receives them), then times, best of
-`--repeats`: the memory read bandwidth (numpy summing a float32 buffer as large as all the
-client arrays together, on one core and on all cores, the faster counts), Flower's
-`aggregate_arrayrecords` and the SDK's. Speed of an aggregation = the bytes of client arrays
-it must read / its time; printed as a fraction of the bandwidth, with the largest difference
+`--repeats` taken in turns (so each sees the same spells of load): the memory read bandwidth
+(numpy summing a float32 buffer as large as all the client arrays together, on one core and
+on all cores, the faster counts), Flower's `aggregate_arrayrecords` and the SDK's. Speed of
+an aggregation = the bytes of client arrays it must read / its time; printed as a fraction of
+the bandwidth, with the largest difference
 between the two results. Not a test: numbers depend on the machine and its load.
 """
 
@@ -50,13 +51,17 @@ def replies(params: int, clients: int, seed: int = 0) -> list[RecordDict]:
     return out
 
 
-def best(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    times, result = [], None
+def interleaved(fns: dict[str, Callable[[], Any]], repeats: int) -> dict[str, tuple[float, Any]]:
+    """Best time and last result of each function, the functions taking turns each repeat:
+    on a shared machine every one of them then sees the same spells of load."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    results: dict[str, Any] = {}
     for _ in range(repeats):
-        started = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - started)
-    return min(times), result
+        for name, fn in fns.items():
+            started = time.perf_counter()
+            results[name] = fn()
+            times[name].append(time.perf_counter() - started)
+    return {name: (min(times[name]), results[name]) for name in fns}
 
 
 def main() -> None:
@@ -68,16 +73,22 @@ def main() -> None:
     records = replies(args.params, args.clients)
     read_bytes = args.params * args.clients * 4
     buffer = np.ones(args.params * args.clients, dtype=np.float32)
-    one_s, _ = best(lambda: float(buffer.sum()), args.repeats)
-    # Our average uses every core: so does this read (numpy's sum releases the GIL).
+    # Our average uses every core: so does one of the reads (numpy's sum releases the GIL).
     cores = len(os.sched_getaffinity(0))
     parts = np.array_split(buffer, cores)
     with ThreadPoolExecutor(cores) as pool:
-        all_s, _ = best(lambda: sum(pool.map(lambda a: float(a.sum()), parts)), args.repeats)
-    buffer.resize(0, refcheck=False)
-    bandwidth = read_bytes / min(one_s, all_s)
-    flower_s, flower = best(lambda: flower_aggregate(records, "num-examples"), args.repeats)
-    ours_s, ours = best(lambda: our_aggregate(records, "num-examples"), args.repeats)
+        timed = interleaved(
+            {
+                "read_one_core": lambda: float(buffer.sum()),
+                "read_all_cores": lambda: sum(pool.map(lambda a: float(a.sum()), parts)),
+                "flower": lambda: flower_aggregate(records, "num-examples"),
+                "ours": lambda: our_aggregate(records, "num-examples"),
+            },
+            args.repeats,
+        )
+    bandwidth = read_bytes / min(timed["read_one_core"][0], timed["read_all_cores"][0])
+    flower_s, flower = timed["flower"]
+    ours_s, ours = timed["ours"]
     diff = max(float(np.max(np.abs(flower[k].numpy() - ours[k].numpy()))) for k in flower)
     report = {
         "params": args.params,
