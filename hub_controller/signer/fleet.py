@@ -14,7 +14,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -26,14 +25,13 @@ from hub_controller.membership import Registry
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.indexes import Indexes
+from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import Deny, Ignore, agent_group, requested_lifetime
 from ocmfl import certlife, constants, pki
-from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
+from ocmfl.kube import MERGE_PATCH, Kube, path_of
 
 log = logging.getLogger(__name__)
 
-CSR_API_VERSION: Final = "certificates.k8s.io/v1"
-ATTEMPTS: Final = 5
 ALLOWED_USAGES: Final = frozenset({"client auth", "digital signature", "key encipherment"})
 NO_CA_YET: Final = "the federation's Fleet CA is not there yet"
 WORKS: Final = f"/apis/{constants.WORK_GROUP}/v1/namespaces/{{cluster}}/manifestworks"
@@ -263,24 +261,10 @@ def fleet_csr_changed(
         return
     signer: FleetSigner = memo.fleet_signer
     members = Indexes.of(kwargs).members()
-    csr = dict(body)
-    path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, csr["metadata"]["name"])
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            if attempt > 1:
-                fresh = signer.kube.get(path)
-                if fresh is None:
-                    return
-                csr = fresh
-            decision = signer.handle(csr, members)
-            if not (isinstance(decision, Ignore) and decision.why == NO_CA_YET):
-                return
-            if attempt == ATTEMPTS:
-                logger.warning("Fleet CSR %s: %s", csr["metadata"]["name"], NO_CA_YET)
-                return
-            time.sleep(attempt)
-        except KubeError as exc:
-            if not exc.transient or attempt == ATTEMPTS:
-                logger.error("Fleet CSR %s: %s", csr["metadata"]["name"], exc)
-                return
-            time.sleep(attempt)
+
+    def handle(csr: dict[str, Any]) -> str | None:
+        decision = signer.handle(csr, members)
+        # A Fleet CSR can come before its federation's CA Secret: wait for it a little.
+        return NO_CA_YET if isinstance(decision, Ignore) and decision.why == NO_CA_YET else None
+
+    handle_with_retries(signer.kube, dict(body), handle, logger, "Fleet CSR")

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any
 
 import kopf
 
 from hub_controller.ca import HubCA
 from hub_controller.membership import Registry
 from hub_controller.operator.indexes import Indexes
+from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
     Approve,
     Decision,
@@ -31,12 +31,9 @@ from hub_controller.signer.policy import (
     sign_request,
 )
 from ocmfl import certlife, constants, pki
-from ocmfl.kube import Kube, KubeError, path_of
+from ocmfl.kube import Kube, path_of
 
 log = logging.getLogger(__name__)
-
-CSR_API_VERSION: Final = "certificates.k8s.io/v1"
-ATTEMPTS: Final = 5  # a transient API failure is retried this often, then left to the next event
 
 
 @dataclass
@@ -97,19 +94,8 @@ def csr_changed(
         return
     signer: Signer = memo.signer
     members = Indexes.of(kwargs).members()
-    csr = dict(body)
-    path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, csr["metadata"]["name"])
-    for attempt in range(1, ATTEMPTS + 1):
-        try:
-            if attempt > 1:  # what failed may have changed it: decide on what is there now
-                fresh = signer.kube.get(path)
-                if fresh is None:
-                    return
-                csr = fresh
-            signer.handle(csr, members)
-            return
-        except KubeError as exc:
-            if not exc.transient or attempt == ATTEMPTS:
-                logger.error("CSR %s: %s", csr["metadata"]["name"], exc)
-                return
-            time.sleep(attempt)
+
+    def handle(csr: dict[str, Any]) -> None:
+        signer.handle(csr, members)
+
+    handle_with_retries(signer.kube, dict(body), handle, logger, "CSR")

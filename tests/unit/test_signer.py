@@ -18,6 +18,7 @@ from hub_controller.bootstrap.addon_template import (
     custom_signer_registration,
     default_agent_subject,
 )
+from hub_controller.signer import csr_events
 from hub_controller.signer.policy import (
     MAX_LIFETIME,
     Approve,
@@ -28,6 +29,7 @@ from hub_controller.signer.policy import (
     sign_request,
 )
 from ocmfl import constants, pki
+from ocmfl.kube import KubeError
 
 KNOWN = {"cluster-a", "cluster-b"}
 
@@ -201,3 +203,70 @@ async def test_agent_renews_its_certificate_when_due(tmp_path: Any) -> None:
     assert not await renew_if_due(api, "cluster-a", tmp_path)  # fresh: nothing to do
     with pytest.raises(RenewalError, match="UnknownCluster"):
         await renew_if_due(api, "cluster-z", tmp_path / "z", poll_s=0.01)
+
+
+class _CSRs:
+    """The CSR as the apiserver has it now (`get`), and the paths asked for."""
+
+    def __init__(self, now: dict[str, Any] | None) -> None:
+        self.now, self.gets = now, 0
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        assert path.endswith("/certificatesigningrequests/c1")
+        self.gets += 1
+        return self.now
+
+
+class _Log:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def warning(self, fmt: str, *args: Any) -> None:
+        self.lines.append("warning " + fmt % args)
+
+    def error(self, fmt: str, *args: Any) -> None:
+        self.lines.append("error " + fmt % args)
+
+
+def _csr(version: str) -> dict[str, Any]:
+    return {"metadata": {"name": "c1", "resourceVersion": version}}
+
+
+def test_a_csr_event_is_retried_on_the_csr_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hub_controller.signer.csr_events.time.sleep", lambda s: None)
+    kube, log, seen = _CSRs(_csr("2")), _Log(), []
+
+    def handle(csr: dict[str, Any]) -> str | None:
+        seen.append(csr["metadata"]["resourceVersion"])
+        if len(seen) == 1:
+            raise KubeError(409, "Conflict", "the object has been modified")
+        return None
+
+    csr_events.handle_with_retries(kube, _csr("1"), handle, log, "CSR")  # type: ignore[arg-type]
+    assert seen == ["1", "2"] and kube.gets == 1 and not log.lines
+
+
+def test_a_lasting_failure_or_wait_is_logged_once_and_left_to_the_next_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("hub_controller.signer.csr_events.time.sleep", lambda s: None)
+    kube, log = _CSRs(_csr("2")), _Log()
+
+    def refused(csr: dict[str, Any]) -> str | None:
+        raise KubeError(403, "Forbidden", "no")
+
+    csr_events.handle_with_retries(kube, _csr("1"), refused, log, "CSR")  # type: ignore[arg-type]
+    assert kube.gets == 0 and log.lines == ["error CSR c1: HTTP 403 Forbidden: no"]
+
+    calls: list[int] = []
+
+    def waiting(csr: dict[str, Any]) -> str | None:
+        calls.append(1)
+        return "no CA yet"
+
+    csr_events.handle_with_retries(kube, _csr("1"), waiting, log, "Fleet CSR")  # type: ignore[arg-type]
+    assert len(calls) == csr_events.ATTEMPTS and log.lines[-1] == "warning Fleet CSR c1: no CA yet"
+
+    gone = _CSRs(None)
+    csr_events.handle_with_retries(gone, _csr("1"), waiting, log, "CSR")  # type: ignore[arg-type]
+    assert gone.gets == 1 and len(log.lines) == 2  # deleted meanwhile: nothing more to do
