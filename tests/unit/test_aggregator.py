@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -357,10 +358,13 @@ def test_addon_members_are_accepted_clusters_with_the_addon_from_the_indexes() -
     assert members.is_registered("no-addon")
 
 
-async def test_acks_wait_for_durability_in_order_while_reading_goes_on(tpki: TestPKI) -> None:
-    """A store that waits for the status: reports keep being read and stored while their
-    acks wait; each ack leaves once a status write covers its report, in report order; a
-    stream that ends leaves the unacked ones to be resent; forgetting the run releases them."""
+@contextlib.asynccontextmanager
+async def _durable_stream(
+    tpki: TestPKI,
+) -> AsyncIterator[
+    tuple[ReportStore, grpc.aio.StreamStreamCall[report_pb2.Report, report_pb2.Ack]]
+]:
+    """cluster-a's report stream to an aggregator whose store acks only durable reports."""
     store = ReportStore(wait_for_status=True)
     creds = ReloadingServerCredentials.from_dir(tpki.server_dir("srv"))
     hub = AggregatorServer(store, StaticMembers(["cluster-a"]), credentials=creds)
@@ -368,28 +372,35 @@ async def test_acks_wait_for_durability_in_order_while_reading_goes_on(tpki: Tes
     try:
         ca = pki.cert_to_pem(tpki.ca.cert)
         async with channel_for(hub.port, tpki.client_dir("cluster-a"), ca) as channel:
-            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
-            for seq in (1, 2, 3):
-                await call.write(make_report("cluster-a", seq, round=seq))
-            while store.version(UID) < 3:  # all three read and stored, none acked
-                await asyncio.sleep(0.01)
-            assert store.snapshot(UID)["cluster-a"].round == 3
-            assert store.awaiting() == 3
-            store.persisted(UID, 2)
-            assert [(await call.read()).sequence for _ in range(2)] == [1, 2]
-            reading = asyncio.ensure_future(call.read())
-            await asyncio.sleep(0.2)
-            assert not reading.done()
-            store.persisted(UID, 3)
-            assert (await asyncio.wait_for(reading, 10)).sequence == 3
-            await call.write(make_report("cluster-a", 4, round=4))
-            await call.done_writing()
-            while store.version(UID) < 4:
-                await asyncio.sleep(0.01)
-            store.forget(UID)  # the resource was deleted: nothing left to keep
-            assert (await asyncio.wait_for(call.read(), 10)).sequence == 4
+            yield store, report_pb2_grpc.StatusServiceStub(channel).StreamReports()
     finally:
         await hub.stop()
+
+
+async def test_acks_wait_for_durability_in_order_while_reading_goes_on(tpki: TestPKI) -> None:
+    """A store that waits for the status: reports keep being read and stored while their
+    acks wait; each ack leaves once a status write covers its report, in report order; a
+    stream that ends leaves the unacked ones to be resent; forgetting the run releases them."""
+    async with _durable_stream(tpki) as (store, call):
+        for seq in (1, 2, 3):
+            await call.write(make_report("cluster-a", seq, round=seq))
+        while store.version(UID) < 3:  # all three read and stored, none acked
+            await asyncio.sleep(0.01)
+        assert store.snapshot(UID)["cluster-a"].round == 3
+        assert store.awaiting() == 3
+        store.persisted(UID, 2)
+        assert [(await call.read()).sequence for _ in range(2)] == [1, 2]
+        reading = asyncio.ensure_future(call.read())
+        await asyncio.sleep(0.2)
+        assert not reading.done()
+        store.persisted(UID, 3)
+        assert (await asyncio.wait_for(reading, 10)).sequence == 3
+        await call.write(make_report("cluster-a", 4, round=4))
+        await call.done_writing()
+        while store.version(UID) < 4:
+            await asyncio.sleep(0.01)
+        store.forget(UID)  # the resource was deleted: nothing left to keep
+        assert (await asyncio.wait_for(call.read(), 10)).sequence == 4
 
 
 async def test_a_half_closed_stream_ends_without_waiting_forever_for_durability(
@@ -400,20 +411,11 @@ async def test_a_half_closed_stream_ends_without_waiting_forever_for_durability(
     from hub_controller.aggregator import servicer
 
     monkeypatch.setattr(servicer, "HALF_CLOSE_ACK_WAIT_S", 0.3)
-    store = ReportStore(wait_for_status=True)
-    creds = ReloadingServerCredentials.from_dir(tpki.server_dir("srv"))
-    hub = AggregatorServer(store, StaticMembers(["cluster-a"]), credentials=creds)
-    await hub.start()
-    try:
-        ca = pki.cert_to_pem(tpki.ca.cert)
-        async with channel_for(hub.port, tpki.client_dir("cluster-a"), ca) as channel:
-            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
-            await call.write(make_report("cluster-a", 1))
-            await call.done_writing()
-            acks = await asyncio.wait_for(_all_acks(call), 10)
-            assert acks == [] and store.version(UID) == 1
-    finally:
-        await hub.stop()
+    async with _durable_stream(tpki) as (store, call):
+        await call.write(make_report("cluster-a", 1))
+        await call.done_writing()
+        acks = await asyncio.wait_for(_all_acks(call), 10)
+        assert acks == [] and store.version(UID) == 1
 
 
 async def _all_acks(
