@@ -26,7 +26,14 @@ from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.indexes import Indexes
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
-from hub_controller.signer.policy import Deny, Ignore, agent_group, requested_lifetime
+from hub_controller.signer.policy import (
+    Deny,
+    Ignore,
+    agent_group,
+    conditions_of,
+    open_request,
+    requested_lifetime,
+)
 from ocmfl import certlife, constants, pki
 from ocmfl.kube import MERGE_PATCH, Kube, path_of
 
@@ -51,10 +58,6 @@ FleetDecision = ApproveFleet | Deny | Ignore
 WorkLookup = Callable[[str, str], Mapping[str, str] | None]
 
 
-def _conditions(csr: Mapping[str, Any]) -> set[str]:
-    return {c.get("type", "") for c in (csr.get("status") or {}).get("conditions") or []}
-
-
 def decide_fleet_csr(
     csr: Mapping[str, Any],
     known_clusters: Collection[str],
@@ -64,18 +67,9 @@ def decide_fleet_csr(
     """What to do with one CertificateSigningRequest for the Fleet signer (`cap`: the hub's
     lifetime cap, ocmfl.certlife)."""
     spec = csr.get("spec") or {}
-    if spec.get("signerName") != constants.FLEET_SIGNER_NAME:
-        return Ignore("not the Fleet signer")
-    if (csr.get("status") or {}).get("certificate"):
-        return Ignore("already signed")
-    conditions = _conditions(csr)
-    if conditions & {"Denied", "Failed"}:
-        return Ignore("already denied or failed")
-    try:
-        request = pki.load_csr_pem(base64.b64decode(spec.get("request") or "", validate=True))
-        pki.verify_csr(request)
-    except (ValueError, pki.CSRError) as e:
-        return Deny("InvalidRequest", f"spec.request is not a valid signed CSR: {e}")
+    request = open_request(csr, constants.FLEET_SIGNER_NAME)
+    if isinstance(request, Ignore | Deny):
+        return request
     uris = pki.uris_of(request)
     fleet = [u for u in uris if u.startswith(constants.FLEET_URI_PREFIX)]
     keys = [u for u in uris if u.startswith(constants.SUPERNODE_KEY_URI_PREFIX)]
@@ -121,7 +115,7 @@ def decide_fleet_csr(
         FLRef(namespace=ns, name=name, uid=uid),
         supernode_key,
         lifetime,
-        already_approved="Approved" in conditions,
+        already_approved="Approved" in conditions_of(csr),
     )
 
 

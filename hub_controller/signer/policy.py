@@ -16,6 +16,8 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from cryptography import x509
+
 from ocmfl import constants, pki
 
 MAX_LIFETIME: Final = dt.timedelta(hours=24)
@@ -53,9 +55,31 @@ def agent_group(cluster: str, addon: str = constants.ADDON_NAME) -> str:
     return f"system:open-cluster-management:cluster:{cluster}:addon:{addon}"
 
 
-def _conditions(csr: Mapping[str, Any]) -> set[str]:
+def conditions_of(csr: Mapping[str, Any]) -> set[str]:
+    """The types of a CSR's status conditions (Approved, Denied, Failed)."""
     status = csr.get("status") or {}
     return {c.get("type", "") for c in status.get("conditions") or []}
+
+
+def open_request(
+    csr: Mapping[str, Any], signer_name: str
+) -> Ignore | Deny | x509.CertificateSigningRequest:
+    """The verified request of a CSR still open for `signer_name`; else why to leave it
+    alone (another signer's, already signed, denied or failed) or to deny it (not a valid
+    signed CSR)."""
+    spec = csr.get("spec") or {}
+    if spec.get("signerName") != signer_name:
+        return Ignore(f"not for {signer_name}")
+    if (csr.get("status") or {}).get("certificate"):
+        return Ignore("already signed")
+    if conditions_of(csr) & {"Denied", "Failed"}:
+        return Ignore("already denied or failed")
+    try:
+        request = pki.load_csr_pem(base64.b64decode(spec.get("request") or "", validate=True))
+        pki.verify_csr(request)
+    except (ValueError, pki.CSRError) as e:
+        return Deny("InvalidRequest", f"spec.request is not a valid signed CSR: {e}")
+    return request
 
 
 def decide_csr(
@@ -64,18 +88,9 @@ def decide_csr(
     """What to do with one CertificateSigningRequest (a camelCase dict); `cap`: the hub's
     lifetime cap (ocmfl.certlife)."""
     spec = csr.get("spec") or {}
-    if spec.get("signerName") != constants.SIGNER_NAME:
-        return Ignore("not our signer")
-    conditions = _conditions(csr)
-    if (csr.get("status") or {}).get("certificate"):
-        return Ignore("already signed")
-    if conditions & {"Denied", "Failed"}:
-        return Ignore("already denied or failed")
-    try:
-        request = pki.load_csr_pem(base64.b64decode(spec.get("request") or "", validate=True))
-        pki.verify_csr(request)
-    except (ValueError, pki.CSRError) as e:
-        return Deny("InvalidRequest", f"spec.request is not a valid signed CSR: {e}")
+    request = open_request(csr, constants.SIGNER_NAME)
+    if isinstance(request, Ignore | Deny):
+        return request
     try:
         cluster = pki.cluster_from_subject(pki.subject_of(request))
     except pki.IdentityError as e:
@@ -104,7 +119,7 @@ def decide_csr(
     lifetime = requested_lifetime(spec, cap)
     if isinstance(lifetime, Deny):
         return lifetime
-    return Approve(cluster, lifetime, already_approved="Approved" in conditions)
+    return Approve(cluster, lifetime, already_approved="Approved" in conditions_of(csr))
 
 
 def sign_request(csr: Mapping[str, Any], decision: Approve, ca: pki.CertAndKey) -> str:
