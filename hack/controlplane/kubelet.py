@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -195,6 +196,7 @@ def ensure_pause_image(log_file: Path) -> None:
 
 
 STORE_ROOT = NODES_ROOT / "image-store"
+SEED_REF = "seed.ocm-fl.local/keep"  # the previous store's images while the new ones import
 # Bumped when the store's layout or recipe changes, so an old store is not reused.
 STORE_FORMAT = "1"
 # The bolt databases containerd writes in place: every node gets its own copy of these, and
@@ -268,6 +270,19 @@ def _build_store(images: list[str], out: Path, log_file: Path, seed: Path | None
             if ctrd.poll() is not None or time.monotonic() > deadline:
                 raise NodeError(f"containerd for the image store did not start; log {log_file}")
             time.sleep(0.1)
+
+        def ctr(*args: str, stdin: IO[bytes] | None = None) -> subprocess.CompletedProcess[str]:
+            cmd = ["ctr", "--address", str(tmp / "containerd.sock"), "-n", "k8s.io", *args]
+            return subprocess.run(cmd, stdin=stdin, capture_output=True, text=True, check=False)
+
+        # An import replaces the old image of the same name at once, and containerd's garbage
+        # collector can then drop the old image's layers before the new one's unpack claims the
+        # ones they share ("parent snapshot ... does not exist"): keep the seed's images
+        # referenced under names of their own until every import is done.
+        kept = []
+        for i, old in enumerate(ctr("images", "ls", "-q").stdout.split()):
+            kept.append(f"{SEED_REF}/{i}:seed")
+            ctr("images", "tag", old, kept[-1])
         for image in images:
             start = time.monotonic()
             save = subprocess.Popen(
@@ -275,22 +290,7 @@ def _build_store(images: list[str], out: Path, log_file: Path, seed: Path | None
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
             )
-            res = subprocess.run(
-                [
-                    "ctr",
-                    "--address",
-                    str(tmp / "containerd.sock"),
-                    "-n",
-                    "k8s.io",
-                    "images",
-                    "import",
-                    "-",
-                ],
-                stdin=save.stdout,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
+            res = ctr("images", "import", "-", stdin=save.stdout)
             assert save.stdout is not None
             save.stdout.close()
             save_err = save.communicate()[1].decode(errors="replace")
@@ -298,8 +298,10 @@ def _build_store(images: list[str], out: Path, log_file: Path, seed: Path | None
                 raise NodeError(
                     f"podman save {image} | ctr import: {save_err.strip()} {res.stderr.strip()}"
                 )
-            with log_file.open("a") as fh:
-                fh.write(f"imported {image} in {time.monotonic() - start:.1f}s\n")
+            with log_file.open("a") as log:
+                log.write(f"imported {image} in {time.monotonic() - start:.1f}s\n")
+        if kept:
+            ctr("images", "rm", *kept)  # now containerd drops what only the old images used
     finally:
         os.killpg(ctrd.pid, signal.SIGTERM)
         try:
