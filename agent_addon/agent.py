@@ -264,13 +264,14 @@ class Agent:
 
     async def _renew_loop(self) -> None:
         """CSR mode: keep the client certificate fresh (the streamer picks up new files)."""
-        from agent_addon.csr import RenewalError, next_check_s, renew_if_due
+        from agent_addon.csr import PendingCSR, RenewalError, next_check_s, renew_if_due
         from ocmfl.kube import Kube
 
         hub = Kube(self.config.csr_hub_kubeconfig, field_manager="ocm-fl-agent")
+        pending: dict[str, PendingCSR] = {}  # a CSR not signed in time is waited for again
         while True:
             try:
-                await renew_if_due(hub, self.config.cluster, self.config.cert_dir)
+                await renew_if_due(hub, self.config.cluster, self.config.cert_dir, pending=pending)
             except (RenewalError, OSError, ValueError) as e:
                 log.warning("certificate renewal failed: %s", e)
             except Exception:

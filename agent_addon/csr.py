@@ -12,6 +12,8 @@ import asyncio
 import base64
 import datetime as dt
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
@@ -91,6 +93,63 @@ def outcome(csr: dict[str, Any]) -> bytes | None:
     return base64.b64decode(cert) if cert else None
 
 
+@dataclass
+class PendingCSR:
+    """A CSR this agent created on the hub and that is not signed yet, with what only the
+    agent holds for it (the private key; for a Fleet CSR also the SuperNode key it names)."""
+
+    name: str
+    key: pki.PrivateKey
+    node: bytes | None = None  # OpenSSH private SuperNode key (Fleet CSRs)
+
+
+async def await_signed(
+    hub: Kube,
+    pending: dict[str, PendingCSR],
+    slot: str,
+    create: Callable[[], tuple[dict[str, Any], PendingCSR]],
+    *,
+    timeout_s: float,
+    poll_s: float,
+    label: str = "CSR",
+) -> tuple[bytes, PendingCSR]:
+    """The signed PEM of the CSR waiting in `pending[slot]`, else of a new one (`create`
+    gives its object and what to keep); waits up to `timeout_s`.
+
+    A CSR not signed in time stays in `pending`, and the next call waits for that same CSR
+    (the hub may sign it a moment later) instead of abandoning it for a new one. A CSR
+    signed, denied, failed or deleted leaves `pending` (RenewalError for the last three).
+    """
+    mine = pending.get(slot)
+    if mine is None:
+        body, mine = create()
+        created = await asyncio.to_thread(hub.create, CSRS, body, False)
+        assert created is not None
+        mine.name = created["metadata"]["name"]
+        pending[slot] = mine
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        current = await asyncio.to_thread(hub.get, f"{CSRS}/{mine.name}")
+        if current is None:
+            del pending[slot]
+            raise RenewalError(f"{label} {mine.name} was deleted before it was signed")
+        try:
+            pem = outcome(current)
+        except RenewalError:
+            del pending[slot]
+            raise
+        if pem is not None:
+            del pending[slot]
+            return pem, mine
+        if loop.time() >= deadline:
+            raise RenewalError(
+                f"{label} {mine.name} not signed within {timeout_s:.0f}s "
+                "(kept: the next attempt waits for this same CSR)"
+            )
+        await asyncio.sleep(poll_s)
+
+
 async def request_certificate(
     hub: Kube,
     cluster: str,
@@ -98,27 +157,24 @@ async def request_certificate(
     expiration_seconds: int | None = 24 * 3600,
     timeout_s: float = 60.0,
     poll_s: float = 0.5,
+    pending: dict[str, PendingCSR] | None = None,
 ) -> pki.CertAndKey:
-    """Create a CSR on the hub and wait for its certificate (`hub`: the agent's hub client)."""
-    key = pki.generate_key()
-    body = csr_object(cluster, key, expiration_seconds)
-    created = await asyncio.to_thread(hub.create, CSRS, body, False)
-    assert created is not None
-    name = created["metadata"]["name"]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while loop.time() < deadline:
-        current = await asyncio.to_thread(hub.get, f"{CSRS}/{name}")
-        if current is None:
-            raise RenewalError(f"CSR {name} was deleted before it was signed")
-        pem = outcome(current)
-        if pem is not None:
-            cert = pki.load_cert_pem(pem)
-            if pki.cluster_from_certificate(cert) != cluster:
-                raise RenewalError(f"CSR {name}: certificate names another cluster")
-            return pki.CertAndKey(cert, key)
-        await asyncio.sleep(poll_s)
-    raise RenewalError(f"CSR {name} not signed within {timeout_s:.0f}s")
+    """Create a CSR on the hub and wait for its certificate (`hub`: the agent's hub client);
+    with `pending` (the caller's, kept between calls) a CSR that timed out is waited for
+    again rather than replaced."""
+
+    def create() -> tuple[dict[str, Any], PendingCSR]:
+        key = pki.generate_key()
+        return csr_object(cluster, key, expiration_seconds), PendingCSR("", key)
+
+    pem, mine = await await_signed(
+        hub, {} if pending is None else pending, "agent", create, timeout_s=timeout_s,
+        poll_s=poll_s,
+    )  # fmt: skip
+    cert = pki.load_cert_pem(pem)
+    if pki.cluster_from_certificate(cert) != cluster:
+        raise RenewalError(f"CSR {mine.name}: certificate names another cluster")
+    return pki.CertAndKey(cert, mine.key)
 
 
 async def renew_if_due(

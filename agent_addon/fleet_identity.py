@@ -17,7 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from agent_addon.csr import CSR_API_VERSION, CSRS, RenewalError, needs_renewal, outcome
+from agent_addon.csr import (
+    CSR_API_VERSION,
+    PendingCSR,
+    RenewalError,
+    await_signed,
+    needs_renewal,
+)
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import Kube, KubeError, path_of
 
@@ -138,6 +144,9 @@ class FleetIdentities:
         # namespace -> (failures, loop time before which not to try again): a denied CSR
         # (say, the work is not visible on the hub yet) is retried with backoff, not spammed.
         self._backoff: dict[str, tuple[int, float]] = {}
+        # namespace/federation uid -> its Fleet CSR not signed yet: waited for again, not
+        # replaced by a new one.
+        self._pending: dict[str, PendingCSR] = {}
 
     async def ensure(self, target: ClientNamespace) -> bool:
         """Make or renew one namespace's identity; True when it wrote a new one."""
@@ -145,27 +154,21 @@ class FleetIdentities:
         node, fresh = current_identity(await asyncio.to_thread(self.local.get, path))
         if fresh:
             return False
-        if node is None:
-            node, _ = nodekeys.generate_keypair()
-        key = pki.generate_key()
-        body = fleet_csr_object(
-            self.cluster, target.federation_uid, key, nodekeys.public_key_of(node)
-        )
-        created = await asyncio.to_thread(self.hub.create, CSRS, body, False)
-        assert created is not None
-        name = created["metadata"]["name"]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout_s
-        while True:
-            current = await asyncio.to_thread(self.hub.get, f"{CSRS}/{name}")
-            if current is None:
-                raise RenewalError(f"Fleet CSR {name} was deleted before it was signed")
-            pem = outcome(current)
-            if pem is not None:
-                break
-            if loop.time() > deadline:
-                raise RenewalError(f"Fleet CSR {name} not signed within {self.timeout_s:.0f}s")
-            await asyncio.sleep(0.5)
+
+        def create() -> tuple[dict[str, Any], PendingCSR]:
+            keep = node or nodekeys.generate_keypair()[0]  # a SuperNode key kept across renewals
+            key = pki.generate_key()
+            body = fleet_csr_object(
+                self.cluster, target.federation_uid, key, nodekeys.public_key_of(keep)
+            )
+            return body, PendingCSR("", key, keep)
+
+        pem, mine = await await_signed(
+            self.hub, self._pending, f"{target.namespace}/{target.federation_uid}", create,
+            timeout_s=self.timeout_s, poll_s=0.5, label="Fleet CSR",
+        )  # fmt: skip
+        name, key, node = mine.name, mine.key, mine.node
+        assert node is not None
         leaf, ca = split_chain(pem)
         pair = pki.load_cert_and_key(leaf, pki.key_to_pem(key))
         uris = pki.uris_of(pair.cert)
@@ -186,6 +189,8 @@ class FleetIdentities:
         targets = client_namespaces((found or {}).get("items") or [], self.cluster)
         for gone in set(self._backoff) - {t.namespace for t in targets}:
             del self._backoff[gone]
+        for gone in set(self._pending) - {f"{t.namespace}/{t.federation_uid}" for t in targets}:
+            del self._pending[gone]
         for target in targets:
             failures, not_before = self._backoff.get(target.namespace, (0, 0.0))
             if now < not_before:

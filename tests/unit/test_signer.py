@@ -270,3 +270,48 @@ def test_a_lasting_failure_or_wait_is_logged_once_and_left_to_the_next_event(
     gone = _CSRs(None)
     csr_events.handle_with_retries(gone, _csr("1"), waiting, log, "CSR")  # type: ignore[arg-type]
     assert gone.gets == 1 and len(log.lines) == 2  # deleted meanwhile: nothing more to do
+
+
+class SlowHub(FakeHub):
+    """FakeHub whose signer answers only after `delay` reads of a CSR."""
+
+    def __init__(self, ca: pki.CertAndKey, known: set[str], delay: int) -> None:
+        super().__init__(ca, known)
+        self.delay, self.reads, self.decided = delay, 0, {}  # type: ignore[var-annotated]
+
+    def create(self, path: str, body: dict[str, Any], exist_ok: bool = True) -> dict[str, Any]:
+        decided = super().create(path, body, exist_ok)
+        name = decided["metadata"]["name"]
+        self.decided[name] = decided.pop("status", {})
+        return decided
+
+    def get(self, path: str) -> dict[str, Any] | None:
+        csr = super().get(path)
+        self.reads += 1
+        if csr is not None and self.reads > self.delay:
+            csr["status"] = self.decided[csr["metadata"]["name"]]
+        return csr
+
+
+async def test_a_csr_not_signed_in_time_is_waited_for_again_not_replaced() -> None:
+    from agent_addon.csr import PendingCSR, request_certificate
+
+    ca = pki.create_ca(key_kind="ec")
+    hub: Any = SlowHub(ca, KNOWN, delay=3)
+    pending: dict[str, PendingCSR] = {}
+    with pytest.raises(RenewalError, match=r"not signed within 0s .*same CSR"):
+        await request_certificate(hub, "cluster-a", timeout_s=0, poll_s=0, pending=pending)
+    [kept] = pending.values()
+    # The hub signs it a moment later: the next attempt takes that certificate, no new CSR.
+    pair = await request_certificate(hub, "cluster-a", timeout_s=5, poll_s=0, pending=pending)
+    assert list(hub.csrs) == [kept.name] and not pending
+    assert pki.cluster_from_certificate(pair.cert) == "cluster-a"
+    assert pki.key_to_pem(pair.key) == pki.key_to_pem(kept.key)
+
+    # A denied one is final: it is not kept, the next attempt asks anew.
+    denied: Any = SlowHub(ca, KNOWN, delay=1)
+    with pytest.raises(RenewalError, match="not signed"):
+        await request_certificate(denied, "cluster-z", timeout_s=0, poll_s=0, pending=pending)
+    with pytest.raises(RenewalError, match="UnknownCluster"):
+        await request_certificate(denied, "cluster-z", timeout_s=5, poll_s=0, pending=pending)
+    assert not pending
