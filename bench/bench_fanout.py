@@ -43,7 +43,10 @@ import base64
 import contextlib
 import json
 import os
+import shutil
+import signal
 import ssl
+import subprocess
 import sys
 import tempfile
 import threading
@@ -390,8 +393,29 @@ def enrolled_shards(
     ]
 
 
-def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") -> dict[str, Any]:
-    """One phase at N (see the module docstring); cleans up what it made."""
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy (on PATH, or $PY_SPY) sampling process `pid` into `out` (collapsed stacks, one
+    line per stack and thread) until `stop_profile`."""
+    exe = os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy"
+    argv = [exe, "record", "--pid", str(pid), "--rate", "25", "--threads", "--nonblocking",
+            "--format", "raw", "--output", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the phase's clock starts
+    return proc
+
+
+def stop_profile(proc: subprocess.Popen[bytes]) -> None:
+    """Stop py-spy; it writes its file on SIGINT."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+
+
+def phase(
+    n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan", profile: Path | None = None
+) -> dict[str, Any]:
+    """One phase at N (see the module docstring); cleans up what it made. With `profile`,
+    the hub is sampled by py-spy from the resource's creation to its Nth work, into that
+    file."""
     hub = Kube(plane.hub_kubeconfig)
     setup = Raw(hub, SETUP_CONCURRENCY)
     raw = Raw(hub, handlers.WRITE_CONCURRENCY)
@@ -435,6 +459,7 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         watch = WorkWatch(plane.hub_kubeconfig, selector, n)
         watch.start()
         time.sleep(1.0)  # its LIST is done: it sees every work from the first
+        spy = start_profile(hub_proc.popen.pid, profile) if profile is not None else None
         before = request_counts(hub)
         t0 = time.monotonic()
         created = create_fl(hub, ns, body)
@@ -464,6 +489,8 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
             return watch.full is not None
 
         wait_for(all_works, 120 + n * 0.5, f"{n} works", interval=0.1)
+        if spy is not None:
+            stop_profile(spy)
         assert watch.full is not None
         t_n, first, seen = watch.full, watch.first, len(watch.names)
         after = request_counts(hub)
@@ -579,6 +606,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", default="100,1000,3500", help="comma-separated cluster counts")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a directory: py-spy samples the hub from apply to N works into hub-n<N>.txt",
+    )
     a = ap.parse_args()
     ns = [int(x) for x in a.n.split(",")]
     root = Path(tempfile.mkdtemp(prefix="ocmfl-bench-fanout-"))
@@ -587,7 +620,8 @@ def main() -> None:
     with cp.session(clusters=1, state_dir=state_dir) as state:
         plane = cp.ControlPlane.from_state(state)
         for n in ns:
-            r = phase(n, plane, root)
+            out = a.profile / f"hub-n{n}.txt" if a.profile else None
+            r = phase(n, plane, root, profile=out)
             results.append(r)
             print(json.dumps(r), flush=True)
     if a.json:
