@@ -26,11 +26,15 @@ One JSON line per N:
   the claim -> its work created (``join_after_decision_s``: from the PlacementDecision naming
   it, i.e. the controller's own part);
 * ``cpu_s``, ``peak_rss_mb``: the hub process over the phase (sampled every 0.2 s);
+  ``create_cpu_s``: its CPU seconds from apply to N works;
 * ``objects``: the size in bytes of every object the controller writes (the resource with its
   status, each Secret, the Placement, the Service, the largest ManifestWork);
   ``max_object_bytes`` the largest of them;
 * ``requests_per_cluster``: apiserver requests (apiserver_request_total, all verbs but WATCH,
   on the kinds the controller writes, minus the bench's own) from apply until N works, / N.
+
+``--profile DIR`` (py-spy on PATH or in $PY_SPY) samples the hub's GIL holder from apply to N
+works into ``DIR/hub-n<N>.txt`` (py-spy's raw format: one line per stack, with its count).
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -241,6 +245,10 @@ class ProcSampler(threading.Thread):
             return self.cpu + self.cpu0, 0
         return (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
 
+    def now(self) -> float:
+        """The process's CPU seconds so far."""
+        return self._read()[0]
+
     def run(self) -> None:
         while not self.stop.is_set():
             cpu, rss = self._read()
@@ -395,10 +403,11 @@ def enrolled_shards(
 
 def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
     """py-spy (on PATH, or $PY_SPY) sampling process `pid` into `out` (collapsed stacks, one
-    line per stack and thread) until `stop_profile`."""
+    line per stack and thread) until `stop_profile`; only samples of the thread holding the
+    GIL (`--gil`): where the process's Python CPU goes, not where its threads wait."""
     exe = os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy"
     argv = [exe, "record", "--pid", str(pid), "--rate", "25", "--threads", "--nonblocking",
-            "--format", "raw", "--output", str(out)]  # fmt: skip
+            "--gil", "--format", "raw", "--output", str(out)]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)  # attached before the phase's clock starts
     return proc
@@ -462,6 +471,7 @@ def phase(
         spy = start_profile(hub_proc.popen.pid, profile) if profile is not None else None
         before = request_counts(hub)
         t0 = time.monotonic()
+        cpu_t0 = sampler.now()
         created = create_fl(hub, ns, body)
         ref = FLRef(ns, fl_name, created["metadata"]["uid"])
         # Every cluster's agent but one has sent its key: once all works are applied the
@@ -489,6 +499,7 @@ def phase(
             return watch.full is not None
 
         wait_for(all_works, 120 + n * 0.5, f"{n} works", interval=0.1)
+        create_cpu_s = sampler.now() - cpu_t0
         if spy is not None:
             stop_profile(spy)
         assert watch.full is not None
@@ -565,6 +576,7 @@ def phase(
             "join_s": round(join_s, 2),
             "join_after_decision_s": round(join_after, 2) if join_after is not None else None,
             "cpu_s": round(sampler.cpu, 1),
+            "create_cpu_s": round(create_cpu_s, 1),
             "peak_rss_mb": round(sampler.peak_rss / 2**20),
             "objects": sizes,
             "node_keys": node_keys,
