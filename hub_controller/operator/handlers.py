@@ -422,7 +422,21 @@ def apply_desired(
     members = [r.name for r in obs.resolutions if r.has_data]
     creds = ensure_credentials(kube, ref, obs.server_address, members, written, keys)
     token = ensure_client_token(kube, ref, logger)
-    desired = (cache or works_mod.WorkCache()).works(
+    # Only works the index shows missing or different are written, concurrently (at most
+    # WRITE_CONCURRENCY requests in flight), each sent as soon as it is built (the first
+    # requests are answered while the rest are built); an unchanged one costs no request.
+    # `sent` holds what this loop wrote that the index does not show yet (its watch lags
+    # behind our writes): not written again meanwhile.
+    sent = {} if sent is None else sent
+    for cluster in list(sent):
+        current = obs.works.get(cluster)
+        shown = current.spec_hash if current is not None and not current.deleting else DELETED
+        if shown == sent[cluster]:
+            del sent[cluster]  # the index caught up: it is the truth again
+    desired: dict[str, dict[str, Any]] = {}
+    writes: list[tuple[str, dict[str, Any]]] = []
+    futures: list[concurrent.futures.Future[str | None]] = []
+    for cluster, work in (cache or works_mod.WorkCache()).each(
         generation,
         ref,
         fl,
@@ -431,36 +445,25 @@ def apply_desired(
         op.agent_endpoints,
         server_name=server_mod.gateway_server_name(ref, obs.server_address),
         client_token=token,
-    )
-    if done:
-        desired = {c: w for c, w in desired.items() if c in obs.works}
-    # Only works the index shows missing or different are written, concurrently (at most
-    # WRITE_CONCURRENCY requests in flight); an unchanged one costs no request. `sent` holds
-    # what this loop wrote that the index does not show yet (its watch lags behind our
-    # writes): not written again meanwhile.
-    sent = {} if sent is None else sent
-    for cluster in list(sent):
+    ):
         current = obs.works.get(cluster)
-        shown = current.spec_hash if current is not None and not current.deleting else DELETED
-        if shown == sent[cluster]:
-            del sent[cluster]  # the index caught up: it is the truth again
-    writes: list[tuple[str, dict[str, Any], bool]] = []
-    for cluster, work in desired.items():
+        if done and current is None:
+            continue  # a finished run takes no new clusters
+        desired[cluster] = work
         if cluster in obs.conflicts:
             continue  # the index shows another uid's work there
-        current = obs.works.get(cluster)
         # desired_work stamped the hash on it: not computed again per pass
         wanted = works_mod.stamped_hash(work)
         if sent.get(cluster) == wanted:
             continue
         if current is None or current.spec_hash != wanted:
-            writes.append((cluster, work, current is None))
+            writes.append((cluster, work))
+            new = current is None
+            futures.append(op.writer.submit(functools.partial(_write_work, ref, work, new)))
     conflicts: dict[str, str] = {}
-    futures = [op.writer.submit(functools.partial(_write_work, ref, work, new))
-               for _, work, new in writes]  # fmt: skip
     concurrent.futures.wait(futures)
     failure: BaseException | None = None
-    for (cluster, work, _), future in zip(writes, futures, strict=True):
+    for (cluster, work), future in zip(writes, futures, strict=True):
         try:
             owner = future.result()
         except (KubeError, ObjectRefused) as exc:
