@@ -13,7 +13,7 @@ reads. A pass applies objects only when its inputs (spec generation and observat
 excluded) changed since the last successful apply, or at the periodic resync; it writes status
 only when the fold changed it. The daemon is the only writer of the resource's status.
 
-Process-wide handles (the API client, the write pool, the wakers) live in kopf's memo
+Process-wide handles (the API client, the work writer, the wakers) live in kopf's memo
 (`memo.operator`; the aggregator puts its report store at `memo.reports`, and the signers
 and the aggregator share the hub CA at `memo.ca`). The operator itself never uses the hub
 CA: each federation's Fleet CA is in its credentials Secret.
