@@ -26,11 +26,15 @@ One JSON line per N:
   the claim -> its work created (``join_after_decision_s``: from the PlacementDecision naming
   it, i.e. the controller's own part);
 * ``cpu_s``, ``peak_rss_mb``: the hub process over the phase (sampled every 0.2 s);
+  ``create_cpu_s``: its CPU seconds from apply to N works;
 * ``objects``: the size in bytes of every object the controller writes (the resource with its
   status, each Secret, the Placement, the Service, the largest ManifestWork);
   ``max_object_bytes`` the largest of them;
 * ``requests_per_cluster``: apiserver requests (apiserver_request_total, all verbs but WATCH,
   on the kinds the controller writes, minus the bench's own) from apply until N works, / N.
+
+``--profile DIR`` (py-spy on PATH or in $PY_SPY) samples the hub's GIL holder from apply to N
+works into ``DIR/hub-n<N>.txt`` (py-spy's raw format: one line per stack, with its count).
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -43,7 +47,10 @@ import base64
 import contextlib
 import json
 import os
+import shutil
+import signal
 import ssl
+import subprocess
 import sys
 import tempfile
 import threading
@@ -238,6 +245,10 @@ class ProcSampler(threading.Thread):
             return self.cpu + self.cpu0, 0
         return (int(fields[11]) + int(fields[12])) / TICKS, int(fields[21]) * PAGE
 
+    def now(self) -> float:
+        """The process's CPU seconds so far."""
+        return self._read()[0]
+
     def run(self) -> None:
         while not self.stop.is_set():
             cpu, rss = self._read()
@@ -390,8 +401,30 @@ def enrolled_shards(
     ]
 
 
-def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") -> dict[str, Any]:
-    """One phase at N (see the module docstring); cleans up what it made."""
+def start_profile(pid: int, out: Path) -> subprocess.Popen[bytes]:
+    """py-spy (on PATH, or $PY_SPY) sampling process `pid` into `out` (collapsed stacks, one
+    line per stack and thread) until `stop_profile`; only samples of the thread holding the
+    GIL (`--gil`): where the process's Python CPU goes, not where its threads wait."""
+    exe = os.environ.get("PY_SPY") or shutil.which("py-spy") or "py-spy"
+    argv = [exe, "record", "--pid", str(pid), "--rate", "25", "--threads", "--nonblocking",
+            "--gil", "--format", "raw", "--output", str(out)]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)  # attached before the phase's clock starts
+    return proc
+
+
+def stop_profile(proc: subprocess.Popen[bytes]) -> None:
+    """Stop py-spy; it writes its file on SIGINT."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(60)
+
+
+def phase(
+    n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan", profile: Path | None = None
+) -> dict[str, Any]:
+    """One phase at N (see the module docstring); cleans up what it made. With `profile`,
+    the hub is sampled by py-spy from the resource's creation to its Nth work, into that
+    file."""
     hub = Kube(plane.hub_kubeconfig)
     setup = Raw(hub, SETUP_CONCURRENCY)
     raw = Raw(hub, handlers.WRITE_CONCURRENCY)
@@ -435,8 +468,10 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
         watch = WorkWatch(plane.hub_kubeconfig, selector, n)
         watch.start()
         time.sleep(1.0)  # its LIST is done: it sees every work from the first
+        spy = start_profile(hub_proc.popen.pid, profile) if profile is not None else None
         before = request_counts(hub)
         t0 = time.monotonic()
+        cpu_t0 = sampler.now()
         created = create_fl(hub, ns, body)
         ref = FLRef(ns, fl_name, created["metadata"]["uid"])
         # Every cluster's agent but one has sent its key: once all works are applied the
@@ -464,6 +499,9 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
             return watch.full is not None
 
         wait_for(all_works, 120 + n * 0.5, f"{n} works", interval=0.1)
+        create_cpu_s = sampler.now() - cpu_t0
+        if spy is not None:
+            stop_profile(spy)
         assert watch.full is not None
         t_n, first, seen = watch.full, watch.first, len(watch.names)
         after = request_counts(hub)
@@ -538,6 +576,7 @@ def phase(n: int, plane: cp.ControlPlane, workdir: Path, prefix: str = "fan") ->
             "join_s": round(join_s, 2),
             "join_after_decision_s": round(join_after, 2) if join_after is not None else None,
             "cpu_s": round(sampler.cpu, 1),
+            "create_cpu_s": round(create_cpu_s, 1),
             "peak_rss_mb": round(sampler.peak_rss / 2**20),
             "objects": sizes,
             "node_keys": node_keys,
@@ -579,6 +618,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", default="100,1000,3500", help="comma-separated cluster counts")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        default=None,
+        help="a directory: py-spy samples the hub from apply to N works into hub-n<N>.txt",
+    )
     a = ap.parse_args()
     ns = [int(x) for x in a.n.split(",")]
     root = Path(tempfile.mkdtemp(prefix="ocmfl-bench-fanout-"))
@@ -587,7 +632,8 @@ def main() -> None:
     with cp.session(clusters=1, state_dir=state_dir) as state:
         plane = cp.ControlPlane.from_state(state)
         for n in ns:
-            r = phase(n, plane, root)
+            out = a.profile / f"hub-n{n}.txt" if a.profile else None
+            r = phase(n, plane, root, profile=out)
             results.append(r)
             print(json.dumps(r), flush=True)
     if a.json:

@@ -13,7 +13,7 @@ reads. A pass applies objects only when its inputs (spec generation and observat
 excluded) changed since the last successful apply, or at the periodic resync; it writes status
 only when the fold changed it. The daemon is the only writer of the resource's status.
 
-Process-wide handles (the API client, the write pool, the wakers) live in kopf's memo
+Process-wide handles (the API client, the work writer, the wakers) live in kopf's memo
 (`memo.operator`; the aggregator puts its report store at `memo.reports`, and the signers
 and the aggregator share the hub CA at `memo.ca`). The operator itself never uses the hub
 CA: each federation's Fleet CA is in its credentials Secret.
@@ -22,6 +22,7 @@ CA: each federation's Fleet CA is in its credentials Secret.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import functools
@@ -30,11 +31,10 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Final, cast
+from typing import Any, Final, TypeVar, cast
 
 import kopf
 
@@ -77,6 +77,7 @@ from hub_controller.operator.observed import (
     ready_clusters,
 )
 from hub_controller.operator.workwatch import WorkStore
+from hub_controller.operator.writer import AioKube, AsyncKube, ThreadedKube, Writer
 from hub_controller.reports import NoReports, ReportSource
 from ocmfl import certlife, constants, pki
 from ocmfl.kube import MERGE_PATCH, Kube, KubeError, object_path, path_of
@@ -97,6 +98,7 @@ BACKGROUND: Final = {"propagationPolicy": "Background"}
 WRITE_CONCURRENCY: Final = 16
 REASON_REFUSED: Final = "ObjectRefused"  # the apiserver refused an object the controller built
 DELETED: Final = "-"  # Run.sent: this loop deleted the work
+T = TypeVar("T")
 
 
 class ObjectRefused(Exception):
@@ -143,12 +145,16 @@ class Operator:
     # The admin's root for HostPath model stores ($OCMFL_HOSTPATH_ROOT).
     hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT
     wakers: dict[Key, Callable[[], None]] = field(default_factory=dict)
-    # Shared by every resource's loop, so the requests in flight stay bounded.
-    writers: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(WRITE_CONCURRENCY, "ocmfl-write")
-    )
+    # Works are written through it by every resource's loop, so the requests in flight stay
+    # bounded. On the hub: aiohttp on kopf's loop (`configure`); else (tests) the same
+    # coroutines over `kube`, on a loop of its own.
+    writer: Writer = None  # type: ignore[assignment]  # set in __post_init__
     # The controller's ManifestWorks, followed by a watch of its own (workwatch.py).
     works: WorkStore = field(default_factory=WorkStore)
+
+    def __post_init__(self) -> None:
+        if self.writer is None:
+            self.writer = Writer.on_own_loop(ThreadedKube(self.kube), WRITE_CONCURRENCY)
 
     def wake(self, key: Key) -> None:
         waker = self.wakers.get(key)
@@ -229,8 +235,9 @@ def quiet_event_handlers(logger: logging.Logger | None = None) -> None:
 
 
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Finalizer and bookkeeping under our own names; warnings as Events; the memo."""
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    """Finalizer and bookkeeping under our own names; warnings as Events; the memo; the
+    work writer on this (kopf's) event loop."""
     settings.persistence.finalizer = constants.FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=PERSISTENCE_PREFIX
@@ -244,16 +251,12 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.batching.error_delays = [1, 2, 5, 10, 30, 60]
     quiet_event_handlers()
     kube = Kube(field_manager=FIELD_MANAGER)
-    # Keep a connection per writer open: the client library keeps 5 per CPU, fewer than
-    # WRITE_CONCURRENCY on a small hub, and a discarded connection costs a TLS handshake.
-    pool = kube.api.rest_client.pool_manager
-    pool.connection_pool_kw["maxsize"] = max(
-        int(pool.connection_pool_kw.get("maxsize") or 1), WRITE_CONCURRENCY + 4
-    )
+    writer = Writer(AioKube(kube, WRITE_CONCURRENCY), asyncio.get_running_loop(), WRITE_CONCURRENCY)
     op = Operator(
         kube=kube,
         agent_endpoints=agent_endpoints(),
         hostpath_root=hostpath_root(),
+        writer=writer,
     )
     memo.operator = op
     # ManifestWorks are not watched through kopf (its per-event machinery cost about 40 % of
@@ -263,11 +266,13 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 
 
 @kopf.on.cleanup()
-def stop_works(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the ManifestWork streams."""
+async def stop_works(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the ManifestWork streams and close the writer's connections."""
     op: Operator | None = memo.get("operator")
     if op is not None:
         op.works.close()
+        if isinstance(op.writer.kube, AioKube):
+            await op.writer.kube.close()
 
 
 @kopf.on.login()
@@ -322,14 +327,20 @@ def ensure_credentials(
     """Issue/renew the resource's credentials (its own Fleet CA, never the hub CA) and store
     them in its hub Secrets: the credentials Secret when it changed and, with `keys`, each
     node-keys shard whose body differs from what `written` says this loop last applied
-    there. Returned: all of it, members' public keys included."""
+    there. Returned: all of it, members' public keys included (with `keys` only)."""
     written = {} if written is None else written
     name = server_mod.server_name(ref)
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
     secret = kube.get(secret_path)
     current = credentials.secret_data(secret)
-    shards = kube.list_objects(
-        path_of("v1", "Secret", ref.namespace), credentials.enrolled_selector(ref.uid)
+    # Members' keys go only into the node-keys shards: without `keys` the enrolled shards
+    # (up to ~1.3 MB at N = 3,500) are neither listed nor decoded on every pass.
+    shards = (
+        kube.list_objects(
+            path_of("v1", "Secret", ref.namespace), credentials.enrolled_selector(ref.uid)
+        )
+        if keys
+        else []
     )
     enrolled = credentials.enrolled_data(shards)
     data = credentials.reconcile_credentials(
@@ -411,7 +422,21 @@ def apply_desired(
     members = [r.name for r in obs.resolutions if r.has_data]
     creds = ensure_credentials(kube, ref, obs.server_address, members, written, keys)
     token = ensure_client_token(kube, ref, logger)
-    desired = (cache or works_mod.WorkCache()).works(
+    # Only works the index shows missing or different are written, concurrently (at most
+    # WRITE_CONCURRENCY requests in flight), each sent as soon as it is built (the first
+    # requests are answered while the rest are built); an unchanged one costs no request.
+    # `sent` holds what this loop wrote that the index does not show yet (its watch lags
+    # behind our writes): not written again meanwhile.
+    sent = {} if sent is None else sent
+    for cluster in list(sent):
+        current = obs.works.get(cluster)
+        shown = current.spec_hash if current is not None and not current.deleting else DELETED
+        if shown == sent[cluster]:
+            del sent[cluster]  # the index caught up: it is the truth again
+    desired: dict[str, dict[str, Any]] = {}
+    writes: list[tuple[str, dict[str, Any]]] = []
+    futures: list[concurrent.futures.Future[str | None]] = []
+    for cluster, work in (cache or works_mod.WorkCache()).each(
         generation,
         ref,
         fl,
@@ -420,38 +445,29 @@ def apply_desired(
         op.agent_endpoints,
         server_name=server_mod.gateway_server_name(ref, obs.server_address),
         client_token=token,
-    )
-    if done:
-        desired = {c: w for c, w in desired.items() if c in obs.works}
-    # Only works the index shows missing or different are written, concurrently (at most
-    # WRITE_CONCURRENCY requests in flight); an unchanged one costs no request. `sent` holds
-    # what this loop wrote that the index does not show yet (its watch lags behind our
-    # writes): not written again meanwhile.
-    sent = {} if sent is None else sent
-    for cluster in list(sent):
+    ):
         current = obs.works.get(cluster)
-        shown = current.spec_hash if current is not None and not current.deleting else DELETED
-        if shown == sent[cluster]:
-            del sent[cluster]  # the index caught up: it is the truth again
-    writes: list[tuple[str, dict[str, Any], bool]] = []
-    for cluster, work in desired.items():
+        if done and current is None:
+            continue  # a finished run takes no new clusters
+        desired[cluster] = work
         if cluster in obs.conflicts:
             continue  # the index shows another uid's work there
-        current = obs.works.get(cluster)
         # desired_work stamped the hash on it: not computed again per pass
         wanted = works_mod.stamped_hash(work)
         if sent.get(cluster) == wanted:
             continue
         if current is None or current.spec_hash != wanted:
-            writes.append((cluster, work, current is None))
+            writes.append((cluster, work))
+            new = current is None
+            futures.append(op.writer.submit(functools.partial(_write_work, ref, work, new)))
     conflicts: dict[str, str] = {}
-    futures = [op.writers.submit(_write_work, kube, ref, work, new) for _, work, new in writes]
+    concurrent.futures.wait(futures)
     failure: BaseException | None = None
-    for (cluster, work, _), future in zip(writes, futures, strict=True):
+    for (cluster, work), future in zip(writes, futures, strict=True):
         try:
             owner = future.result()
         except (KubeError, ObjectRefused) as exc:
-            failure = failure or exc  # let the others finish; report the first
+            failure = failure or exc  # the others have finished; report the first
             continue
         if owner is None:
             sent[cluster] = works_mod.stamped_hash(work)
@@ -476,34 +492,48 @@ def apply_desired(
     for namespace, name in gone:
         logger.info("deleting ManifestWork %s/%s: cluster left", namespace, name)
     paths = [path_of(works_mod.WORK_API_VERSION, "ManifestWork", ns, n) for ns, n in gone]
-    list(op.writers.map(lambda p: kube.delete(p, body=BACKGROUND), paths))
+    op.writer.run_all([functools.partial(_delete, p) for p in paths])
     for namespace, _name in gone:
         sent[namespace] = DELETED
     return conflicts, creds
 
 
-def _write_work(kube: Kube, ref: FLRef, work: dict[str, Any], new: bool) -> str | None:
+async def _delete(path: str, kube: AsyncKube) -> None:
+    await kube.delete(path, BACKGROUND)
+
+
+async def _refusable_async(write: Awaitable[T], obj: Mapping[str, Any]) -> T:
+    """`_refusable` for a coroutine."""
+    try:
+        return await write
+    except KubeError as exc:
+        if exc.status in (413, 422):
+            raise ObjectRefused(obj, exc) from exc
+        raise
+
+
+async def _write_work(ref: FLRef, work: dict[str, Any], new: bool, kube: AsyncKube) -> str | None:
     """Write one work: create it where the index shows none (one request; a name already
     taken answers 409 and is then checked), else apply it. Returns the uid of another owner
     whose work holds the name (never overwritten), else None."""
     meta = work["metadata"]
     if new:
         collection = path_of(works_mod.WORK_API_VERSION, "ManifestWork", meta["namespace"])
-        if _refusable(lambda: kube.create(collection, work), work) is not None:
+        if await _refusable_async(kube.create(collection, work), work):
             return None
-        owner = _foreign_owner(kube, work, ref)
+        owner = await _foreign_owner(kube, work, ref)
         if owner is not None:
             return owner
-    _refusable(lambda: kube.apply(work), work)
+    await _refusable_async(kube.apply(work), work)
     return None
 
 
-def _foreign_owner(kube: Kube, work: Mapping[str, Any], ref: FLRef) -> str | None:
+async def _foreign_owner(kube: AsyncKube, work: Mapping[str, Any], ref: FLRef) -> str | None:
     """The owner uid of an existing ManifestWork where `work` would go, when it is not `ref`'s
     (None: free, or ours). Asked only for works the index does not show as ours."""
     meta = work["metadata"]
     path = path_of(works_mod.WORK_API_VERSION, "ManifestWork", meta["namespace"], meta["name"])
-    existing = kube.get(path)
+    existing = await kube.get(path)
     if existing is None:
         return None
     uid = str(
@@ -734,7 +764,7 @@ def cleanup(meta: kopf.Meta, memo: kopf.Memo, retry: int, logger: kopf.Logger, *
             if not w["metadata"].get("deletionTimestamp")
         ]  # fmt: skip
         # Concurrently, like the writes (WRITE_CONCURRENCY in flight): thousands of works.
-        list(op.writers.map(lambda p: kube.delete(p, body=BACKGROUND), paths))
+        op.writer.run_all([functools.partial(_delete, p) for p in paths])
         for api_version, kind in (
             (placement_mod.PLACEMENT_API_VERSION, "Placement"),
             ("batch/v1", "Job"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -498,6 +498,33 @@ class WorkCache:
         client_token: str | None = None,
     ) -> dict[str, dict[str, Any]]:
         """What `desired_works` returns for the same arguments (works are not to be mutated)."""
+        return dict(
+            self.each(
+                generation,
+                ref,
+                spec,
+                resolutions,
+                server_address,
+                agent_endpoints,
+                server_name=server_name,
+                client_token=client_token,
+            )
+        )
+
+    def each(
+        self,
+        generation: int | None,
+        ref: FLRef,
+        spec: FederatedLearningSpec,
+        resolutions: Iterable[ClusterResolution],
+        server_address: str,
+        agent_endpoints: Mapping[str, str] | None = None,
+        *,
+        server_name: str,
+        client_token: str | None = None,
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """`works` one (cluster, work) at a time, each as soon as it is built (a caller can
+        send the first while the rest are built); the cache is updated once all are."""
         endpoints = agent_endpoints or {}
         fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         for r in resolutions:
@@ -517,6 +544,7 @@ class WorkCache:
             hit = self._items.get(r.name)
             if hit is not None and hit[0] == key:
                 fresh[r.name] = hit
+                yield r.name, hit[1]
                 continue
             work = desired_work(
                 ref,
@@ -528,8 +556,8 @@ class WorkCache:
                 client_token=client_token,
             )
             fresh[r.name] = (key, work)
+            yield r.name, work
         self._items = fresh
-        return {name: work for name, (_, work) in fresh.items()}
 
 
 def works_to_delete(
