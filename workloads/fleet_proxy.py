@@ -12,7 +12,8 @@ pod's loopback only, and two nginx instances carry the traffic between clusters 
 * cluster side (`fleet_tunnel_conf`, next to each SuperNode): the SuperNode cannot present a
   client certificate (it has no option for one), so it speaks TLS to this tunnel on the pod's
   loopback (a throwaway certificate made at start), and the tunnel opens the mutually
-  authenticated connection to the gateway with the cluster's certificate.
+  authenticated connection to the gateway with the cluster's certificate. Optionally the
+  SuperNode's PullMessages goes to a local long poller first (`workloads.fleet_longpoll`).
 
 Both are pure functions returning the text of an nginx.conf; they run unprivileged (every
 writable path is under `run_dir`) and log to stdout/stderr.
