@@ -2,8 +2,9 @@
 
     .venv/bin/python bench/bench_federation.py [--rounds 3] [--repeats 2] [--mode ours|bare|both]
 
-"ours": ocm-fl-server + 2 x ocm-fl-client (TLS, SuperNode auth, checkpoints, server-side and
-client-side evaluation) with the platform's speed settings. "bare": flower-superlink
+"ours": ocm-fl-server + 2 x ocm-fl-client (TLS, SuperNode auth, the mTLS Fleet gateway and
+cluster-side tunnels as deployed, checkpoints, server-side and client-side evaluation) with the
+platform's speed settings. "bare": flower-superlink
 --insecure + 2 flower-supernode --insecure + flwr run of the same app and data, as stock Flower
 runs it (separate evaluation phase, Flower's own 3 s reply polling, one ClientApp process per
 message importing the model stack). Runs alternate ours/bare, `--repeats` times each.
@@ -51,7 +52,7 @@ APP = Path(__file__).resolve().parents[1] / "examples" / "apps" / "digits"
 CLUSTERS = ("cluster1", "cluster2")
 KINDS = ("ocm-fl-server", "ocm-fl-client", "ocm-fl-worker", "flower-superlink",
          "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp",
-         "flwr")  # fmt: skip
+         "flwr", "nginx")  # fmt: skip
 TICK = os.sysconf("SC_CLK_TCK")
 # Stock Flower as an app author gets it: separate evaluation and Flower's own reply polling.
 BARE_RUN_CONFIG = {"evaluate-in-train": False}
@@ -76,7 +77,7 @@ class ProcSampler(threading.Thread):
     def kind_of(cmd: str) -> str | None:
         parts = cmd.split(" ")
         for i, part in enumerate(parts[:3]):
-            name = part.rsplit("/", 1)[-1]
+            name = part.rsplit("/", 1)[-1].rstrip(":")  # nginx renames itself "nginx: ..."
             if name in KINDS:
                 return name
             if name.startswith("python") and i + 2 < len(parts) and parts[i + 1] == "-m":
@@ -198,7 +199,13 @@ def setup(root: Path) -> dict[str, Path]:
         pub = write_keypair(root / "keys" / c)
         (root / "pubs" / f"{c}.pub").write_bytes(pub.read_bytes())
     partition(root / "data", list(CLUSTERS), split="label-skew", sizes="2,1", seed=0)
-    return {"tls": tls, "keys": root / "keys", "pubs": root / "pubs", "data": root / "data"}
+    # the Fleet gateway's certificate and each cluster's Fleet client certificate (same CA)
+    gw = pki.issue_server_cert(ca, dns_names=["localhost"])
+    pki.save_tls_dir(root / "gateway-tls", gw, ca.cert)
+    for c in CLUSTERS:
+        pki.save_tls_dir(root / f"{c}-tls", pki.issue_fleet_client_cert(ca, "bench", c), ca.cert)
+    return {"tls": tls, "keys": root / "keys", "pubs": root / "pubs", "data": root / "data",
+            "gateway_tls": root / "gateway-tls"}  # fmt: skip
 
 
 def _stop_all(procs: Iterable[subprocess.Popen[Any]]) -> None:
@@ -215,15 +222,21 @@ def _stop_all(procs: Iterable[subprocess.Popen[Any]]) -> None:
 
 
 def run_ours(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str, Any]:
-    port = free_port()
+    port, gateway_port = free_port(), free_port()
     clients = [
         subprocess.Popen(
             [
                 str(BIN / "ocm-fl-client"),
                 "--server-address",
-                f"127.0.0.1:{port}",
+                f"127.0.0.1:{gateway_port}",
+                "--server-name",
+                "localhost",
                 "--root-certificates",
                 str(p["tls"] / "ca.crt"),
+                "--client-certfile",
+                str(root / f"{c}-tls" / pki.CERT_FILE),
+                "--client-keyfile",
+                str(root / f"{c}-tls" / pki.KEY_FILE),
                 "--auth-key",
                 str(p["keys"] / c),
                 "--cluster-name",
@@ -251,6 +264,9 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str,
          "--ssl-ca-certfile", str(p["tls"] / "ca.crt"),
          "--ssl-certfile", str(p["tls"] / "tls.crt"),
          "--ssl-keyfile", str(p["tls"] / "tls.key"),
+         "--gateway-listen", f"127.0.0.1:{gateway_port}",
+         "--gateway-certfile", str(p["gateway_tls"] / pki.CERT_FILE),
+         "--gateway-keyfile", str(p["gateway_tls"] / pki.KEY_FILE),
          "--supernode-keys", str(p["pubs"]), "--rounds", str(rounds), "--min-clients", "2",
          "--app-dir", str(APP), "--storage", str(root / f"{tag}-model"),
          "--run-config", json.dumps({"test-dir": str(p["data"] / "test"),

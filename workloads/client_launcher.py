@@ -37,6 +37,7 @@ from ocmfl.constants import (
 )
 from ocmfl.nodekeys import ensure_keypair, public_key_of
 from workloads import flower_env as fe
+from workloads.fleet_longpoll import HOLD_S, INTERVAL_S
 from workloads.fleet_tls import Proxy, ProxyError, free_loopback_port, start_tunnel
 from workloads.sdk.platform import (
     NODE_AGENT_ENDPOINT,
@@ -152,6 +153,19 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep Flower's own flwr-clientapp per message (a fresh interpreter that then "
         "forwards to the worker) instead of the shim that runs it in a fork of the worker",
+    )
+    p.add_argument(
+        "--no-long-poll",
+        action="store_true",
+        help="let the tunnel pass the SuperNode's PullMessages straight through (Flower's own "
+        "3 s sleep after each empty pull) instead of holding it until a message comes",
+    )
+    p.add_argument(
+        "--long-poll-hold",
+        type=float,
+        default=HOLD_S,
+        help="seconds the tunnel holds an empty PullMessages, re-sending it upstream every "
+        f"{INTERVAL_S} s (default %(default)s; must stay well under Flower's 30 s HTTP timeout)",
     )
     p.add_argument(
         "--max-retries",
@@ -275,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = read_values(args.run_config)
     except ValueError as exc:
         return _fail(str(exc))
+    if not 0 < args.long_poll_hold <= 20:
+        return _fail(f"--long-poll-hold {args.long_poll_hold}: give 0 < seconds <= 20 "
+                     "(Flower's SuperNode gives up on a call after 30 s)")  # fmt: skip
     if not Path(args.root_certificates).is_file():
         return _fail(f"--root-certificates {args.root_certificates} does not exist")
     key_path = Path(args.auth_key)
@@ -309,10 +326,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ca_file=Path(args.root_certificates),
                 run_dir=state / "tunnel",
                 server_name=args.server_name,
+                long_poll_hold_s=None if args.no_long_poll else args.long_poll_hold,
             )
         except ProxyError as exc:
             return _fail(f"Fleet tunnel: {exc}")
-        print(f"{PREFIX}: mTLS tunnel to {args.server_address} on {tunnel.listen}", flush=True)
+        held = "" if tunnel.long_poll is None else f", pulls held {args.long_poll_hold:g} s"
+        print(f"{PREFIX}: mTLS tunnel to {args.server_address} on {tunnel.listen}{held}",
+              flush=True)  # fmt: skip
     worker: subprocess.Popen[bytes] | None = None
     socket_path: Path | None = None
     try:

@@ -12,7 +12,8 @@ pod's loopback only, and two nginx instances carry the traffic between clusters 
 * cluster side (`fleet_tunnel_conf`, next to each SuperNode): the SuperNode cannot present a
   client certificate (it has no option for one), so it speaks TLS to this tunnel on the pod's
   loopback (a throwaway certificate made at start), and the tunnel opens the mutually
-  authenticated connection to the gateway with the cluster's certificate.
+  authenticated connection to the gateway with the cluster's certificate. Optionally the
+  SuperNode's PullMessages goes to a local long poller first (`workloads.fleet_longpoll`).
 
 Both are pure functions returning the text of an nginx.conf; they run unprivileged (every
 writable path is under `run_dir`) and log to stdout/stderr.
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 from ocmfl import constants
 
 FLEET_PATH = "/v1/fleet/"
+PULL_PATH = FLEET_PATH + "pull-messages"  # the one call the tunnel may hold (long poll)
 
 # A client certificate must be a Fleet identity: CN=fleet:<name> (ocmfl.pki.fleet_subject).
 _CLUSTER_DN_REGEX = f"(^|,)CN={constants.FLEET_CN_PREFIX}[a-z0-9]"
@@ -123,6 +125,7 @@ def fleet_tunnel_conf(
     gateway_server_name: str,
     client_tls: TLSFiles,
     listen_tls: TLSFiles | None = None,
+    long_poll: tuple[str, str] | None = None,
     run_dir: str = "/var/run/ocm-fl-proxy",
 ) -> str:
     """The cluster-side tunnel: the pod's loopback in, mTLS to the hub gateway out.
@@ -130,6 +133,11 @@ def fleet_tunnel_conf(
     `client_tls.ca` verifies the gateway's server certificate; `cert`/`key` are the cluster's
     identity. `listen` must be a loopback address of the pod. With `listen_tls` the loopback
     side is TLS too (Flower refuses SuperNode authentication over plain HTTP).
+
+    With `long_poll` = (poller, internal), both loopback host:port: the SuperNode's
+    PullMessages goes to the poller (`workloads.fleet_longpoll`), which re-sends it to the
+    gateway through a second listener on `internal` that carries only that route, over the
+    same mTLS as every other call.
     """
     local = (
         f"""        listen {listen} ssl;
@@ -139,12 +147,7 @@ def fleet_tunnel_conf(
         if listen_tls
         else f"        listen {listen};\n"
     )
-    return (
-        _preamble(run_dir)
-        + f"""    server {{
-{local}
-        location {FLEET_PATH} {{
-            proxy_pass https://{gateway_address};
+    to_gateway = f"""            proxy_pass https://{gateway_address};
             proxy_ssl_certificate {client_tls.cert};
             proxy_ssl_certificate_key {client_tls.key};
             proxy_ssl_trusted_certificate {client_tls.ca};
@@ -153,12 +156,38 @@ def fleet_tunnel_conf(
             proxy_ssl_name {gateway_server_name};
             proxy_ssl_server_name on;
             proxy_ssl_protocols TLSv1.2 TLSv1.3;
-{_proxy_common()}        }}
+{_proxy_common()}"""
+    held = ""
+    internal = ""
+    if long_poll is not None:
+        poller, internal_listen = long_poll
+        # the poller reads the whole (small) body first, so nginx sends it with a length
+        held = f"""        location = {PULL_PATH} {{
+            proxy_pass http://{poller};
+{_proxy_common().replace("proxy_request_buffering off", "proxy_request_buffering on")}        }}
+"""
+        # the poller's re-sends: not logged one by one (several a second while idle)
+        internal = f"""    server {{
+        listen {internal_listen};
+        access_log off;
+        location = {PULL_PATH} {{
+{to_gateway}        }}
         location / {{
             return 403;
         }}
     }}
-}}
+"""
+    return (
+        _preamble(run_dir)
+        + f"""    server {{
+{local}
+{held}        location {FLEET_PATH} {{
+{to_gateway}        }}
+        location / {{
+            return 403;
+        }}
+    }}
+{internal}}}
 """
     )
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ocmfl import pki
+from workloads.fleet_longpoll import LongPoller, LongPollServer, start_long_poll
 from workloads.fleet_proxy import TLSFiles, fleet_gateway_conf, fleet_tunnel_conf, nginx_command
 
 
@@ -84,6 +85,7 @@ class Proxy:
     log: Path
     local_ca: Path | None = None  # tunnel only: the CA of its loopback listener
     reloads: int = 0  # SIGHUPs sent for a new certificate pair
+    long_poll: LongPollServer | None = None  # tunnel only: the PullMessages poller
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def check(self) -> None:
@@ -108,6 +110,8 @@ class Proxy:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.long_poll is not None:
+            self.long_poll.stop()
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -210,12 +214,14 @@ def start_tunnel(
     ca_file: Path,
     run_dir: Path,
     server_name: str | None = None,
+    long_poll_hold_s: float | None = None,
 ) -> Proxy:
     """The client-side tunnel: TLS on a free 127.0.0.1 port, mTLS to the gateway.
 
     The loopback side uses a throwaway CA and certificate made here (`Proxy.local_ca` is what
     the SuperNode trusts): Flower requires TLS for SuperNode authentication, and nothing but
-    loopback reaches this listener.
+    loopback reaches this listener. With `long_poll_hold_s` the SuperNode's PullMessages is
+    held up to that long by a poller thread (`workloads.fleet_longpoll`).
     """
     _check_files(client_certfile=certfile, client_keyfile=keyfile, root_certificates=ca_file)
     host, _ = _split(gateway_address)
@@ -223,6 +229,10 @@ def start_tunnel(
     local_ca = pki.create_ca("ocm-fl-tunnel-loopback", key_kind="ec")
     local = pki.issue_server_cert(local_ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     tls_dir = pki.save_tls_dir(run_dir / "loopback-tls", local, local_ca.cert)
+    poll: LongPollServer | None = None
+    if long_poll_hold_s is not None:
+        internal = f"127.0.0.1:{free_loopback_port()}"
+        poll = start_long_poll(LongPoller(upstream=internal, hold_s=long_poll_hold_s))
     conf = fleet_tunnel_conf(
         listen=listen,
         gateway_address=gateway_address,
@@ -235,9 +245,16 @@ def start_tunnel(
             key=str((tls_dir / pki.KEY_FILE).resolve()),
             ca=str((tls_dir / pki.CA_FILE).resolve()),
         ),
+        long_poll=(poll.address, poll.poller.upstream) if poll else None,
         run_dir=str(run_dir.resolve()),
     )
-    proxy = _start(conf, run_dir, listen)
+    try:
+        proxy = _start(conf, run_dir, listen)
+    except ProxyError:
+        if poll is not None:
+            poll.stop()
+        raise
+    proxy.long_poll = poll
     proxy.local_ca = tls_dir / pki.CA_FILE
     proxy.watch(PairWatch(certfile.absolute(), keyfile.absolute(), ca_file.absolute()))
     return proxy

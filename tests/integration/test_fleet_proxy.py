@@ -67,11 +67,19 @@ def certs(tmp_path: Path) -> Pki:
     return Pki(ca=ca, ca_file=_write(tmp_path / "ca.crt", ca.cert_pem), dir=tmp_path)
 
 
+HOLD_ME = b"hold-me"  # a body the echo answers with b"": an empty PullMessagesResponse
+
+
 class _Echo(http.server.BaseHTTPRequestHandler):
+    client_dns: list[str] = []  # the gateway's X-Ocm-Fl-Client-Dn of each HOLD_ME request
+
     def _reply(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else b""
         payload = f"upstream {self.command} {self.path} {len(body)}".encode()
+        if body == HOLD_ME:
+            _Echo.client_dns.append(self.headers.get("X-Ocm-Fl-Client-Dn", ""))
+            payload = b""
         self.send_response(200)
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
@@ -323,3 +331,49 @@ def test_gateway_and_tunnel_reload_each_new_pair_from_their_mounted_secret(
     finally:
         tunnel.stop()
         gateway.stop()
+
+
+def test_tunnel_holds_only_the_pull_and_carries_it_over_the_same_mtls(
+    certs: Pki, gateway: str, tmp_path: Path
+) -> None:
+    """With the long poll the SuperNode's pull goes through the poller and back out over the
+    tunnel's mTLS (the gateway's access log shows the cluster identity for each re-send);
+    every other route passes straight through, and the internal listener carries only the
+    pull."""
+    cert, key = certs.client("c4", "cluster4")
+    tunnel = start_tunnel(
+        gateway_address=gateway,
+        certfile=Path(cert),
+        keyfile=Path(key),
+        ca_file=Path(certs.ca_file),
+        run_dir=tmp_path / "tun-lp",
+        server_name="localhost",
+        long_poll_hold_s=1.0,
+    )
+    try:
+        assert tunnel.local_ca is not None and tunnel.long_poll is not None
+        poller = tunnel.long_poll.poller
+        ctx = ssl.create_default_context(cafile=str(tunnel.local_ca))
+        with httpx.Client(verify=ctx, timeout=10) as client:
+            push = client.post(f"https://{tunnel.listen}/v1/fleet/push-messages", content=b"abc")
+            assert (push.status_code, push.text) == (200, "upstream POST /v1/fleet/push-messages 3")
+            assert poller.sends == 0
+            pull = client.post(f"https://{tunnel.listen}/v1/fleet/pull-messages", content=b"ab")
+            # not protobuf: for Flower an answer it should see at once
+            assert (pull.status_code, pull.text) == (200, "upstream POST /v1/fleet/pull-messages 2")
+            assert poller.sends == 1
+            _Echo.client_dns.clear()
+            empty = client.post(f"https://{tunnel.listen}/v1/fleet/pull-messages", content=HOLD_ME)
+            control = client.post(f"https://{tunnel.listen}/v1/control/list-runs", content=b"")
+        # an empty answer: re-sent until the 1 s hold ended, each time with the cluster identity
+        assert (empty.status_code, empty.content) == (200, b"")
+        assert poller.sends >= 4
+        assert len(_Echo.client_dns) == poller.sends - 1
+        assert all("CN=fleet:cluster4" in dn for dn in _Echo.client_dns), _Echo.client_dns
+        assert control.status_code == 403
+        with httpx.Client(timeout=5) as plain:
+            internal = poller.upstream
+            other = plain.post(f"http://{internal}/v1/fleet/push-messages", content=b"")
+        assert other.status_code == 403
+    finally:
+        tunnel.stop()

@@ -115,6 +115,22 @@ def test_client_fails_fast_naming_a_missing_data_dir(
     assert f"data directory {tmp_path / 'empty'} is empty" in capsys.readouterr().out
 
 
+def test_client_refuses_a_long_poll_hold_near_flowers_timeout(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "x").write_text("1")
+    base = ["--root-certificates", "ca", "--auth-key", "k", "--cluster", "c1",
+            "--data-dir", str(tmp_path / "data")]  # fmt: skip
+    for bad in ("25", "0"):
+        assert (
+            client_launcher.main([*base, "--long-poll-hold", bad]) == client_launcher.EXIT_BAD_INPUT
+        )
+        assert f"--long-poll-hold {float(bad)}: give 0 < seconds <= 20" in capsys.readouterr().out
+    args = client_launcher.build_parser().parse_args([*base, "--no-long-poll"])
+    assert args.no_long_poll and args.long_poll_hold == 10.0
+
+
 def test_flower_exit_code_is_read_from_its_log_line() -> None:
     assert client_launcher.flower_exit_code("\x1b[91mERROR \x1b[0m: Exit Code: 305") == 305
     assert client_launcher.flower_exit_code("INFO: all good") is None
