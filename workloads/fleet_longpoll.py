@@ -6,10 +6,11 @@ Flower 1.42's SuperNode sleeps a fixed 3 s after every PullMessages that returns
 routes only ``/v1/fleet/pull-messages`` to this poller on the pod's loopback; the poller sends
 the identical request (same body, same node-auth headers: Flower signs a timestamp that stays
 valid for 300 s and keeps no replay list) upstream through the tunnel's internal listener, and
-while the answer carries no message re-sends it every `interval_s` for up to `hold_s`. It
-answers with the first answer that carries a message (or a reconnect), the first error as it
-came, or the last empty answer at the end of the hold. mTLS to the gateway stays nginx's; node
-authentication stays the SuperNode's.
+while the answer carries no message re-sends it, first after `interval_s`, then at doubling
+intervals up to `max_interval_s`, for up to `hold_s`. It answers with the first answer that
+carries a message (or a reconnect), the first error as it came, or the last empty answer at
+the end of the hold. mTLS to the gateway stays nginx's; node authentication stays the
+SuperNode's.
 
 The SuperLink marks a pulled message delivered, so the poller re-sends only while the
 SuperNode's connection is still open (checked before each send), and a message that comes
@@ -31,7 +32,11 @@ from dataclasses import dataclass, field
 from workloads.fleet_proxy import PULL_PATH
 
 HOLD_S = 10.0  # well under the SuperNode's 30 s HTTP timeout (flwr ProtobufClient)
-INTERVAL_S = 0.15
+INTERVAL_S = 0.15  # the first re-sends: a message pushed soon after is seen at once
+# The interval doubles up to this while the hold goes on, so an idle SuperNode costs the
+# SuperLink about one pull a second (Flower alone: one every 3 s), not one every 0.15 s:
+# every pull is a request the SuperLink serves, for each of the federation's clusters.
+MAX_INTERVAL_S = 1.0
 UPSTREAM_TIMEOUT_S = 15.0  # one upstream call; hold + this stays under Flower's 30 s
 KEEP_S = 120.0  # how long a message pulled for a closed connection waits for the next pull
 
@@ -97,6 +102,7 @@ class LongPoller:
     upstream: str  # host:port of the tunnel's internal plain listener on loopback
     hold_s: float = HOLD_S
     interval_s: float = INTERVAL_S
+    max_interval_s: float = MAX_INTERVAL_S
     upstream_timeout_s: float = UPSTREAM_TIMEOUT_S
     sends: int = 0  # upstream requests made (tests and logs)
     kept: int = 0  # answers with a message kept for a closed connection
@@ -159,10 +165,12 @@ class LongPoller:
             return kept
         deadline = time.monotonic() + self.hold_s
         answer = self.send(body, headers)
+        interval = self.interval_s
         while not carries_message(answer):
-            next_at = time.monotonic() + self.interval_s
-            if next_at >= deadline:
+            if deadline - time.monotonic() < self.interval_s:
                 break
+            next_at = min(time.monotonic() + interval, deadline)  # the last one at the end
+            interval = min(self.max_interval_s, interval * 2)
             # wait out the interval, waking early if the SuperNode hangs up
             wait = next_at - time.monotonic()
             if wait > 0:

@@ -122,7 +122,12 @@ def test_an_empty_hold_returns_the_last_empty_answer_at_its_end(
     assert resp.status == 200
     assert body == EMPTY
     assert 2.5 <= took < 6.0  # the 3 s hold, not Flower's 30 s timeout
-    assert len(state.seen) >= 5  # re-sent meanwhile
+    # Re-sent meanwhile, soon at first, then at doubling gaps of at most 1 s: an idle
+    # SuperNode costs the SuperLink about a pull a second, not one every 0.15 s.
+    gaps = [b[0] - a[0] for a, b in zip(state.seen, state.seen[1:], strict=False)]
+    assert len(gaps) >= 3 and gaps[0] < 0.5, gaps
+    assert all(g < 1.0 + 0.5 for g in gaps) and max(gaps) >= 0.9, gaps
+    assert len(state.seen) <= 6, gaps  # 0.15 s apart all the way would be about 20
 
 
 def test_an_upstream_error_is_returned_at_once_as_it_came(
