@@ -273,6 +273,12 @@ def fleet_csr_changed(
                     return
                 csr = fresh
             decision = signer.handle(csr, members)
+            if isinstance(decision, ApproveFleet):
+                # A key that changed (a cluster that came back has a new one) must reach the
+                # running server: the resource's loop copies it to the node-keys shards.
+                operator = getattr(memo, "operator", None)
+                if operator is not None:
+                    operator.key_enrolled((decision.ref.namespace, decision.ref.name))
             if not (isinstance(decision, Ignore) and decision.why == NO_CA_YET):
                 return
             if attempt == ATTEMPTS:
