@@ -159,6 +159,13 @@ def test_drill_clusters_join_leave_and_come_back(
                    if h["cluster"] == second), status["history"]  # fmt: skip
         row = next(r for r in status["clusters"] if r["name"] == second)
         assert (row["phase"], row["round"]) == ("Succeeded", max(trained)), row
+        # The server launcher registered its key when it joined, and its new key (the old
+        # node unregistered) when it came back.
+        logs = Path(plane.state_dir).glob(f"pods/hub/*{NS}*/logs/server.log")
+        keys = [ln for log in logs for ln in log.read_text(errors="replace").splitlines()
+                if f"SuperNode keys: {second}:" in ln]  # fmt: skip
+        assert any("joined" in ln for ln in keys), keys
+        assert any("new key" in ln and "unregistered" in ln for ln in keys), keys
         print(
             f"\nDRILL 2: {second} joined after round {at_join}: work after {work_s:.1f}s, "
             f"first trained round {first_join} ({join_s:.1f}s after its claim was added)"
@@ -167,7 +174,7 @@ def test_drill_clusters_join_leave_and_come_back(
             f"\nDRILL 4: {second} came back after round {at_back}: trained again from round "
             f"{first_back} ({back_s:.1f}s after its claim was added back); run Completed with "
             f"rounds 1-{ROUNDS} once; {second} trained rounds {trained}, its row {row['phase']} "
-            f"at round {row['round']}"
+            f"at round {row['round']}\nDRILL 4: server launcher: {keys}"
         )
     except BaseException:
         _dump(plane, fed, hub)
