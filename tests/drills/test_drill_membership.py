@@ -165,7 +165,7 @@ def test_drill_clusters_join_leave_and_come_back(
         keys = [ln for log in logs for ln in log.read_text(errors="replace").splitlines()
                 if f"SuperNode keys: {second}:" in ln]  # fmt: skip
         assert any("joined" in ln for ln in keys), keys
-        assert any("new key" in ln and "unregistered" in ln for ln in keys), keys
+        assert any("new key" in ln and "previous key unregistered)" in ln for ln in keys), keys
         print(
             f"\nDRILL 2: {second} joined after round {at_join}: work after {work_s:.1f}s, "
             f"first trained round {first_join} ({join_s:.1f}s after its claim was added)"
