@@ -112,7 +112,8 @@ class ClusterPhase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     # It took part in this run and is no longer selected (its claim or label went, the
-    # placement dropped it): its work is deleted; its last values stay on the row.
+    # placement dropped it): its work is deleted; its last values stay on the row. Selected
+    # again, it stays Left (with a work again) until it trains a round after it came back.
     LEFT = "Left"
 
 

@@ -45,6 +45,8 @@ MAX_HISTORY = 500
 # (the worst first beyond it; clusterCounts counts all), at most this many names per message.
 MAX_CLUSTER_ROWS = 200
 MAX_NAMES = 5
+# In the reason of a Left row whose cluster is selected again but has not trained since.
+BACK = "back in the placement since"
 # Which rows a bounded status keeps first: the clusters that need someone's attention.
 _ROW_ORDER = {
     ClusterPhase.FAILED: 0,
@@ -243,7 +245,7 @@ def _took_part(row: ClusterStatus | None) -> bool:
 
 def _as_left(row: ClusterStatus, why: str) -> ClusterStatus:
     """`row` as a Left row, its last values kept."""
-    if row.phase == ClusterPhase.LEFT:
+    if row.phase == ClusterPhase.LEFT and BACK not in row.reason:
         return row
     return row.model_copy(
         update={
@@ -252,6 +254,26 @@ def _as_left(row: ClusterStatus, why: str) -> ClusterStatus:
             "work_applied": False,
         }
     )
+
+
+def back_row(left: ClusterStatus, row: ClusterStatus) -> ClusterStatus:
+    """The row of a cluster selected again after it left (`left`, its previous row) while
+    it has reported no round after the one it left after: still Left, its last values kept,
+    the reason saying it is back (`row`, its ordinary row now, gives the work and client
+    state). Shown as running, or at Completed as Succeeded, it would claim rounds it did not
+    train."""
+    return left.model_copy(
+        update={
+            "reason": f"left after round {left.round}, {BACK}: Left until "
+            f"it trains a round of this run again (now {row.phase.value}: {row.reason})",
+            "work_applied": row.work_applied,
+        }
+    )
+
+
+def _trained_since(row: ClusterStatus, left: ClusterStatus) -> bool:
+    """`row` (built from the latest report) has a round after the one `left` was left at."""
+    return row.round is not None and (left.round is None or row.round > left.round)
 
 
 def left_rows(previous: Iterable[ClusterStatus], selected: set[str]) -> list[ClusterStatus]:
@@ -474,12 +496,21 @@ def fold(
     conditions.append(cond(CONDITION_TRAINING_COMPLETE, *training))
 
     prev_rows = {row.name: row for row in previous.clusters} if previous else {}
-    rows = [
-        _as_left(prev_rows[r.name], r.reason)
-        if not r.has_data and _took_part(prev_rows.get(r.name))
-        else _cluster_row(r, obs, obs.server_address is not None, prev_rows.get(r.name))
-        for r in obs.resolutions
-    ]
+    rows = []
+    for r in obs.resolutions:
+        prev_row = prev_rows.get(r.name)
+        if not r.has_data and _took_part(prev_row):
+            assert prev_row is not None
+            rows.append(_as_left(prev_row, r.reason))
+            continue
+        row = _cluster_row(r, obs, obs.server_address is not None, prev_row)
+        if (
+            prev_row is not None
+            and prev_row.phase == ClusterPhase.LEFT
+            and not _trained_since(row, prev_row)
+        ):
+            row = back_row(prev_row, row)
+        rows.append(row)
     rows += left_rows(prev_rows.values(), {r.name for r in obs.resolutions})
     if phase == Phase.COMPLETED:
         # The run ended well: a client still seen running (its Job feedback and the agent's

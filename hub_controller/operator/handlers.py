@@ -151,6 +151,15 @@ class Operator:
     writer: Writer = None  # type: ignore[assignment]  # set in __post_init__
     # The controller's ManifestWorks, followed by a watch of its own (workwatch.py).
     works: WorkStore = field(default_factory=WorkStore)
+    # Resource -> how many SuperNode keys the Fleet signer (same process) has enrolled for
+    # it: part of a pass's inputs, so a key that arrives while nothing else changes is copied
+    # to the server's node-keys shards at once (not at the next resync, minutes later).
+    enrolled: dict[Key, int] = field(default_factory=dict)
+
+    def key_enrolled(self, key: Key) -> None:
+        """The Fleet signer stored a SuperNode key for this resource: apply again now."""
+        self.enrolled[key] = self.enrolled.get(key, 0) + 1
+        self.wake(key)
 
     def __post_init__(self) -> None:
         if self.writer is None:
@@ -292,7 +301,8 @@ class Run:
 
     ref: FLRef
     status: dict[str, Any]  # as last written by this loop (seeded from the resource)
-    applied: tuple[int | None, str] | None = None  # (generation, inputs digest) last applied
+    # (generation, inputs digest, keys enrolled: Operator.enrolled) last applied
+    applied: tuple[int | None, str, int] | None = None
     applied_at: float = float("-inf")  # monotonic time of that apply
     conflicts: dict[str, str] = field(default_factory=dict)  # found by that apply (see below)
     # REST path -> digest of the Secret body this loop last applied there (unchanged key
@@ -598,7 +608,7 @@ def reconcile(
         return None
     seen = reports.version(ref.uid)  # before the snapshot: the status holds at least these
     obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root)
-    inputs = (generation, observation_digest(obs))
+    inputs = (generation, observation_digest(obs), op.enrolled.get((ref.namespace, ref.name), 0))
     waiting_for_keys = False
     try:
         renew = clock() >= run.renew_at
@@ -638,7 +648,8 @@ def reconcile(
                     jobs = path_of("batch/v1", "Job", ref.namespace)
                     _refusable(lambda: op.kube.create(jobs, job), job)
                     obs = replace(obs, server_job=JobState(exists=True))
-            # Waiting for keys: the signer's write wakes nothing, so look again soon.
+            # Waiting for keys: look again soon (the signer's write also wakes the loop,
+            # but only when the signer runs in this process: Operator.key_enrolled).
             run.applied, run.applied_at = (None if keys_missing else inputs), clock()
             if keys_missing:
                 waiting_for_keys = True

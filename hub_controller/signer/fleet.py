@@ -258,6 +258,12 @@ def fleet_csr_changed(
 
     def handle(csr: dict[str, Any]) -> str | None:
         decision = signer.handle(csr, members)
+        if isinstance(decision, ApproveFleet):
+            # A key that changed (a cluster that came back has a new one) must reach the
+            # running server: the resource's loop copies it to the node-keys shards.
+            operator = getattr(memo, "operator", None)
+            if operator is not None:
+                operator.key_enrolled((decision.ref.namespace, decision.ref.name))
         # A Fleet CSR can come before its federation's CA Secret: wait for it a little.
         return NO_CA_YET if isinstance(decision, Ignore) and decision.why == NO_CA_YET else None
 

@@ -369,3 +369,43 @@ def test_delete_removes_owned_objects_forgets_reports_and_waits_for_works(
     assert forgotten == [REF.uid]
     kube.objects["manifestworks"] = []
     CLEANUP(meta=META, memo=memo, retry=1, logger=LOG)
+
+
+def _node_keys(kube: FakeKube) -> dict[str, str]:
+    """The server's key directory as the node-keys shards last written hold it."""
+    out: dict[str, str] = {}
+    for shard in range(credentials.NODE_KEY_SHARDS):
+        name = credentials.node_keys_secret_name(server_mod.server_name(REF), shard)
+        secret = kube.get(f"/api/v1/namespaces/{REF.namespace}/secrets/{name}")
+        out.update((secret or {}).get("data") or {})
+    return out
+
+
+def test_a_key_enrolled_while_nothing_else_changes_reaches_the_server_at_once(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
+    """Drill 4: a cluster that comes back gets a new SuperNode key; its work and client Job
+    can be observed before the Fleet signer enrols the key, so no observed input changes
+    afterwards. The signer's note (Operator.key_enrolled) makes the next pass copy the key to
+    the node-keys shards; the run was otherwise refused that cluster until the resync."""
+    spec = spec_dict(advertiseAddress="127.0.0.1:9443")
+    works = [
+        WorkState(cluster=c, name=work_name(REF), applied=True, job=JobState(True, active=1))
+        for c in ("c1", "c2")
+    ]
+    idx = indexes(works=works, job=JobState(exists=True, active=1))
+    kube.objects["secrets"] = enrolled_keys_secrets("c1", "c2")
+    state = run(op, spec, idx)
+    old = _node_keys(kube)["c2.pub"]
+    # c2 comes back with a new key, enrolled by the signer; everything observed is as before.
+    kube.objects["secrets"] = enrolled_keys_secrets("c1", "c2")
+    woken: list[bool] = []
+    op.wakers[KEY] = lambda: woken.append(True)
+    op.key_enrolled(KEY)
+    assert woken == [True]
+    run(op, spec, idx, state)
+    new = _node_keys(kube)["c2.pub"]
+    enrolled = [
+        s["data"]["c2.node.pub"] for s in kube.objects["secrets"] if "c2.node.pub" in s["data"]
+    ]
+    assert new != old and [new] == enrolled
