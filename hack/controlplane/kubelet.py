@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+import grpc
 import yaml
 
 from hack.controlplane import build, certs, podnet, processes
@@ -681,6 +682,18 @@ def _wait(what: str, check: object, timeout: float, proc: Proc | None = None) ->
     raise NodeError(f"{what}: timed out after {timeout:.0f}s")
 
 
+def cri_ready(socket: Path) -> bool:
+    """Whether the CRI runtime service on `socket` answers a Version call (raises if not)."""
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        version = channel.unary_unary(
+            "/runtime.v1.RuntimeService/Version",
+            request_serializer=bytes,
+            response_deserializer=bytes,
+        )
+        version(b"", timeout=2)  # an empty VersionRequest
+    return True
+
+
 def start_node(
     spec: NodeSpec,
     state: State,
@@ -759,6 +772,10 @@ def start_node(
         )
     )
     _wait("containerd socket", spec.socket.exists, 30, ctrd)
+    # The socket comes before the CRI: while containerd recovers its state (its images: about
+    # a second here) the CRI answers "server is not initialized yet", and a kubelet that
+    # checks it then exits for good (seen in CI).
+    _wait("containerd CRI", lambda: cri_ready(spec.socket), 60, ctrd)
     (spec.dir / "kubelet.yaml").write_text(_kubelet_config(spec))
     track(  # type: ignore[operator]
         processes.spawn(

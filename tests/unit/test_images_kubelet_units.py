@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import ipaddress
 from pathlib import Path
 
@@ -177,3 +178,32 @@ def test_a_store_whose_seeded_import_fails_is_built_from_nothing(
     assert seeds == [old / "root", None]
     assert "importing without a seed" in log.read_text()
     assert not old.exists()  # the old store goes once the new one stands
+
+
+def test_the_kubelet_waits_for_containerds_cri_not_only_its_socket(tmp_path: Path) -> None:
+    # Seen in CI: the socket was there, the CRI still answered "server is not initialized
+    # yet" (containerd recovering its images), and the kubelet started then exited for good.
+    import grpc
+
+    answers = iter([grpc.StatusCode.UNKNOWN, None])
+
+    def version(request: bytes, context: grpc.ServicerContext) -> bytes:
+        code = next(answers)
+        if code is not None:
+            context.abort(code, "server is not initialized yet")
+        return b""
+
+    handler = grpc.method_handlers_generic_handler(
+        "runtime.v1.RuntimeService",
+        {"Version": grpc.unary_unary_rpc_method_handler(version)},
+    )
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(1), handlers=[handler])
+    socket = tmp_path / "containerd.sock"
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    try:
+        with pytest.raises(grpc.RpcError, match="not initialized"):
+            kubelet.cri_ready(socket)
+        assert kubelet.cri_ready(socket)
+    finally:
+        server.stop(None)
