@@ -185,8 +185,14 @@ def ensure_plane(slot: int) -> None:
     _ip("route", "replace", "local", net, "dev", "lo", "table", "local")
 
 
+def bridge_mac(slot: int, node: int) -> str:
+    """The node bridge's own MAC address (locally administered, one per slot and node)."""
+    _check(slot, node)
+    return f"02:6f:66:00:{slot:02x}:{node:02x}"
+
+
 def ensure_bridge(slot: int, node: int) -> None:
-    """The node's bridge with its gateway address (idempotent)."""
+    """The node's bridge with its gateway address and a fixed MAC (idempotent)."""
     br = bridge_name(slot, node)
     if not Path(f"/sys/class/net/{br}").exists():
         # Bridged pod traffic bypasses iptables, whatever rules others put on this machine.
@@ -194,6 +200,11 @@ def ensure_bridge(slot: int, node: int) -> None:
             "link", "add", br, "type", "bridge",
             "nf_call_iptables", "0", "nf_call_ip6tables", "0", "nf_call_arptables", "0",
         )  # fmt: skip
+    # A bridge without an address of its own takes the lowest MAC of its ports: deleting one
+    # pod could change the gateway's MAC under every other pod of the node, whose ARP entry
+    # then sent their traffic nowhere for about 30 s (seen: a tenant's last-round metrics
+    # lost when another tenant's pod on the same node was deleted).
+    _ip("link", "set", br, "address", bridge_mac(slot, node))
     gw = f"{gateway(slot, node)}/{pod_cidr(slot, node).prefixlen}"
     _ip("addr", "replace", gw, "dev", br)
     _ip("link", "set", br, "up")

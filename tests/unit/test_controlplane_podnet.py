@@ -102,3 +102,15 @@ def test_a_pod_namespace_name_gives_back_its_address() -> None:
     assert podnet.pod_address(5, podnet.pod_link_name(5, ip)) == ip
     assert podnet.pod_address(5, podnet.bridge_name(5, 3)) is None
     assert podnet.pod_address(5, podnet.pod_link_name(4, "10.204.8.2")) is None
+
+
+def test_every_node_bridge_has_its_own_fixed_locally_administered_mac() -> None:
+    # Fixed, so deleting a pod's veth cannot change the gateway MAC under the node's other
+    # pods (a bridge without its own address takes its lowest port's).
+    macs = {podnet.bridge_mac(s, n) for s in range(podnet.SLOTS) for n in range(podnet.NODES)}
+    assert len(macs) == podnet.SLOTS * podnet.NODES
+    for mac in macs:
+        first = int(mac.split(":")[0], 16)
+        assert first & 0b10 and not first & 0b01  # locally administered, unicast
+    with pytest.raises(ValueError):
+        podnet.bridge_mac(podnet.SLOTS, 0)
