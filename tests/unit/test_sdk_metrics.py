@@ -16,7 +16,13 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from ocmfl.constants import ENV_CLIENT_TOKEN_FILE, ENV_FL_NAME, ENV_FL_NAMESPACE, ENV_FL_UID
 from workloads.sdk import agent_metrics
-from workloads.sdk.metrics import CLIENT_RECORD, LocalMetrics, metrics_of_reply, post_metrics
+from workloads.sdk.metrics import (
+    CLIENT_RECORD,
+    LocalMetrics,
+    deliver_metrics,
+    metrics_of_reply,
+    post_metrics,
+)
 
 SAMPLE = LocalMetrics("cluster1", 2, "fit", 0.5, 0.8, 100, 1.5)
 
@@ -184,3 +190,77 @@ def test_posts_carry_the_federations_token_from_the_mounted_file(
     monkeypatch.setenv(ENV_CLIENT_TOKEN_FILE, str(tmp_path / "absent"))
     assert post_metrics(url, SAMPLE)
     assert "authorization" not in received[-1]
+
+
+def _flaky_agent(statuses: list[int]) -> tuple[HTTPServer, list[int]]:
+    """An agent answering each POST with the next of ``statuses`` (the last one repeats)."""
+    answered: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status = statuses[min(len(answered), len(statuses) - 1)]
+            answered.append(status)
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, answered
+
+
+@pytest.mark.parametrize(
+    "statuses,delivered,posts",
+    [
+        ([503, 503, 202], True, 3),  # the agent could not check the token yet: tried again
+        ([401], False, 1),  # refused: trying again cannot help
+        ([500], False, 3),  # still failing after every try: given up, not raised
+    ],
+)
+def test_transient_failures_are_tried_again(
+    statuses: list[int], delivered: bool, posts: int
+) -> None:
+    server, answered = _flaky_agent(statuses)
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        assert deliver_metrics(endpoint, SAMPLE, retry_delays_s=(0.01, 0.01)) is delivered
+        assert len(answered) == posts
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_metrics_reach_an_agent_that_comes_up_after_the_first_try() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens yet: connection refused
+    received: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            received.append(1)
+            self.send_response(202)
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            pass
+
+    def start_agent() -> None:
+        time.sleep(0.3)
+        server = HTTPServer(("127.0.0.1", port), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        done.wait(10)
+        server.shutdown()
+        server.server_close()
+
+    done = threading.Event()
+    threading.Thread(target=start_agent, daemon=True).start()
+    try:
+        ok = deliver_metrics(f"http://127.0.0.1:{port}", SAMPLE, retry_delays_s=(0.5, 1.0, 2.0))
+    finally:
+        done.set()
+    assert ok and received == [1]

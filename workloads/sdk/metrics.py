@@ -5,7 +5,11 @@ evaluate reply it picks loss, accuracy and sample count out of the reply's Metri
 POSTs them to the local agent from a background thread, and it marks the reply with this
 cluster's name so the server can keep metrics per cluster. When no agent endpoint is set, or
 the agent is down, slow or answers an error, training carries on: nothing here raises or waits
-for the agent. Each POST carries the federation's token (the file the controller mounts into
+for the agent. A POST that meets a transient failure (no answer, a refused connection, a 5xx) is
+tried again a few times over about 9 s from that background thread (`RETRY_DELAYS_S`): a short
+outage of the agent or of the pod network no longer loses the round's row.
+
+Each POST carries the federation's token (the file the controller mounts into
 the client pod, `OCMFL_CLIENT_TOKEN_FILE`) as `Authorization: Bearer`: the agent takes metrics
 for a federation only with its token.
 """
@@ -40,6 +44,8 @@ log = logging.getLogger(__name__)
 
 METRICS_PATH = "/v1/metrics"
 DEFAULT_TIMEOUT_S = 1.0
+# Pauses before the 2nd..5th try of a POST that failed transiently.
+RETRY_DELAYS_S = (0.25, 0.5, 1.0, 2.0)
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,15 @@ def client_token() -> str | None:
 def post_metrics(
     endpoint: str | None, metrics: LocalMetrics, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> bool:
-    """POST ``metrics`` as JSON to ``endpoint``/v1/metrics; True when the agent took it."""
+    """POST ``metrics`` as JSON to ``endpoint``/v1/metrics once; True when the agent took it."""
+    return _post_once(endpoint, metrics, timeout_s) == "taken"
+
+
+def _post_once(endpoint: str | None, metrics: LocalMetrics, timeout_s: float) -> str:
+    """One POST: "taken", "refused" (no endpoint, a bad URL, a 4xx: trying again cannot
+    help) or "transient" (no answer, no connection, a 5xx)."""
     if not endpoint:
-        return False
+        return "refused"
     url = endpoint.rstrip("/") + METRICS_PATH
     body = json.dumps({**asdict(metrics), **resource_identity()}).encode()
     headers = {"Content-Type": "application/json"}
@@ -93,10 +105,35 @@ def post_metrics(
     try:
         request = urllib.request.Request(url, data=body, method="POST", headers=headers)
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return 200 <= int(response.status) < 300
-    except (urllib.error.URLError, OSError, ValueError) as exc:
+            return "taken" if 200 <= int(response.status) < 300 else "refused"
+    except urllib.error.HTTPError as exc:
+        log.info("metrics agent at %s answered %s", url, exc.code)
+        return "transient" if exc.code >= 500 else "refused"
+    except ValueError as exc:
+        log.info("metrics agent endpoint %s is not usable (%s)", url, exc)
+        return "refused"
+    except (urllib.error.URLError, OSError) as exc:
         log.info("metrics agent at %s unavailable (%s); continuing", url, exc)
-        return False
+        return "transient"
+
+
+def deliver_metrics(
+    endpoint: str | None,
+    metrics: LocalMetrics,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    retry_delays_s: tuple[float, ...] = RETRY_DELAYS_S,
+) -> bool:
+    """``post_metrics``, tried again after each of ``retry_delays_s`` while it fails
+    transiently; True when the agent took it."""
+    outcome = _post_once(endpoint, metrics, timeout_s)
+    for delay in retry_delays_s:
+        if outcome != "transient":
+            break
+        time.sleep(delay)
+        outcome = _post_once(endpoint, metrics, timeout_s)
+    if outcome != "taken":
+        log.info("metrics of round %d (%s) not delivered", metrics.round, metrics.phase)
+    return outcome == "taken"
 
 
 # Every reply the mod passes on carries ConfigRecord CLIENT_RECORD {"cluster": name}: the
@@ -159,10 +196,11 @@ def metrics_of_reply(
 def post_in_background(
     endpoint: str, metrics: LocalMetrics, timeout_s: float = DEFAULT_TIMEOUT_S
 ) -> threading.Thread:
-    """POST from a non-daemon thread: the reply goes out at once, and the ClientApp process
-    still delivers the metrics before it exits (at most ``timeout_s`` later)."""
+    """Deliver from a non-daemon thread: the reply goes out at once, and the ClientApp
+    process still delivers the metrics before it exits (tries included, at most about
+    ``5 * timeout_s`` + 3.75 s later)."""
     thread = threading.Thread(
-        target=post_metrics, args=(endpoint, metrics, timeout_s), name="ocmfl-metrics"
+        target=deliver_metrics, args=(endpoint, metrics, timeout_s), name="ocmfl-metrics"
     )
     thread.start()
     return thread
