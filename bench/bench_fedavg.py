@@ -9,7 +9,9 @@ plus the `num-examples` MetricRecord, as Flower receives them), then times, best
 on all cores, the faster counts), Flower's `aggregate_arrayrecords` and the SDK's. Speed of
 an aggregation = the bytes of client arrays it must read / its time; printed as a fraction of
 the bandwidth, with the largest difference
-between the two results. Not a test: numbers depend on the machine and its load.
+between the two results and the engine of ours (torch's fused multiply-add when torch is
+installed, else numpy with Flower's very operations). Not a test: numbers depend on the
+machine and its load.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords as flower_aggregate
 
+from workloads.sdk import aggregate
 from workloads.sdk.aggregate import aggregate_arrayrecords as our_aggregate
 
 
@@ -94,6 +97,7 @@ def main() -> None:
         "params": args.params,
         "clients": args.clients,
         "load_avg": os.getloadavg()[0],
+        "engine": "torch" if aggregate._torch() is not None else "numpy",
         "read_bandwidth_gb_s": round(bandwidth / 1e9, 2),
         "flower_s": round(flower_s, 4),
         "ours_s": round(ours_s, 4),
