@@ -617,9 +617,8 @@ def _down_locked(d: Path) -> bool:
         found = any(processes.alive(p.pid) for p in state.procs)
         kubelet_node.teardown(state.slot, state.clusters)
     if state is not None:
-        for p in reversed(state.procs):  # supervisor first (it stops its pods), etcd last
-            found = found or processes.alive(p.pid)
-            processes.kill_group(p.pid, grace=10.0 if p.name == "supervisor" else 5.0)
+        found = found or any(processes.alive(p.pid) for p in state.procs)
+        _stop_procs(state.procs)
     pid_dir = d / "pod-pids"
     if pid_dir.is_dir():
         for f in pid_dir.iterdir():
@@ -649,6 +648,22 @@ def _down_locked(d: Path) -> bool:
         (d / fname).unlink(missing_ok=True)
     release_slot(d)
     return found
+
+
+def _stop_procs(procs: list[Proc]) -> None:
+    """Stop a plane's processes: the supervisor first (it stops its pods), etcd last (the
+    apiservers write to it until they exit), everything between at once (each one's graceful
+    shutdown overlaps the others' instead of adding up)."""
+    first = [p for p in procs if p.name == "supervisor"]
+    last = [p for p in procs if p.name == "etcd"]
+    middle = [p for p in procs if p not in first and p not in last]
+    for p in first:
+        processes.kill_group(p.pid, grace=10.0)
+    if middle:
+        with ThreadPoolExecutor(len(middle)) as pool:
+            list(pool.map(lambda p: processes.kill_group(p.pid, grace=5.0), middle))
+    for p in last:
+        processes.kill_group(p.pid, grace=5.0)
 
 
 def _other_planes(d: Path) -> list[Path]:
