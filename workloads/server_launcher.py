@@ -667,8 +667,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         launcher.check_store()
         launcher.start_superlink()
-        launcher.start_gateway()
+        # Keys first: clusters start their SuperNodes once the gateway answers, and one that
+        # came before its key is registered is refused and restarted after a backoff.
         launcher.register_nodes()
+        launcher.start_gateway()
         threading.Thread(
             target=launcher.watch_keys, args=(keys_stop,), daemon=True, name="keys"
         ).start()
