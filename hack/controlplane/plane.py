@@ -479,22 +479,6 @@ def _start(
         write_kubeconfig(path, state.apiservers["hub"], ca.cert_pem, kp, f"{c}-work-agent")
         state.hub_access[c] = str(path)
 
-    # --- CRDs, namespaces, ManagedClusters --------------------------------------------------------
-    hub_crds, cluster_crds = build.crd_files(hub=True), build.crd_files(hub=False)
-    kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
-    with ThreadPoolExecutor(len(names)) as pool:
-        futs = [
-            pool.submit(
-                bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters, build.KUBERNETES_VERSION
-            )
-        ]
-        futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds) for c in clusters]
-        for f in futs:
-            f.result()
-    for k in kubes.values():
-        k.close()
-    _say(echo, f"CRDs and ManagedClusters in place ({time.monotonic() - t0:.1f}s)")
-
     # --- controller managers and OCM controllers ------------------------------------------------
     waits: list[tuple[Proc, str]] = []
 
@@ -543,6 +527,44 @@ def _start(
             "--profiling=false",
         ]
 
+    # The supervisor needs no CRDs: its start (a Python interpreter's imports) overlaps the
+    # bootstrap below; its claim mirrors retry until the ClusterClaim CRD is served. The
+    # controller managers come after it, so their garbage collector discovers the CRDs at
+    # start instead of at its next 30 s discovery resync.
+    # --- supervisor: local nodes + claim mirrors ------------------------------------------------
+    if kubelet:
+        kubelet_node.create_bridge(state.slot)
+    (d / READY_FILE).unlink(missing_ok=True)
+    sup = track(
+        processes.spawn(
+            "supervisor",
+            [
+                sys.executable,
+                "-m",
+                "hack.controlplane",
+                "supervise",
+                f"--state-dir={d}",
+            ],
+            logs / "supervisor.log",
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )
+    )
+    # --- CRDs, namespaces, ManagedClusters --------------------------------------------------------
+    hub_crds, cluster_crds = build.crd_files(hub=True), build.crd_files(hub=False)
+    kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
+    with ThreadPoolExecutor(len(names)) as pool:
+        futs = [
+            pool.submit(
+                bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters, build.KUBERNETES_VERSION
+            )
+        ]
+        futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds) for c in clusters]
+        for f in futs:
+            f.result()
+    for k in kubes.values():
+        k.close()
+    _say(echo, f"CRDs and ManagedClusters in place ({time.monotonic() - t0:.1f}s)")
+
     for n in names:
         serve(f"kube-controller-manager-{n}", functools.partial(kube_controller_manager, n))
     for c in clusters if ocm else []:
@@ -568,24 +590,6 @@ def _start(
         serve("addon-manager", ocm_controller("addon", "manager", HUB_NAMESPACE, hub_kc))
     state.save()
 
-    # --- supervisor: local nodes + claim mirrors ------------------------------------------------
-    if kubelet:
-        kubelet_node.create_bridge(state.slot)
-    (d / READY_FILE).unlink(missing_ok=True)
-    sup = track(
-        processes.spawn(
-            "supervisor",
-            [
-                sys.executable,
-                "-m",
-                "hack.controlplane",
-                "supervise",
-                f"--state-dir={d}",
-            ],
-            logs / "supervisor.log",
-            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-        )
-    )
     insecure = processes.insecure_tls()
     for p, url in waits:
         processes.wait_until(
