@@ -655,17 +655,16 @@ def _down_locked(d: Path) -> bool:
 
 
 def _stop_procs(procs: list[Proc]) -> None:
-    """Stop a plane's processes: the supervisor first (it stops its pods), etcd last (the
-    apiservers write to it until they exit), everything between at once (each one's graceful
-    shutdown overlaps the others' instead of adding up)."""
-    first = [p for p in procs if p.name == "supervisor"]
+    """Stop a plane's processes: etcd last (the apiservers write to it until they exit),
+    everything else at once, so each one's graceful shutdown overlaps the others' instead
+    of adding up. The supervisor needs no apiserver to stop its pods (it signals their
+    processes and removes their network namespaces); it gets the longer grace for that."""
     last = [p for p in procs if p.name == "etcd"]
-    middle = [p for p in procs if p not in first and p not in last]
-    for p in first:
-        processes.kill_group(p.pid, grace=10.0)
-    if middle:
-        with ThreadPoolExecutor(len(middle)) as pool:
-            list(pool.map(lambda p: processes.kill_group(p.pid, grace=5.0), middle))
+    rest = [p for p in procs if p not in last]
+    if rest:
+        with ThreadPoolExecutor(len(rest)) as pool:
+            graces = [10.0 if p.name == "supervisor" else 5.0 for p in rest]
+            list(pool.map(lambda p, g: processes.kill_group(p.pid, grace=g), rest, graces))
     for p in last:
         processes.kill_group(p.pid, grace=5.0)
 
