@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,15 @@ from rich.live import Live
 from rich.table import Table
 
 from hack import controlplane as cp
-from hack.localfed import LocalFederation, apply_policy, create_fl, prepare_data, wait_fl
+from hack.controlplane.plane import cluster_names
+from hack.localfed import (
+    LocalFederation,
+    apply_policy,
+    claim_data,
+    create_fl,
+    wait_fl,
+    write_partitions,
+)
 from ocmfl.kube import Kube
 from ocmfl_cli.dashboard import (
     LiveView,
@@ -40,6 +50,9 @@ from workloads.sdk import ModelStore
 EXAMPLE = Path(__file__).resolve().parent / "federatedlearning.yaml"
 POLICY = Path(__file__).resolve().parent / "federationpolicy.yaml"
 NAMESPACE = "fl"
+DEMO_PLANE_DIR = "/dev/shm/ocm-fl-demo-cp"
+# How often the demo reads the resource: the end shows up at most this late.
+FOLLOW_S = 0.5
 
 
 def demo_resource(rounds: int, min_clients: int, test_dir: Path | None = None) -> dict[str, Any]:
@@ -75,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=Path("/tmp/ocm-fl-demo"))
     p.add_argument("--timeout", type=float, default=1200)
     p.add_argument("--keep", action="store_true", help="leave everything running at the end")
+    p.add_argument(
+        "--plane-dir",
+        type=Path,
+        default=Path(os.environ.get("OCMFL_DEMO_CP_DIR") or DEMO_PLANE_DIR),
+        help=f"the local plane's state dir (default $OCMFL_DEMO_CP_DIR or {DEMO_PLANE_DIR})",
+    )
     a = p.parse_args(argv)
     # SIGTERM/SIGHUP unwind like Ctrl-C, so the finally below stops everything we started.
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -84,7 +103,15 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     started = time.monotonic()
     workdir = a.workdir.resolve()
-    state_dir = Path("/dev/shm/ocm-fl-demo-cp")
+    state_dir = a.plane_dir
+
+    body = demo_resource(a.rounds, a.data_clusters, workdir / "data" / "test")
+    claim = body["spec"]["client"]["dataClaim"]
+    with_data = cluster_names(a.clusters)[: a.data_clusters]
+    # The data files need no plane: written while it starts (mostly waiting on its processes).
+    data_pool = ThreadPoolExecutor(1)
+    partitions = data_pool.submit(write_partitions, workdir / "data", with_data)
+    data_pool.shutdown(wait=False)
 
     console.rule("[bold]1/5 local OCM control plane")
     state = cp.up(a.clusters, state_dir=state_dir, echo=True)
@@ -100,10 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"  agent {cluster}: certificate issued by the hub CSR signer")
 
         console.rule("[bold]3/5 data stays on its cluster: partitions + ClusterClaims")
-        body = demo_resource(a.rounds, a.data_clusters, workdir / "data" / "test")
-        claim = body["spec"]["client"]["dataClaim"]
-        with_data = plane.clusters[: a.data_clusters]
-        paths = prepare_data(plane, workdir / "data", with_data, claim)
+        paths = partitions.result()
+        claim_data(plane, paths, claim)
         for cluster in plane.clusters:
             where = paths.get(cluster)
             console.print(f"  {cluster}: {claim}={where}" if where else f"  {cluster}: no data")
@@ -146,7 +171,7 @@ def follow(
             def update(obj: dict[str, Any]) -> None:
                 view.fl = obj
 
-            final = wait_fl(hub, NAMESPACE, name, timeout, update, fed)
+            final = wait_fl(hub, NAMESPACE, name, timeout, update, fed, FOLLOW_S)
         console.print(render_dashboard(final))
         return final
     logged: list[str] = []
@@ -157,7 +182,7 @@ def follow(
             logged.append(line)
             print(line, flush=True)
 
-    final = wait_fl(hub, NAMESPACE, name, timeout, log_change, fed)
+    final = wait_fl(hub, NAMESPACE, name, timeout, log_change, fed, FOLLOW_S)
     for line in plain_lines(final)[1:]:
         print(line, flush=True)
     return final

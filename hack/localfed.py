@@ -391,9 +391,13 @@ class LocalFederation:
         finally:
             hub.close()
         try:
-            self._start_hub()
-            for cluster in self.clusters:
-                self._start_agent(cluster)
+            # All at once: each agent's CSR waits for the hub's signer, and the hub's start
+            # (imports, informers) overlaps the agents' own.
+            hub_proc = self._spawn_hub()
+            agents = {cluster: self._spawn_agent(cluster) for cluster in self.clusters}
+            self._wait_port(hub_proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
+            for cluster, proc in agents.items():
+                self._wait_agent(cluster, proc)
             hub = Kube(self.plane.hub_kubeconfig)
             try:
                 for cluster in self.clusters:
@@ -454,6 +458,10 @@ class LocalFederation:
         wait_for(up, timeout, what, error=FederationError)
 
     def _start_hub(self) -> None:
+        proc = self._spawn_hub()
+        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
+
+    def _spawn_hub(self) -> _Proc:
         env = {
             "KUBECONFIG": self.plane.hub_kubeconfig,
             constants.ENV_CA_DIR: str(self.ca_dir),
@@ -470,10 +478,12 @@ class LocalFederation:
             "--liveness",
             f"http://{self.hub_host}:{constants.HUB_HEALTH_PORT}/healthz",
         ]
-        proc = self._spawn("hub", argv, env)
-        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
+        return self._spawn("hub", argv, env)
 
     def _start_agent(self, cluster: str) -> None:
+        self._wait_agent(cluster, self._spawn_agent(cluster))
+
+    def _spawn_agent(self, cluster: str) -> _Proc:
         host = self.agent_host(cluster)
         cdir = self.workdir / "agents" / cluster
         bootstrap = addon_agent_kubeconfig(self.plane, cluster, cdir / "hub-bootstrap.kubeconfig")
@@ -489,8 +499,13 @@ class LocalFederation:
             "--listen-host", host,
             "--state-dir", str(cdir / "state"),
         ]  # fmt: skip
-        proc = self._spawn(f"agent-{cluster}", argv, {})
-        self._wait_port(proc, host, constants.AGENT_LOCAL_PORT, self.agent_wait_s)
+        return self._spawn(f"agent-{cluster}", argv, {})
+
+    def _wait_agent(self, cluster: str, proc: _Proc) -> None:
+        cdir = self.workdir / "agents" / cluster
+        self._wait_port(
+            proc, self.agent_host(cluster), constants.AGENT_LOCAL_PORT, self.agent_wait_s
+        )
         # The agent's identity comes from the hub CSR signer: wait until it holds it.
         wait_for(
             lambda: (cdir / "tls" / pki.CERT_FILE).exists(),
@@ -573,13 +588,24 @@ def prepare_data(
 ) -> dict[str, Path]:
     """Write a label-skewed digits partition per cluster under `root` (each cluster's disk)
     plus a held-out `root/test`, and point each cluster's ClusterClaim `claim` at its own."""
+    paths = write_partitions(root, clusters, sizes=sizes)
+    claim_data(plane, paths, claim)
+    return paths
+
+
+def write_partitions(root: Path, clusters: list[str], *, sizes: str = "2,1") -> dict[str, Path]:
+    """prepare_data's files only (no plane needed, so it can run while one starts): the
+    label-skewed digits partition of each cluster under `root`, plus `root/test`."""
     from workloads.data import partition
 
     partition(root, clusters, split="label-skew", sizes=sizes, seed=0)
-    paths = {c: (root / c).resolve() for c in clusters}
+    return {c: (root / c).resolve() for c in clusters}
+
+
+def claim_data(plane: ControlPlane, paths: Mapping[str, Path], claim: str) -> None:
+    """Point each cluster's ClusterClaim `claim` at its data directory in `paths`."""
     for cluster, path in paths.items():
         set_cluster_claim(plane, cluster, claim, str(path))
-    return paths
 
 
 def create_fl(
@@ -626,8 +652,10 @@ def wait_fl(
     timeout: float,
     on_update: Callable[[dict[str, Any]], None] | None = None,
     fed: LocalFederation | None = None,
+    interval: float = 2.0,
 ) -> dict[str, Any]:
-    """Follow the resource until its run finished (returned) or FederationError on timeout."""
+    """Follow the resource until its run finished (returned) or FederationError on timeout;
+    one GET per `interval` seconds."""
     last: dict[str, Any] = {}
 
     def finished() -> dict[str, Any] | None:
@@ -645,7 +673,7 @@ def wait_fl(
         return obj if done else None
 
     try:
-        return wait_for(finished, timeout, f"{namespace}/{name} to finish", interval=2.0)
+        return wait_for(finished, timeout, f"{namespace}/{name} to finish", interval=interval)
     except WaitTimeout:
         status = last.get("status") or {}
         raise FederationError(

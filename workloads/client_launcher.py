@@ -13,10 +13,12 @@ exit code 305: key not registered), 4 when it cannot connect for --connect-timeo
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -38,6 +40,7 @@ from ocmfl.constants import (
 from ocmfl.nodekeys import ensure_keypair, public_key_of
 from workloads import flower_env as fe
 from workloads.fleet_longpoll import HOLD_S, INTERVAL_S
+from workloads.fleet_proxy import FLEET_PATH
 from workloads.fleet_tls import Proxy, ProxyError, free_loopback_port, start_tunnel
 from workloads.sdk.platform import (
     NODE_AGENT_ENDPOINT,
@@ -344,14 +347,58 @@ def main(argv: Sequence[str] | None = None) -> int:
                 env["PATH"] = os.pathsep.join([str(shim_dir), env.get("PATH", os.defpath)])
             print(f"{PREFIX}: ClientApp worker (preloads {args.worker_preload}) on "
                   f"{socket_path}", flush=True)  # fmt: skip
+        connect_timeout = args.connect_timeout
+        if tunnel is not None and tunnel.local_ca is not None:
+            # Flower's SuperNode backs off exponentially (up to 20 s) while the server is
+            # not there yet, which it rarely is when a federation starts: start it once a
+            # request through the tunnel gets an answer from past the gateway.
+            # The wait counts against --connect-timeout.
+            began = time.monotonic()
+            if wait_upstream(tunnel.listen, tunnel.local_ca, connect_timeout):
+                print(f"{PREFIX}: the server answers through the tunnel "
+                      f"(after {time.monotonic() - began:.1f}s)", flush=True)  # fmt: skip
+            connect_timeout = max(1.0, connect_timeout - (time.monotonic() - began))
         command = supernode_command(args, config_file, tunnel)
-        return supervise(command, env, args.connect_timeout)
+        return supervise(command, env, connect_timeout)
     finally:
         fe.stop(worker, timeout=5.0)
         if socket_path is not None:
             shutil.rmtree(socket_path.parent, ignore_errors=True)
         if tunnel is not None:
             tunnel.stop()
+
+
+# nginx's answers when the next hop (the hub's gateway, or the SuperLink behind it) is not up
+UPSTREAM_DOWN = frozenset({502, 503, 504})
+UPSTREAM_PROBE_S = 0.5
+
+
+def upstream_answers(listen: str, ca_file: Path, timeout: float = 5.0) -> bool:
+    """One GET of the Fleet API's root through the tunnel's loopback listener (TLS, trusting
+    the tunnel's own CA): True when something past the gateway answered (the SuperLink's
+    404 and the like), False for nginx's 502/503/504 or no connection. It carries no node
+    credentials; the tunnel adds the cluster's mTLS identity as for any Fleet request."""
+    host, _, port = listen.rpartition(":")
+    context = ssl.create_default_context(cafile=str(ca_file))
+    conn = http.client.HTTPSConnection(host, int(port), timeout=timeout, context=context)
+    try:
+        conn.request("GET", FLEET_PATH)
+        return conn.getresponse().status not in UPSTREAM_DOWN
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def wait_upstream(listen: str, ca_file: Path, timeout: float) -> bool:
+    """Poll `upstream_answers` every UPSTREAM_PROBE_S for up to `timeout` s; False if it
+    never did (the SuperNode then starts anyway and `supervise` judges the connection)."""
+    deadline = time.monotonic() + timeout
+    while not upstream_answers(listen, ca_file):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(UPSTREAM_PROBE_S)
+    return True
 
 
 def start_worker(preload: str, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Path]:

@@ -26,6 +26,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -51,6 +52,8 @@ PREFIX = "ocm-fl-server"
 # While the run's log stream is open the run is not finished (the SuperLink closes it then):
 # its status is asked only this often, as a safety net.
 STATUS_FALLBACK_S = 60.0
+REGISTER_PARALLEL = 4  # `flwr supernode register` processes at once
+CLIENTS_POLL_S = 1.0  # between `flwr supernode ls` while waiting for clients
 # How often the running launcher looks for SuperNode keys that appeared or changed (the key
 # directory is a Secret volume, which the kubelet refreshes about every minute).
 KEY_SYNC_S = 3.0
@@ -281,6 +284,7 @@ class Launcher:
         self.superlink: subprocess.Popen[bytes] | None = None
         self.gateway: Proxy | None = None
         self.run_id: str | None = None
+        self.fresh_database = False  # start_superlink: its database did not exist before
         self.keys: dict[str, bytes] = {}  # cluster -> the public key registered for it
         self.nodes: dict[str, str] = {}  # cluster -> its node id (nodes.json)
         host, _, port = str(args.superlink_address).rpartition(":")
@@ -322,6 +326,8 @@ class Launcher:
         self.state.mkdir(parents=True, exist_ok=True)
         self.persist.mkdir(parents=True, exist_ok=True)
         fe.write_connection(self.flwr_home, self.address, Path(a.ssl_ca_certfile))
+        # A database made by this start holds no run to stop (see stop_stale_runs).
+        self.fresh_database = not (self.persist / "superlink.db").exists()
         cmd = [
             fe.executable("flower-superlink"),
             "--ssl-ca-certfile",
@@ -425,15 +431,22 @@ class Launcher:
         path = self.persist / "nodes.json"
         known: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
         nodes: dict[str, str] = {}
-        for cluster, key in keys.items():
+
+        def register(cluster: str, key: Path) -> str:
             try:
                 out = self.flwr("supernode", "register", str(key), fe.CONNECTION, "--name", cluster)
-                nodes[cluster] = str(out["node-id"])
+                return str(out["node-id"])
             except fe.FlwrCliError as exc:
                 if "already in use" in str(exc) and cluster in known:
-                    nodes[cluster] = known[cluster]
-                else:
-                    raise LaunchError(f"registering {key}: {one_line(str(exc))}") from None
+                    return known[cluster]
+                raise LaunchError(f"registering {key}: {one_line(str(exc))}") from None
+
+        # A few CLI processes at once: each is mostly interpreter start-up and imports, so
+        # they overlap on idle cores instead of adding up on the way to the first round.
+        with ThreadPoolExecutor(max(1, min(REGISTER_PARALLEL, len(keys)))) as pool:
+            ids = dict(zip(keys, pool.map(register, keys, keys.values()), strict=True))
+        for cluster, key in keys.items():
+            nodes[cluster] = ids[cluster]
             self.keys[cluster] = _key_line(key)
         self.nodes = dict(nodes)
         path.write_text(json.dumps(nodes, indent=2) + "\n")
@@ -508,10 +521,14 @@ class Launcher:
                     f"only {count} of {need} clients online after "
                     f"{self.args.wait_clients_timeout:.0f}s"
                 )
-            time.sleep(2.0)
+            time.sleep(CLIENTS_POLL_S)
 
     # --- the run -----------------------------------------------------------------------
     def stop_stale_runs(self) -> None:
+        """Stop the runs a previous server left unfinished in this database (a `flwr ls`,
+        a CPU-heavy process start): none in one this start created, until a run of its own."""
+        if self.fresh_database and self.run_id is None:
+            return
         for run in self.flwr("ls", fe.CONNECTION).get("runs", []):
             if not str(run.get("status", "")).startswith("finished"):
                 self.log(f"stopping stale run {run['run-id']} ({run.get('status')})")
@@ -667,8 +684,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         launcher.check_store()
         launcher.start_superlink()
-        launcher.start_gateway()
+        # Keys first: clusters start their SuperNodes once the gateway answers, and one that
+        # came before its key is registered is refused and restarted after a backoff.
         launcher.register_nodes()
+        launcher.start_gateway()
         threading.Thread(
             target=launcher.watch_keys, args=(keys_stop,), daemon=True, name="keys"
         ).start()

@@ -479,22 +479,6 @@ def _start(
         write_kubeconfig(path, state.apiservers["hub"], ca.cert_pem, kp, f"{c}-work-agent")
         state.hub_access[c] = str(path)
 
-    # --- CRDs, namespaces, ManagedClusters --------------------------------------------------------
-    hub_crds, cluster_crds = build.crd_files(hub=True), build.crd_files(hub=False)
-    kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
-    with ThreadPoolExecutor(len(names)) as pool:
-        futs = [
-            pool.submit(
-                bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters, build.KUBERNETES_VERSION
-            )
-        ]
-        futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds) for c in clusters]
-        for f in futs:
-            f.result()
-    for k in kubes.values():
-        k.close()
-    _say(echo, f"CRDs and ManagedClusters in place ({time.monotonic() - t0:.1f}s)")
-
     # --- controller managers and OCM controllers ------------------------------------------------
     waits: list[tuple[Proc, str]] = []
 
@@ -541,7 +525,50 @@ def _start(
             f"--root-ca-file={ca_crt}",
             "--use-service-account-credentials=false",
             "--profiling=false",
+            # A pre-bound claim that came before its PV (a work applies both at once) is
+            # bound at the binder's next periodic sync: 15 s by default, which a client pod
+            # then waits out in ContainerCreating. Both live in the informer cache, so a
+            # sync a second costs little here.
+            "--pvclaimbinder-sync-period=1s",
         ]
+
+    # The supervisor needs no CRDs: its start (a Python interpreter's imports) overlaps the
+    # bootstrap below; its claim mirrors retry until the ClusterClaim CRD is served. The
+    # controller managers come after it, so their garbage collector discovers the CRDs at
+    # start instead of at its next 30 s discovery resync.
+    # --- supervisor: local nodes + claim mirrors ------------------------------------------------
+    if kubelet:
+        kubelet_node.create_bridge(state.slot)
+    (d / READY_FILE).unlink(missing_ok=True)
+    sup = track(
+        processes.spawn(
+            "supervisor",
+            [
+                sys.executable,
+                "-m",
+                "hack.controlplane",
+                "supervise",
+                f"--state-dir={d}",
+            ],
+            logs / "supervisor.log",
+            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        )
+    )
+    # --- CRDs, namespaces, ManagedClusters --------------------------------------------------------
+    hub_crds, cluster_crds = build.crd_files(hub=True), build.crd_files(hub=False)
+    kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
+    with ThreadPoolExecutor(len(names)) as pool:
+        futs = [
+            pool.submit(
+                bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters, build.KUBERNETES_VERSION
+            )
+        ]
+        futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds) for c in clusters]
+        for f in futs:
+            f.result()
+    for k in kubes.values():
+        k.close()
+    _say(echo, f"CRDs and ManagedClusters in place ({time.monotonic() - t0:.1f}s)")
 
     for n in names:
         serve(f"kube-controller-manager-{n}", functools.partial(kube_controller_manager, n))
@@ -568,24 +595,6 @@ def _start(
         serve("addon-manager", ocm_controller("addon", "manager", HUB_NAMESPACE, hub_kc))
     state.save()
 
-    # --- supervisor: local nodes + claim mirrors ------------------------------------------------
-    if kubelet:
-        kubelet_node.create_bridge(state.slot)
-    (d / READY_FILE).unlink(missing_ok=True)
-    sup = track(
-        processes.spawn(
-            "supervisor",
-            [
-                sys.executable,
-                "-m",
-                "hack.controlplane",
-                "supervise",
-                f"--state-dir={d}",
-            ],
-            logs / "supervisor.log",
-            env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
-        )
-    )
     insecure = processes.insecure_tls()
     for p, url in waits:
         processes.wait_until(
@@ -617,9 +626,8 @@ def _down_locked(d: Path) -> bool:
         found = any(processes.alive(p.pid) for p in state.procs)
         kubelet_node.teardown(state.slot, state.clusters)
     if state is not None:
-        for p in reversed(state.procs):  # supervisor first (it stops its pods), etcd last
-            found = found or processes.alive(p.pid)
-            processes.kill_group(p.pid, grace=10.0 if p.name == "supervisor" else 5.0)
+        found = found or any(processes.alive(p.pid) for p in state.procs)
+        _stop_procs(state.procs)
     pid_dir = d / "pod-pids"
     if pid_dir.is_dir():
         for f in pid_dir.iterdir():
@@ -649,6 +657,21 @@ def _down_locked(d: Path) -> bool:
         (d / fname).unlink(missing_ok=True)
     release_slot(d)
     return found
+
+
+def _stop_procs(procs: list[Proc]) -> None:
+    """Stop a plane's processes: etcd last (the apiservers write to it until they exit),
+    everything else at once, so each one's graceful shutdown overlaps the others' instead
+    of adding up. The supervisor needs no apiserver to stop its pods (it signals their
+    processes and removes their network namespaces); it gets the longer grace for that."""
+    last = [p for p in procs if p.name == "etcd"]
+    rest = [p for p in procs if p not in last]
+    if rest:
+        with ThreadPoolExecutor(len(rest)) as pool:
+            graces = [10.0 if p.name == "supervisor" else 5.0 for p in rest]
+            list(pool.map(lambda p, g: processes.kill_group(p.pid, grace=g), rest, graces))
+    for p in last:
+        processes.kill_group(p.pid, grace=5.0)
 
 
 def _other_planes(d: Path) -> list[Path]:

@@ -282,3 +282,52 @@ def test_a_key_registered_mid_run_reaches_the_node_map_the_serverapp_reads(
     assert calls[0][:2] == ("supernode", "register")
     names = json.loads(Path(settings.platform.node_names_file).read_text())
     assert names == {"cluster3": "42"}
+
+
+def test_upstream_probe_tells_nginx_down_answers_from_an_answer_past_the_gateway(
+    tmp_path: Path,
+) -> None:
+    """The client's wait before starting the SuperNode: a real TLS listener (the tunnel's
+    loopback side) answering 502 means the hub is not there yet; a 404 from past it means
+    it is; a closed port is not."""
+    import http.server
+    import ssl
+    import threading
+    import time
+
+    from ocmfl import pki
+
+    ca = pki.create_ca("probe-test", key_kind="ec")
+    pair = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    tls = pki.save_tls_dir(tmp_path / "tls", pair, ca.cert)
+    status = [502]
+    paths: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            paths.append(self.path)
+            self.send_response(status[0])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls / "tls.crt", tls / "tls.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        listen = f"127.0.0.1:{server.server_address[1]}"
+        assert not client_launcher.upstream_answers(listen, tls / "ca.crt")
+        began = time.monotonic()
+        assert not client_launcher.wait_upstream(listen, tls / "ca.crt", 0.6)
+        assert time.monotonic() - began >= 0.6
+        status[0] = 404
+        assert client_launcher.wait_upstream(listen, tls / "ca.crt", 5.0)
+        assert set(paths) == {"/v1/fleet/"}
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not client_launcher.upstream_answers(listen, tls / "ca.crt")
