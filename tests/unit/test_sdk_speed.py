@@ -22,11 +22,11 @@ from workloads.sdk import (
     PlatformGrid,
     ServerPlatform,
     agent_metrics,
+    aggregate,
     run_strategy,
     to_numpy,
     to_record,
 )
-from workloads.sdk import aggregate
 from workloads.sdk.aggregate import FedAvg, FedProx, aggregate_arrayrecords, array_view
 from workloads.sdk.loop import poll_interval
 
