@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import ssl
 import threading
@@ -184,8 +185,42 @@ class Writer:
         future elsewhere)."""
         return asyncio.run_coroutine_threadsafe(self._bounded(write), self.loop)
 
+    def submit_many(
+        self, writes: list[Callable[[AsyncKube], Awaitable[T]]]
+    ) -> list[concurrent.futures.Future[T]]:
+        """`submit` each of `writes`, handed to the loop in one wake-up (not one per write:
+        at N = 3,500 a wake-up per work was a tenth of the hub's CPU in a fan-out)."""
+        futures: list[concurrent.futures.Future[T]] = [concurrent.futures.Future() for _ in writes]
+        if writes:
+            self.loop.call_soon_threadsafe(self._start, list(zip(writes, futures, strict=True)))
+        return futures
+
+    def _start(
+        self, batch: list[tuple[Callable[[AsyncKube], Awaitable[T]], concurrent.futures.Future[T]]]
+    ) -> None:
+        """On the loop: one task per write, its outcome copied to its future."""
+        for write, future in batch:
+            if future.cancelled():
+                continue
+            task = self.loop.create_task(self._bounded(write))
+            task.add_done_callback(functools.partial(_settle, future))
+
     def run_all(self, writes: list[Callable[[AsyncKube], Awaitable[T]]]) -> list[T]:
         """Submit all, wait for all; the first failure is raised once all have finished."""
-        futures = [self.submit(w) for w in writes]
+        futures = self.submit_many(writes)
         concurrent.futures.wait(futures)
         return [f.result() for f in futures]
+
+
+def _settle(future: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
+    """Copy a finished task's outcome to the future a caller in another thread waits on."""
+    if future.cancelled():
+        return
+    if task.cancelled():
+        future.cancel()  # still pending (never marked running): its waiters are woken
+        return
+    exc = task.exception()
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())
