@@ -25,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from ocmfl.kube import APPLY_PATCH, Kube, KubeError, Obj, object_path
+from ocmfl.kube import APPLY_PATCH, Encoded, Kube, KubeError, Obj, encode_body, object_path
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0  # per request, as Kube.request
@@ -92,7 +92,7 @@ class AioKube:
         404 and 409 (those two are the callers' to judge)."""
         url = self._kube.host + path
         headers = self._kube._headers(content_type)
-        data = None if body is None else json.dumps(body)
+        data = None if body is None else encode_body(body)
         try:
             async with self._client().request(
                 method, url, params=query, data=data, headers=headers
@@ -121,7 +121,8 @@ class AioKube:
 
     async def apply(self, obj: Mapping[str, Any]) -> None:
         path = object_path(obj)
-        status, _ = await self._request("PATCH", path, dict(obj), self._apply, APPLY_PATCH)
+        body = obj if isinstance(obj, Encoded) else dict(obj)
+        status, _ = await self._request("PATCH", path, body, self._apply, APPLY_PATCH)
         if status in (404, 409):
             reason = "Not Found" if status == 404 else "Conflict"
             raise KubeError(status, reason, f"apply {path}")
