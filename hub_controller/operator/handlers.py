@@ -695,9 +695,22 @@ async def run(
     idx = Indexes.of(kwargs, works=op.works.works)
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
+    # Wake-ups from other threads are coalesced: while one is queued on the loop, another is
+    # not queued again (the work watch calls this once per work event, 3,500 times in a
+    # fan-out at N = 3,500). None is lost: a change made before `waker()` finds one queued
+    # is made before that one sets the event.
+    queued = False
+
+    def wake_now() -> None:
+        nonlocal queued
+        queued = False
+        wake.set()
 
     def waker() -> None:
-        loop.call_soon_threadsafe(wake.set)
+        nonlocal queued
+        if not queued:
+            queued = True
+            loop.call_soon_threadsafe(wake_now)
 
     op.wakers[key] = waker
     unsubscribe = reports.subscribe(ref.uid, waker)
