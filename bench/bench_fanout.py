@@ -62,7 +62,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -306,14 +306,27 @@ def controller_requests(
 
 # Metadata only: the counter needs names, not 9 KB bodies (the apiserver encodes less per
 # event and this process decodes less, for the raw client's works and the controller's alike).
-METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+# (A list must ask for PartialObjectMetadataList, a watch for PartialObjectMetadata: the
+# apiserver answers 406 to the other, with no fallback to plain JSON.)
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+METADATA_EVENTS = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 
 
 class MetadataKube(Kube):
-    """A `Kube` whose answers are PartialObjectMetadata (lists and watch events alike)."""
+    """A `Kube` whose lists and watch events are metadata only (one thread per instance)."""
+
+    _accept = METADATA_LIST
 
     def _headers(self, content_type: str | None = None) -> dict[str, str]:
-        return {**super()._headers(content_type), "Accept": METADATA_ONLY}
+        return {**super()._headers(content_type), "Accept": self._accept}
+
+    def request(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        self._accept = METADATA_LIST
+        return super().request(*args, **kwargs)
+
+    def watch(self, *args: Any, **kwargs: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+        self._accept = METADATA_EVENTS
+        yield from super().watch(*args, **kwargs)
 
 
 @dataclass(eq=False)
