@@ -90,6 +90,21 @@ class KubeError(RuntimeError):
             return self.body
 
 
+class Encoded(dict[str, Any]):
+    """A JSON object that carries its own encoding (`text`, made once by whoever built it),
+    sent as is instead of being encoded again on every request. Not to be mutated: `text`
+    would no longer say what it holds."""
+
+    def __init__(self, obj: Mapping[str, Any], text: str) -> None:
+        super().__init__(obj)
+        self.text = text
+
+
+def encode_body(body: Any) -> str:
+    """The request body's JSON: an `Encoded` object's own text, else json.dumps."""
+    return body.text if isinstance(body, Encoded) else json.dumps(body)
+
+
 def path_of(
     api_version: str, kind: str, namespace: str | None = None, name: str | None = None
 ) -> str:
@@ -183,7 +198,7 @@ class Kube:
             method,
             self._url(path, query),
             self._headers(content_type),
-            body=None if body is None else json.dumps(body),
+            body=None if body is None else encode_body(body),
             timeout=urllib3.Timeout(total=timeout),
             preload_content=True,
         )
@@ -233,7 +248,7 @@ class Kube:
         return self.request(
             "PATCH",
             path or object_path(obj),
-            dict(obj),
+            obj if isinstance(obj, Encoded) else dict(obj),
             query={"fieldManager": self.field_manager, "force": "true"},
             content_type=APPLY_PATCH,
         )

@@ -96,6 +96,8 @@ REASON_POLICY: Final = "PolicyViolation"  # condition/event reason of a policy r
 BACKGROUND: Final = {"propagationPolicy": "Background"}
 # Works are written with at most this many requests in flight (all resources together).
 WRITE_CONCURRENCY: Final = 16
+# A pass hands its work writes to the loop this many at a time (one wake-up each batch).
+WRITE_BATCH: Final = WRITE_CONCURRENCY
 REASON_REFUSED: Final = "ObjectRefused"  # the apiserver refused an object the controller built
 DELETED: Final = "-"  # Run.sent: this loop deleted the work
 T = TypeVar("T")
@@ -446,6 +448,8 @@ def apply_desired(
     desired: dict[str, dict[str, Any]] = {}
     writes: list[tuple[str, dict[str, Any]]] = []
     futures: list[concurrent.futures.Future[str | None]] = []
+    # Handed to the loop WRITE_BATCH at a time (one wake-up per batch, not per work).
+    batch: list[Callable[[AsyncKube], Awaitable[str | None]]] = []
     for cluster, work in (cache or works_mod.WorkCache()).each(
         generation,
         ref,
@@ -468,8 +472,11 @@ def apply_desired(
             continue
         if current is None or current.spec_hash != wanted:
             writes.append((cluster, work))
-            new = current is None
-            futures.append(op.writer.submit(functools.partial(_write_work, ref, work, new)))
+            batch.append(functools.partial(_write_work, ref, work, current is None))
+            if len(batch) >= WRITE_BATCH:
+                futures += op.writer.submit_many(batch)
+                batch = []
+    futures += op.writer.submit_many(batch)
     conflicts: dict[str, str] = {}
     concurrent.futures.wait(futures)
     failure: BaseException | None = None
@@ -688,9 +695,22 @@ async def run(
     idx = Indexes.of(kwargs, works=op.works.works)
     loop = asyncio.get_running_loop()
     wake = asyncio.Event()
+    # Wake-ups from other threads are coalesced: while one is queued on the loop, another is
+    # not queued again (the work watch calls this once per work event, 3,500 times in a
+    # fan-out at N = 3,500). None is lost: a change made before `waker()` finds one queued
+    # is made before that one sets the event.
+    queued = False
+
+    def wake_now() -> None:
+        nonlocal queued
+        queued = False
+        wake.set()
 
     def waker() -> None:
-        loop.call_soon_threadsafe(wake.set)
+        nonlocal queued
+        if not queued:
+            queued = True
+            loop.call_soon_threadsafe(wake_now)
 
     op.wakers[key] = waker
     unsubscribe = reports.subscribe(ref.uid, waker)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import json
 import ssl
 import threading
@@ -24,7 +25,7 @@ from typing import Any, Protocol, TypeVar
 
 import aiohttp
 
-from ocmfl.kube import APPLY_PATCH, Kube, KubeError, Obj, object_path
+from ocmfl.kube import APPLY_PATCH, Encoded, Kube, KubeError, Obj, encode_body, object_path
 
 T = TypeVar("T")
 TIMEOUT_S = 30.0  # per request, as Kube.request
@@ -91,7 +92,7 @@ class AioKube:
         404 and 409 (those two are the callers' to judge)."""
         url = self._kube.host + path
         headers = self._kube._headers(content_type)
-        data = None if body is None else json.dumps(body)
+        data = None if body is None else encode_body(body)
         try:
             async with self._client().request(
                 method, url, params=query, data=data, headers=headers
@@ -120,7 +121,8 @@ class AioKube:
 
     async def apply(self, obj: Mapping[str, Any]) -> None:
         path = object_path(obj)
-        status, _ = await self._request("PATCH", path, dict(obj), self._apply, APPLY_PATCH)
+        body = obj if isinstance(obj, Encoded) else dict(obj)
+        status, _ = await self._request("PATCH", path, body, self._apply, APPLY_PATCH)
         if status in (404, 409):
             reason = "Not Found" if status == 404 else "Conflict"
             raise KubeError(status, reason, f"apply {path}")
@@ -184,8 +186,42 @@ class Writer:
         future elsewhere)."""
         return asyncio.run_coroutine_threadsafe(self._bounded(write), self.loop)
 
+    def submit_many(
+        self, writes: list[Callable[[AsyncKube], Awaitable[T]]]
+    ) -> list[concurrent.futures.Future[T]]:
+        """`submit` each of `writes`, handed to the loop in one wake-up (not one per write:
+        at N = 3,500 a wake-up per work was a tenth of the hub's CPU in a fan-out)."""
+        futures: list[concurrent.futures.Future[T]] = [concurrent.futures.Future() for _ in writes]
+        if writes:
+            self.loop.call_soon_threadsafe(self._start, list(zip(writes, futures, strict=True)))
+        return futures
+
+    def _start(
+        self, batch: list[tuple[Callable[[AsyncKube], Awaitable[T]], concurrent.futures.Future[T]]]
+    ) -> None:
+        """On the loop: one task per write, its outcome copied to its future."""
+        for write, future in batch:
+            if future.cancelled():
+                continue
+            task = self.loop.create_task(self._bounded(write))
+            task.add_done_callback(functools.partial(_settle, future))
+
     def run_all(self, writes: list[Callable[[AsyncKube], Awaitable[T]]]) -> list[T]:
         """Submit all, wait for all; the first failure is raised once all have finished."""
-        futures = [self.submit(w) for w in writes]
+        futures = self.submit_many(writes)
         concurrent.futures.wait(futures)
         return [f.result() for f in futures]
+
+
+def _settle(future: concurrent.futures.Future[T], task: asyncio.Task[T]) -> None:
+    """Copy a finished task's outcome to the future a caller in another thread waits on."""
+    if future.cancelled():
+        return
+    if task.cancelled():
+        future.cancel()  # still pending (never marked running): its waiters are woken
+        return
+    exc = task.exception()
+    if exc is not None:
+        future.set_exception(exc)
+    else:
+        future.set_result(task.result())

@@ -10,6 +10,7 @@ from fl_fixtures import REF, spec, spec_dict
 from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.works import (
+    SPEC_HASH_ANNOTATION,
     client_args,
     client_namespace,
     desired_work,
@@ -20,6 +21,7 @@ from hub_controller.operator.desired.works import (
     works_to_delete,
 )
 from ocmfl import constants
+from ocmfl.kube import Encoded, encode_body
 
 C1 = ClusterResolution("c1", "/srv/digits-a", "why", {"zone": "eu", "gpu": "yes"})
 C2 = ClusterResolution("c2", None, "no claim")
@@ -185,6 +187,19 @@ def test_spec_hash_is_stable_and_stored_on_the_work() -> None:
     )
     assert spec_hash(w1) == spec_hash(w2)
     assert spec_hash(w1) in w1["metadata"]["annotations"].values()
+
+
+def test_a_work_carries_its_own_encoding_and_the_hash_spec_hash_gives() -> None:
+    # One dump serves the stamped hash and the request body: both must say what the dict
+    # holds (a drifted hash would rewrite every work once; a drifted text would send
+    # something else than the dict the controller compares).
+    for token in (None, "tok"):
+        work = desired_work(REF, spec(), C1, ADDR, server_name=SNI, client_token=token)
+        assert isinstance(work, Encoded)
+        assert json.loads(work.text) == work
+        assert encode_body(work) == work.text
+        assert work["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == spec_hash(dict(work))
+    assert json.loads(encode_body({"a": 1})) == {"a": 1}
 
 
 def test_long_names_are_cut_to_a_dns_label_with_a_hash() -> None:

@@ -31,6 +31,7 @@ from hub_controller.api import (
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired import security
 from ocmfl import constants
+from ocmfl.kube import Encoded
 from ocmfl.names import cluster_side_name
 from ocmfl.names import safe_name as safe_name  # server.py names its objects with it
 
@@ -434,8 +435,15 @@ def desired_work(
             ],
         },
     }
-    work["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: spec_hash(work)}
-    return work
+    # One sorted dump of the spec serves both the hash and the request body (before: the
+    # hash's dump, then the whole work again for every request). The hash is the same
+    # `spec_hash` gives: json.dumps of {"labels", "spec"} with sorted keys is this text.
+    spec_text = json.dumps(work["spec"], sort_keys=True)
+    hashed = f'{{"labels": {json.dumps(labels, sort_keys=True)}, "spec": {spec_text}}}'
+    digest = hashlib.sha256(hashed.encode()).hexdigest()[:16]
+    work["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: digest}
+    head = json.dumps({k: work[k] for k in ("apiVersion", "kind", "metadata")})
+    return Encoded(work, f'{head[:-1]}, "spec": {spec_text}}}')
 
 
 def spec_hash(work: Mapping[str, Any]) -> str:
