@@ -113,8 +113,12 @@ class Observer:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="cert-observer")
         self.gateway: tuple[str, int] | None = None
+        self._earlier: set[Path] = set()
 
     def __enter__(self) -> Observer:
+        # Pods of earlier runs in this plane (the local node keeps their directories) are
+        # not this run's.
+        self._earlier = {p.relative_to(self.pods) for p in self.pods.glob("*/*")}
         self._thread.start()
         return self
 
@@ -144,13 +148,18 @@ class Observer:
                     self.gateway = self._gateway_address()
             if self.gateway is not None:
                 self._add("gateway served", served_serial(*self.gateway))
-            for crt in self.pods.glob(f"*/{NS}_*/volumes/tls/gateway.crt"):
+            for crt in self.files(f"*/{NS}_*/volumes/tls/gateway.crt"):
                 self._add("gateway mounted", file_serial(crt))
-            for crt in self.pods.glob(f"*/fl-{NS}-*_*/volumes/tls/tls.crt"):
+            for crt in self.files(f"*/fl-{NS}-*_*/volumes/tls/tls.crt"):
                 self._add(f"fleet mounted {crt.parts[-5]}", file_serial(crt))
 
-    def logs(self, pattern: str) -> list[Path]:
-        return sorted(self.pods.glob(pattern))
+    def files(self, pattern: str) -> list[Path]:
+        """This run's pods' files matching `pattern` (under pods/<node>/<pod>/)."""
+        return sorted(
+            p
+            for p in self.pods.glob(pattern)
+            if Path(*p.relative_to(self.pods).parts[:2]) not in self._earlier
+        )
 
 
 # Not yet reliable on the merged code (2026-12-01): in one run the gateway answered one of 759
@@ -220,7 +229,7 @@ def test_drill_certificates_rotate_mid_run(
                 mine.append(serial)
         for c in clusters:
             observed[f"agent presented {c}"] = agent_streams[c]
-        [gateway_log] = seen.logs(f"*/{NS}_*/volumes/state/gateway/nginx.log")
+        [gateway_log] = seen.files(f"*/{NS}_*/volumes/state/gateway/nginx.log")
         gateway_text = gateway_log.read_text(errors="replace")
         fleet_presented: dict[str, list[int]] = defaultdict(list)
         statuses: dict[str, int] = defaultdict(int)
@@ -232,7 +241,7 @@ def test_drill_certificates_rotate_mid_run(
         for c in clusters:
             observed[f"fleet presented {c}"] = fleet_presented[c]
         reloads = {"gateway": gateway_text.count(RELOAD_LINE)}
-        for log in seen.logs(f"*/fl-{NS}-*_*/volumes/state/tunnel/nginx.log"):
+        for log in seen.files(f"*/fl-{NS}-*_*/volumes/state/tunnel/nginx.log"):
             reloads[f"tunnel {log.parts[-6]}"] = log.read_text(errors="replace").count(RELOAD_LINE)
         changes = {kind: len(serials) - 1 for kind, serials in observed.items()}
         # For a failure: when the observer saw each served/mounted certificate change.
