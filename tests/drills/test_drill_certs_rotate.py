@@ -162,13 +162,6 @@ class Observer:
         )
 
 
-# Not yet reliable on the merged code (2026-12-01): in one run the gateway answered one of 759
-# Fleet requests 412 during the rotations (cause not found: logs gone), in the clean-clone CI
-# the 8-round run was too short for two agent rotations (now 20 rounds). Runs and reports
-# XFAIL/XPASS until that 412 is understood; see docs/reliability.md. In Flower 1.42 the only
-# Fleet 412s are node (de)activation conflicts (NODE_CONFLICT_LINE): those are now reported,
-# not failed; any other refusal fails with its access-log lines.
-@pytest.mark.xfail(reason="a gateway 412 during rotation, seen once, not explained", strict=False)
 def test_drill_certificates_rotate_mid_run(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
 ) -> None:
