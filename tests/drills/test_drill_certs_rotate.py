@@ -4,7 +4,8 @@ The hub is restarted with `OCMFL_CERT_LIFETIME_SECONDS` (ocmfl.certlife), so the
 server certificate, the agents' certificates (from the hub's CSR signer), the Fleet client
 certificates (Fleet signer) and the federation's gateway certificate all last LIFETIME_S.
 The agents are restarted as freshly installed ones (no certificate yet), so theirs are short
-from the start. Then one run trains while they rotate.
+from the start. Then one run trains while they rotate, its rounds held to a minimum
+duration so that the run spans the rotations however fast rounds are.
 
 What is observed is what each party actually uses, not the Secrets: the aggregator's and the
 gateway's served certificates (TLS handshakes from the test), the agent certificate each
@@ -14,7 +15,8 @@ certificate each tunnel presents to the gateway (the gateway's access log carrie
 volumes as the kubelet does, through `..data`). What must hold: each certificate of each kind
 changed at least twice during the run, nginx reloaded on each new pair, the run Completed with
 every round once in the history and every cluster's row at the last round, no report refused,
-no request refused at the gateway, the agents' buffers drained.
+no request refused at the gateway (node activation conflicts, Flower's 412, are reported
+apart), the agents' buffers drained.
 """
 
 from __future__ import annotations
