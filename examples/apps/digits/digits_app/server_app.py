@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from flwr.app import ArrayRecord, Context, MetricRecord
@@ -34,9 +35,19 @@ def main(grid: Grid, context: Context) -> None:
         else FedAvg(fraction_train=fraction_train, fraction_evaluate=fraction_evaluate)
     )
     test_dir = str(config["test-dir"])
+    # A floor on each round's duration (0: none). Rounds otherwise last as long as the
+    # machine makes them; a run that must span a known time (the certificate-rotation drill)
+    # cannot count on that.
+    round_min_s = number(config["round-min-seconds"])
+    last_round_end = time.monotonic()
 
     def held_out(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        """Accuracy on the server's held-out data, when the run config names it."""
+        """Accuracy on the server's held-out data, when the run config names it; called
+        before round 1 and after every round, so it also holds a round to round-min-seconds."""
+        nonlocal last_round_end
+        if server_round > 0:
+            time.sleep(max(0.0, last_round_end + round_min_s - time.monotonic()))
+        last_round_end = time.monotonic()
         if not test_dir:
             return None
         model.load_state_dict(arrays.to_torch_state_dict())
