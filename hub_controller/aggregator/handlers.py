@@ -18,7 +18,9 @@ import kopf
 from hub_controller.aggregator.scope import WorkScope
 from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
 from hub_controller.ca import HubCA
+from hub_controller.membership import AddonMembers
 from hub_controller.operator.indexes import Indexes
+from ocmfl import constants
 
 
 @kopf.on.startup()
@@ -33,13 +35,22 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
     scope = WorkScope(works.owners)
     works.when_synced(scope.mark_ready)
     memo.report_scope = scope
-    service = AggregatorService(
-        AggregatorSettings.from_env(), Indexes.of(kwargs).members(), ca, scope
-    )
+    members = memo.report_members = Indexes.of(kwargs).members()
+    service = AggregatorService(AggregatorSettings.from_env(), members, ca, scope)
     port = await service.start()
     memo.aggregator = service
     memo.reports = service.store
     logger.info("aggregator listening on %d", port)
+
+
+@kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters")
+async def clusters_listed(memo: kopf.Memo, **_: Any) -> None:
+    """kopf calls resource handlers only once every index has listed: from the first call on,
+    a cluster the registry does not know is not a member (before, the aggregator answers
+    "hub starting" rather than "not registered")."""
+    members: AddonMembers | None = memo.get("report_members")
+    if members is not None:
+        members.mark_listed()
 
 
 @kopf.on.cleanup()

@@ -192,6 +192,14 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
     ) -> AsyncIterator[report_pb2.Ack]:
         """Handle one stream whose peer has been authenticated as `cluster`."""
         if not self.registry.is_registered(cluster):
+            if not self.registry.complete():
+                await self._refuse(
+                    ctx,
+                    grpc.StatusCode.UNAVAILABLE,
+                    "hub_starting",
+                    "the hub has not listed its clusters yet: retry shortly",
+                )
+                return
             await self._refuse(
                 ctx,
                 grpc.StatusCode.PERMISSION_DENIED,

@@ -16,7 +16,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from hack.testing import TestPKI
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
-from hub_controller.membership import StaticMembers
+from hub_controller.membership import AddonMembers, ClusterInfo, StaticMembers
 from ocmfl import pki
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
@@ -142,6 +142,48 @@ async def test_unregistered_cluster_is_refused(hub: AggregatorServer, tpki: Test
         await send(hub, tpki, tpki.client_dir("cluster-x"), make_report("cluster-x"))
     assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
     assert "not an accepted ManagedCluster" in (err.value.details() or "")
+
+
+async def test_a_starting_hub_says_come_back_until_its_clusters_are_listed(
+    tpki: TestPKI,
+) -> None:
+    # The hub process's indexes fill in after the aggregator listens: a cluster not in them
+    # yet is "hub starting" (the agent retries), not "not registered", until kopf has listed.
+    clusters: dict[str, list[ClusterInfo]] = {}
+    addons: dict[str, list[str]] = {}
+    members = AddonMembers(clusters, addons, grace_s=600)
+    server = AggregatorServer(
+        ReportStore(), members, credentials=ReloadingServerCredentials.from_dir(tpki.server_dir())
+    )
+    await server.start()
+    try:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await send(server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a"))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "not listed its clusters yet" in (err.value.details() or "")
+        clusters["cluster-a"] = [ClusterInfo("cluster-a", accepted=True)]
+        addons["cluster-a"] = ["ocm-fl"]
+        members.mark_listed()
+        assert await send(server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a"))
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await send(server, tpki, tpki.client_dir("cluster-x"), make_report("cluster-x"))
+        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        rejected = server.metrics.registry.get_sample_value
+        assert rejected("ocmfl_reports_rejected_total", {"reason": "hub_starting"}) == 1
+        assert rejected("ocmfl_reports_rejected_total", {"reason": "not_registered"}) == 1
+    finally:
+        await server.stop(None)
+
+
+def test_membership_is_final_after_the_listing_or_the_grace() -> None:
+    now = [0.0]
+    members = AddonMembers({}, {}, grace_s=60, clock=lambda: now[0])
+    assert not members.complete()
+    now[0] = 61.0
+    assert members.complete()
+    listed = AddonMembers({}, {}, grace_s=60, clock=lambda: now[0] - 61.0)
+    listed.mark_listed()
+    assert listed.complete()
 
 
 async def test_cluster_removed_from_registry_is_refused_mid_stream(
