@@ -167,15 +167,6 @@ class Observer:
         )
 
 
-# Not yet reliable (2026-12-01): 4 of 5 runs passed (each certificate changed 4-6 times, 2
-# needed); in the fifth, on a fresh plane, the aggregator refused one agent stream just
-# after the drill's hub restart, before any training: `cluster 'cluster2' is not an accepted
-# ManagedCluster with the addon enabled` (ocmfl_reports_rejected_total not_registered = 1),
-# so the restarted hub took a stream before its registry knew the cluster. Not a rotation
-# failure, not investigated yet: see docs/reliability.md.
-@pytest.mark.xfail(
-    reason="a stream refused not_registered right after the hub restart, seen once", strict=False
-)
 def test_drill_certificates_rotate_mid_run(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
 ) -> None:
