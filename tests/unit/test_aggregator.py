@@ -138,10 +138,20 @@ async def test_certificate_for_a_sending_as_b_is_refused(
 
 
 async def test_unregistered_cluster_is_refused(hub: AggregatorServer, tpki: TestPKI) -> None:
-    with pytest.raises(grpc.aio.AioRpcError) as err:
-        await send(hub, tpki, tpki.client_dir("cluster-x"), make_report("cluster-x"))
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
-    assert "not an accepted ManagedCluster" in (err.value.details() or "")
+    code, details = await opening_status(hub, tpki, "cluster-x")
+    assert code == grpc.StatusCode.PERMISSION_DENIED
+    assert "not an accepted ManagedCluster" in details
+
+
+async def opening_status(
+    server: AggregatorServer, tpki: TestPKI, cluster: str
+) -> tuple[grpc.StatusCode, str]:
+    """The status a stream gets when it only opens: a refusal that comes before any report
+    is read, without racing a write against the server's close."""
+    ca = pki.cert_to_pem(tpki.ca.cert)
+    async with channel_for(server.port, tpki.client_dir(cluster), ca) as channel:
+        call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+        return await call.code(), await call.details()
 
 
 async def test_a_starting_hub_says_come_back_until_its_clusters_are_listed(
@@ -157,17 +167,16 @@ async def test_a_starting_hub_says_come_back_until_its_clusters_are_listed(
     )
     await server.start()
     try:
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await send(server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a"))
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
-        assert "not listed its clusters yet" in (err.value.details() or "")
+        code, details = await opening_status(server, tpki, "cluster-a")
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert "not listed its clusters yet" in details
         clusters["cluster-a"] = [ClusterInfo("cluster-a", accepted=True)]
         addons["cluster-a"] = ["ocm-fl"]
         members.mark_listed()
         assert await send(server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a"))
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await send(server, tpki, tpki.client_dir("cluster-x"), make_report("cluster-x"))
-        assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        code, details = await opening_status(server, tpki, "cluster-x")
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+        assert "not an accepted ManagedCluster" in details
         rejected = server.metrics.registry.get_sample_value
         assert rejected("ocmfl_reports_rejected_total", {"reason": "hub_starting"}) == 1
         assert rejected("ocmfl_reports_rejected_total", {"reason": "not_registered"}) == 1
