@@ -430,7 +430,6 @@ class Launcher:
             )
         path = self.persist / "nodes.json"
         known: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
-        nodes: dict[str, str] = {}
 
         def register(cluster: str, key: Path) -> str:
             try:
@@ -444,9 +443,8 @@ class Launcher:
         # A few CLI processes at once: each is mostly interpreter start-up and imports, so
         # they overlap on idle cores instead of adding up on the way to the first round.
         with ThreadPoolExecutor(max(1, min(REGISTER_PARALLEL, len(keys)))) as pool:
-            ids = dict(zip(keys, pool.map(register, keys, keys.values()), strict=True))
+            nodes = dict(zip(keys, pool.map(register, keys, keys.values()), strict=True))
         for cluster, key in keys.items():
-            nodes[cluster] = ids[cluster]
             self.keys[cluster] = _key_line(key)
         self.nodes = dict(nodes)
         path.write_text(json.dumps(nodes, indent=2) + "\n")

@@ -436,20 +436,24 @@ def desired_work(
         },
     }
     # One sorted dump of the spec serves both the hash and the request body (before: the
-    # hash's dump, then the whole work again for every request). The hash is the same
-    # `spec_hash` gives: json.dumps of {"labels", "spec"} with sorted keys is this text.
+    # hash's dump, then the whole work again for every request).
     spec_text = json.dumps(work["spec"], sort_keys=True)
-    hashed = f'{{"labels": {json.dumps(labels, sort_keys=True)}, "spec": {spec_text}}}'
-    digest = hashlib.sha256(hashed.encode()).hexdigest()[:16]
-    work["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: digest}
+    work["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _digest(labels, spec_text)}
     head = json.dumps({k: work[k] for k in ("apiVersion", "kind", "metadata")})
     return Encoded(work, f'{head[:-1]}, "spec": {spec_text}}}')
 
 
 def spec_hash(work: Mapping[str, Any]) -> str:
     """Digest of a work's spec and labels (what the annotation SPEC_HASH_ANNOTATION holds)."""
-    data = {"spec": work.get("spec"), "labels": (work.get("metadata") or {}).get("labels")}
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+    labels = (work.get("metadata") or {}).get("labels")
+    return _digest(labels, json.dumps(work.get("spec"), sort_keys=True))
+
+
+def _digest(labels: Any, spec_text: str) -> str:
+    """sha256 of json.dumps({"labels": labels, "spec": spec}, sort_keys=True), given the
+    spec's own sorted dump (the text is that dump's: keys in order, default separators)."""
+    text = f'{{"labels": {json.dumps(labels, sort_keys=True)}, "spec": {spec_text}}}'
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def stamped_hash(work: Mapping[str, Any]) -> str:
