@@ -30,7 +30,9 @@ One JSON line per N:
   ``decided_s``);
 * ``leave_s``: one cluster's claim removed -> its work deleted; ``join_s``: a new cluster with
   the claim -> its work created (``join_after_decision_s``: from the PlacementDecision naming
-  it, i.e. the controller's own part);
+  it, i.e. the controller's own part); the joiner sorts into the first PlacementDecision, so
+  OCM rewrites every slice after it, and ``join_deleted_others`` counts the other clusters'
+  works deleted meanwhile (each a restarted client; 0 expected);
 * ``cpu_s``, ``peak_rss_mb``: the hub process over the phase (sampled every 0.2 s);
   ``create_cpu_s``: its CPU seconds from apply to N works;
 * ``objects``: the size in bytes of every object the controller writes (the resource with its
@@ -340,6 +342,7 @@ class WorkWatch(threading.Thread):
     selector: str
     n: int
     names: set[str] = field(default_factory=set)
+    deleted: list[str] = field(default_factory=list)  # each work deleted, in order
     first: float | None = None
     full: float | None = None
     stop: threading.Event = field(default_factory=threading.Event)
@@ -356,6 +359,7 @@ class WorkWatch(threading.Thread):
                 self.names = {object_key(o) for o in obj.get("items") or []}
             elif etype == "DELETED":
                 self.names.discard(object_key(obj))
+                self.deleted.append(object_key(obj))
             else:
                 self.names.add(object_key(obj))
             if self.names and self.first is None:
@@ -462,7 +466,9 @@ def phase(
     setup = Raw(hub, SETUP_CONCURRENCY)
     raw = Raw(hub, handlers.WRITE_CONCURRENCY)
     names = [f"{prefix}{n}-{i:04d}" for i in range(n)]
-    joiner = f"{prefix}{n}-join"
+    # Sorts into the first PlacementDecision: OCM moves one cluster of every later slice
+    # into the next one (the join that could restart other clusters' works mid-rewrite).
+    joiner = f"{prefix}{n}-0000a"
     claim = f"{prefix}{n}.bench.federated-learning.io"
     ns, fl_name = f"{prefix}-{n}", "fanout"
     fed: LocalFederation | None = None
@@ -607,6 +613,24 @@ def phase(
         wait_for(joined, 120, f"{joiner}'s work created", interval=0.05)
         join_s = time.monotonic() - t
         join_after = time.monotonic() - t_seen[0] if t_seen else None
+        # Once the placement controller has rewritten every slice (its count comes last), a
+        # moment for the controller to act: no other cluster's work went meanwhile.
+        placement_path = path_of(
+            "cluster.open-cluster-management.io/v1beta1", "Placement", ns, fl_name
+        )
+        wait_for(
+            lambda: (
+                ((hub.get(placement_path) or {}).get("status") or {}).get(
+                    "numberOfSelectedClusters"
+                )
+                == n
+            ),
+            120,
+            "the placement's count after the join",
+            interval=0.1,
+        )
+        time.sleep(1.0)
+        join_deleted = [k for k in watch.deleted if not k.startswith(f"{leaver}/")]
         sampler.stop.set()
         sampler.join()
         watch.stop.set()
@@ -631,6 +655,8 @@ def phase(
             "leave_s": round(leave_s, 2),
             "join_s": round(join_s, 2),
             "join_after_decision_s": round(join_after, 2) if join_after is not None else None,
+            # Works of other clusters deleted while the join's decisions were rewritten.
+            "join_deleted_others": len(join_deleted),
             "cpu_s": round(sampler.cpu, 1),
             "create_cpu_s": round(create_cpu_s, 1),
             "peak_rss_mb": round(sampler.peak_rss / 2**20),

@@ -11,8 +11,9 @@ never guessed.
 
 from __future__ import annotations
 
+import itertools
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -69,6 +70,84 @@ def decision_clusters(decision: Mapping[str, Any]) -> tuple[str, ...]:
 def decided_clusters(decisions: Iterable[Iterable[str]]) -> list[str]:
     """Sorted union of the cluster names of all PlacementDecision objects."""
     return sorted({name for decision in decisions for name in decision})
+
+
+# How long a cluster that vanished from the decisions while OCM may still be rewriting them
+# is counted as decided (see settle_decisions), and how long a first, incomplete decision set
+# is waited on before it is acted on anyway.
+DECISION_HOLD_S: Final = 5.0
+
+
+def decision_index(name: str) -> int:
+    """The slice number that ends a PlacementDecision's name (`<placement>-decision-<i>`, as
+    OCM names them); 0 when the name has none."""
+    tail = name.rsplit("-", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
+def in_slice_gap(cluster: str, slices: Sequence[Sequence[str]]) -> bool:
+    """Whether `cluster` sorts strictly between two consecutive non-empty slices.
+
+    OCM writes a Placement's decisions as sorted slices of at most 100 clusters, one object
+    after the other. A cluster joining at sorted position p pushes the last cluster of p's
+    slice into the next one; between the two writes that cluster is in neither, exactly in
+    the gap between them. A cluster that really left is almost never there (only the first
+    of a slice, at the next slice's boundary after the rewrite)."""
+    ordered = [s for s in slices if s]
+    return any(max(a) < cluster < min(b) for a, b in itertools.pairwise(ordered))
+
+
+@dataclass(frozen=True)
+class DecisionView:
+    """The decided clusters one resource's controller loop acts on (`settle_decisions`)."""
+
+    decided: frozenset[str] = frozenset()
+    held: Mapping[str, float] = field(default_factory=dict)  # absent cluster -> absent since
+    started: bool = False  # a complete decision set was seen (or waited on DECISION_HOLD_S)
+    waiting_since: float | None = None  # not started: when decisions were first seen
+
+    def recheck_in(self, now: float, hold_s: float = DECISION_HOLD_S) -> float | None:
+        """Seconds until a hold ends (a pass is due then even without an event)."""
+        times = list(self.held.values())
+        if self.waiting_since is not None:
+            times.append(self.waiting_since)
+        return max(0.0, min(times) + hold_s - now) if times else None
+
+
+def settle_decisions(
+    slices: Iterable[tuple[int, Sequence[str]]],
+    selected: int | None,
+    previous: DecisionView,
+    now: float,
+    hold_s: float = DECISION_HOLD_S,
+) -> DecisionView:
+    """The clusters to act on, from the PlacementDecisions' (index, clusters) and the
+    Placement's `status.numberOfSelectedClusters` (`selected`, written by OCM after all of a
+    scheduling's decisions).
+
+    OCM rewrites the slices one by one, so a read can catch a set in the middle. Acting on it
+    would delete a cluster's work (its training) and create it again moments later. So:
+    - before a first complete set (the union has `selected` clusters) nothing is decided: the
+      controller's writes do not compete with the placement controller's, and a partial first
+      set is not acted on (after `hold_s` of incomplete decisions they are taken as they are);
+    - a cluster that joins is decided at once;
+    - a cluster that is gone stays decided while the set is incomplete or it sits in a gap
+      between two slices (`in_slice_gap`), for at most `hold_s`; then it has left."""
+    ordered = [tuple(clusters) for _, clusters in sorted(slices, key=lambda s: s[0])]
+    union = frozenset(c for clusters in ordered for c in clusters)
+    complete = selected is not None and len(union) == selected
+    if not previous.started:
+        since = previous.waiting_since
+        if complete or (since is not None and now - since >= hold_s):
+            return DecisionView(decided=union, started=True)
+        return DecisionView(waiting_since=since if since is not None else (now if union else None))
+    held: dict[str, float] = {}
+    for cluster in previous.decided - union:
+        since = previous.held.get(cluster, now)
+        if now - since >= hold_s or (complete and not in_slice_gap(cluster, ordered)):
+            continue  # it has left
+        held[cluster] = since
+    return DecisionView(decided=union | held.keys(), held=held, started=True)
 
 
 def resolve_clusters(

@@ -47,6 +47,7 @@ from hub_controller.api import (
     SpecError,
     parse_spec,
 )
+from hub_controller.membership import DecisionView, settle_decisions
 from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
@@ -317,6 +318,9 @@ class Run:
     # Monotonic time at which a credential (gateway certificate, ...) is due for renewal:
     # everything is applied again then, whatever else changed.
     renew_at: float = float("inf")
+    # The decided clusters this loop acts on: OCM's decisions read mid-rewrite are not
+    # taken as they are (membership.settle_decisions).
+    decisions: DecisionView = field(default_factory=DecisionView)
 
 
 def _write_status(kube: Kube, run: Run, new: Any) -> None:
@@ -614,7 +618,12 @@ def reconcile(
         _write_status(op.kube, run, status)
         return None
     seen = reports.version(ref.uid)  # before the snapshot: the status holds at least these
-    obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root)
+
+    def settle(slices: list[tuple[int, tuple[str, ...]]], selected: int | None) -> frozenset[str]:
+        run.decisions = settle_decisions(slices, selected, run.decisions, clock())
+        return run.decisions.decided
+
+    obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root, settle=settle)
     inputs = (generation, observation_digest(obs), op.enrolled.get((ref.namespace, ref.name), 0))
     waiting_for_keys = False
     try:
@@ -678,6 +687,10 @@ def reconcile(
     if waiting_for_keys:
         return KEYS_WAIT_S
     delay = COUNTDOWN_S if counting_down(fl, obs, new.phase) else RESYNC_S
+    # Back when a decided cluster's hold ends (no event may come then).
+    held = run.decisions.recheck_in(clock())
+    if held is not None:
+        delay = min(delay, held + 0.05)
     # Back when a credential is due (at least a second on: a failing renewal is retried).
     return min(delay, max(1.0, run.renew_at - clock()))
 

@@ -17,7 +17,7 @@ event, thousands per second during a fan-out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -31,6 +31,7 @@ from hub_controller.membership import (
     cluster_info,
     decided_clusters,
     decision_clusters,
+    decision_index,
     resolve_clusters,
 )
 from hub_controller.operator.desired import placement as placement_mod
@@ -58,6 +59,8 @@ SERVER_OWNED: Final[dict[str, Any]] = {**OWNED, constants.LABEL_COMPONENT: serve
 DECIDED: Final[dict[str, Any]] = {placement_mod.PLACEMENT_LABEL: kopf.PRESENT}
 
 Key = tuple[str, str]  # (namespace, name) of a FederatedLearning
+# (slice number, clusters) of each decision and the Placement's selected count -> decided
+Settle = Callable[[list[tuple[int, tuple[str, ...]]], int | None], Iterable[str]]
 
 
 class WorkIndex(Protocol):
@@ -92,13 +95,14 @@ async def placement_idx(labels: Mapping[str, str], body: Any, **_: Any) -> Any:
 
 @kopf.index(constants.CLUSTER_GROUP, "v1beta1", "placementdecisions", labels=DECIDED)
 async def decision_idx(
-    namespace: str | None, labels: Mapping[str, str], body: Any, **_: Any
+    namespace: str | None, name: str, labels: Mapping[str, str], body: Any, **_: Any
 ) -> Any:
     """Decisions by (namespace, placement label), with the uid of the Placement that controls
     them: the label alone is anyone's to set, so `gather` also checks the owner."""
     placement = labels[placement_mod.PLACEMENT_LABEL]
     owner = controller_uid(body, "Placement", placement)
-    return {(namespace or "", placement): DecisionState(owner, decision_clusters(body))}
+    state = DecisionState(owner, decision_clusters(body), decision_index(name))
+    return {(namespace or "", placement): state}
 
 
 @kopf.index(constants.CLUSTER_GROUP, "v1", "managedclusters")
@@ -197,16 +201,23 @@ def gather(
     reports: ReportSource,
     *,
     hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT,
+    settle: Settle | None = None,
 ) -> Observations:
-    """Observations for one resource, from the indexes and the report source only."""
+    """Observations for one resource, from the indexes and the report source only. With
+    `settle`, the decided clusters are what it makes of the decisions' (slice number,
+    clusters) and the Placement's selected count (membership.settle_decisions); without, the
+    union of the decisions."""
     key = (ref.namespace, ref.name)
     placement: PlacementState = _owned(idx.placements.get(key, []), ref.uid) or PlacementState()
     # Only decisions the resource's own Placement controls (OCM's placement controller sets
     # that ownerReference); one that merely carries the label could pick any cluster.
-    decided = decided_clusters(
-        d.clusters
-        for d in idx.decisions.get(key, [])
-        if placement.uid and d.owner_uid == placement.uid
+    decisions = [
+        d for d in idx.decisions.get(key, []) if placement.uid and d.owner_uid == placement.uid
+    ]
+    decided = (
+        decided_clusters(d.clusters for d in decisions)
+        if settle is None
+        else sorted(settle([(d.index, d.clusters) for d in decisions], placement.selected))
     )
     clusters: dict[str, ClusterInfo] = {}
     for name in decided:

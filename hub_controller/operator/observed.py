@@ -65,11 +65,12 @@ def placement_state(placement: Mapping[str, Any] | None) -> PlacementState:
 
 @dataclass(frozen=True)
 class DecisionState:
-    """One PlacementDecision: its clusters, and the uid of the Placement that controls it
-    (its controller ownerReference; "" when it has none)."""
+    """One PlacementDecision: its clusters, the uid of the Placement that controls it (its
+    controller ownerReference; "" when it has none) and its slice number (from its name)."""
 
     owner_uid: str
     clusters: tuple[str, ...]
+    index: int = 0
 
 
 def controller_uid(obj: Mapping[str, Any], kind: str, name: str) -> str:

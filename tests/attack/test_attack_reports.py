@@ -433,11 +433,12 @@ SPEC = {
 
 def indexes(decisions: list[DecisionState], works: list[WorkState] | None = None) -> Indexes:
     clusters = ("cluster-a", "cluster-b", "victim")
+    # The placement controller has made all of its decisions (only its own count).
+    selected = len({c for d in decisions if d.owner_uid == PLACEMENT_UID for c in d.clusters})
+    placement = PlacementState(exists=True, uid=PLACEMENT_UID, selected=selected)
     return Indexes.of(
         {
-            "placement_idx": {
-                KEY: [Owned(REF.uid, PlacementState(exists=True, uid=PLACEMENT_UID))]
-            },
+            "placement_idx": {KEY: [Owned(REF.uid, placement)]},
             "decision_idx": {KEY: decisions},
             "cluster_idx": {c: [ClusterInfo(c, {"fl.data-path": f"/srv/{c}"})] for c in clusters},
             "addon_idx": {},
@@ -492,9 +493,11 @@ def test_decision_owner_is_read_from_its_controller_reference() -> None:
     fn: Any = decision_idx  # async (kopf calls it on the event loop)
 
     def index(body: Any) -> Any:
-        return asyncio.run(fn(namespace="team-a", labels=label, body=body))
+        return asyncio.run(
+            fn(namespace="team-a", name="digits-decision-1", labels=label, body=body)
+        )
 
-    assert index(body) == {KEY: DecisionState(PLACEMENT_UID, ("cluster-a",))}
+    assert index(body) == {KEY: DecisionState(PLACEMENT_UID, ("cluster-a",), 1)}
     body["metadata"]["ownerReferences"][0]["controller"] = False
     assert index(body)[KEY].owner_uid == ""
 

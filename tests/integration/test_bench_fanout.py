@@ -33,3 +33,6 @@ def test_fanout_creates_every_work_and_writes_nothing_big(
     assert not too_big and result["max_object_bytes"] < BOUND
     # One cluster leaving and one joining were each handled (their work deleted / created).
     assert result["leave_s"] > 0 and result["join_s"] > 0
+    # The joiner sorts into the first decision: while OCM moved one cluster from the first
+    # slice into the second (two writes), no other cluster's work was deleted.
+    assert result["join_deleted_others"] == 0

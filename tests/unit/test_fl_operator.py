@@ -115,7 +115,9 @@ def indexes(
     works = [dataclasses.replace(w, uid=w.uid or REF.uid) for w in works or []]
     return Indexes.of(
         {
-            "placement_idx": {KEY: [Owned(REF.uid, PlacementState(uid=PLACEMENT_UID))]},
+            "placement_idx": {
+                KEY: [Owned(REF.uid, PlacementState(uid=PLACEMENT_UID, selected=len(decided)))]
+            },
             "decision_idx": {KEY: [DecisionState(PLACEMENT_UID, decided)]},
             "cluster_idx": {
                 c: [ClusterInfo(c, {"fl.data-path": claims[c]} if c in claims else {})]

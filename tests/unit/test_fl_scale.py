@@ -57,13 +57,17 @@ def names(n: int) -> list[str]:
 
 
 def indexes(decisions: list[tuple[str, ...]], works: list[WorkState] | None = None) -> Indexes:
-    """Indexes holding REF's Placement, its PlacementDecision objects (one tuple each) and a
-    data claim on every decided cluster."""
+    """Indexes holding REF's Placement (all of its decisions made), its PlacementDecision
+    objects (one tuple each, numbered from 1 as OCM does) and a data claim on every decided
+    cluster."""
     clusters = {c for d in decisions for c in d}
+    placement = PlacementState(uid=PLACEMENT_UID, selected=len(clusters))
     return Indexes.of(
         {
-            "placement_idx": {KEY: [Owned(REF.uid, PlacementState(uid=PLACEMENT_UID))]},
-            "decision_idx": {KEY: [DecisionState(PLACEMENT_UID, d) for d in decisions]},
+            "placement_idx": {KEY: [Owned(REF.uid, placement)]},
+            "decision_idx": {
+                KEY: [DecisionState(PLACEMENT_UID, d, i) for i, d in enumerate(decisions, 1)]
+            },
             "cluster_idx": {c: [ClusterInfo(c, {"fl.data-path": f"/d/{c}"})] for c in clusters},
             "addon_idx": {},
             "work_idx": {KEY: works or []},
