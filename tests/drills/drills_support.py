@@ -70,6 +70,11 @@ def pending(fed: LocalFederation, cluster: str) -> int:
         return 0
 
 
+def drained(fed: LocalFederation, cluster: str) -> bool:
+    """The cluster's agent holds no unacknowledged report."""
+    return pending(fed, cluster) == 0
+
+
 def hub_metrics(fed: LocalFederation) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """The hub's Prometheus samples: (name, sorted labels) -> value ({} when it does not
     answer)."""
@@ -113,9 +118,9 @@ def kill_pod_processes(pod_ip: str, sig: int = signal.SIGKILL) -> list[int]:
     seeds.discard(None)
     seeds.discard(_netns("self"))
     hit = [int(p) for p in pids if _netns(p) in seeds]
-    for pid in hit:
+    for target in hit:
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, sig)
+            os.kill(target, sig)
     return hit
 
 

@@ -15,6 +15,7 @@ the last included, reaches the status history; the run completes; the agents' bu
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import time
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drills_support import apiserver_pid, hub_metrics, pending, restore, rounds_missing
+from drills_support import apiserver_pid, drained, hub_metrics, pending, restore, rounds_missing
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
@@ -79,7 +80,7 @@ def test_drill_aggregator_killed_with_reports_not_yet_in_the_status(
         fed.start_hub()
         restarted = time.monotonic()
         for c in clusters:
-            wait_for(lambda c=c: pending(fed, c) == 0, 300, f"{c}'s reports acknowledged")
+            wait_for(functools.partial(drained, fed, c), 300, f"{c}'s reports acknowledged")
         caught_up = time.monotonic()
         final = wait_fl(hub, NS, NAME, 600, fed=fed)
         status: dict[str, Any] = final["status"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import functools
 import re
 import signal
 import socket
@@ -35,7 +36,7 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from drills_support import hub_metrics, pending, restore
+from drills_support import drained, hub_metrics, restore
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
@@ -205,7 +206,7 @@ def test_drill_certificates_rotate_mid_run(
         rows = {r["name"]: r for r in status["clusters"]}
         assert all(rows[c].get("round") == ROUNDS for c in clusters), rows
         for c in clusters:
-            wait_for(lambda c=c: pending(fed, c) == 0, 120, f"{c}'s reports acknowledged")
+            wait_for(functools.partial(drained, fed, c), 120, f"{c}'s reports acknowledged")
         # Nothing refused: no report at the aggregator, no request at the gateway. A stream
         # the restarted hub answered "hub starting" (its clusters not listed yet) refused
         # nothing: the agent came back and its reports are acknowledged (checked above).

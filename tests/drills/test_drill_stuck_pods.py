@@ -12,6 +12,7 @@ timeouts.clientsReadySeconds with a message naming the reason.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,13 +41,19 @@ def _condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
     return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
 
 
+def _gone(hub: Kube, ns: str, name: str) -> bool:
+    return get_fl(hub, ns, name) is None
+
+
 def _when(hub: Kube, ns: str, name: str, test: Callable[[dict[str, Any]], bool], what: str,
           timeout: float = 240) -> tuple[dict[str, Any], float]:  # fmt: skip
     """Wait until the status passes `test`; (that status, monotonic time seen)."""
-    status = wait_for(
-        lambda: (s := _status(hub, ns, name)) and test(s) and s, timeout, what, interval=0.5
-    )
-    return status, time.monotonic()
+
+    def passed() -> dict[str, Any] | None:
+        status = _status(hub, ns, name)
+        return status if status and test(status) else None
+
+    return wait_for(passed, timeout, what, interval=0.5), time.monotonic()
 
 
 def test_drill_pods_that_cannot_run_show_the_kubelets_reason_and_fail_at_the_timeout(
@@ -115,4 +122,4 @@ def test_drill_pods_that_cannot_run_show_the_kubelets_reason_and_fail_at_the_tim
         for ns, name in ((ns_a, "bad-server"), (ns_b, "picky")):
             hub.delete(f"{FL_PATH.format(ns=ns)}/{name}")
         for ns, name in ((ns_a, "bad-server"), (ns_b, "picky")):
-            wait_for(lambda ns=ns, name=name: get_fl(hub, ns, name) is None, 180, f"{name} deleted")
+            wait_for(functools.partial(_gone, hub, ns, name), 180, f"{name} deleted")
