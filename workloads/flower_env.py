@@ -97,7 +97,7 @@ def stop(proc: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
 
 
 class FlwrCliError(RuntimeError):
-    """A `flwr` CLI call failed."""
+    """A `flwr` CLI call or a Control API request failed."""
 
 
 # Each call is a fresh Python process that imports Flower: about 2.5 s idle, over a minute
@@ -126,3 +126,133 @@ def flwr_json(
     if isinstance(data, dict) and data.get("success") is False:
         raise FlwrCliError(f"flwr {' '.join(args[:2])}: {data.get('error-message', data)}")
     return data
+
+
+# The Control API's protobuf-over-HTTP transport, as Flower's own ControlHttpClient speaks it
+# (flwr.supercore.control, flwr.supercore.protobuf.constants).
+PROTOBUF_MEDIA_TYPE = "application/protobuf"
+LIST_RUNS_PATH = "/v1/control/list-runs"
+LIST_NODES_PATH = "/v1/control/list-nodes"
+REGISTER_NODE_PATH = "/v1/control/register-node"
+UNREGISTER_NODE_PATH = "/v1/control/unregister-node"
+
+
+def control_call(
+    address: str, ca_file: Path, path: str, request: Any, answer: Any, timeout: float = 30.0
+) -> Any:
+    """One unary Control API call: POST ``request`` (a protobuf message) to
+    https://<address><path>, TLS verified against ``ca_file``, and parse the answer into
+    ``answer`` (an empty message of the response type), which it returns. What a `flwr` CLI
+    command sends, without a process that spends ~2.5 s importing Flower. Raises
+    FlwrCliError."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from flwr.supercore.runtime_version_compatibility import RuntimeVersionMetadata
+
+    name = path.rsplit("/", 1)[-1]
+    headers = {"content-type": PROTOBUF_MEDIA_TYPE, "accept": PROTOBUF_MEDIA_TYPE}
+    headers.update(dict(RuntimeVersionMetadata.from_local_component("ocm-fl-server").as_metadata()))
+    call = urllib.request.Request(
+        f"https://{address}{path}",
+        data=request.SerializeToString(deterministic=True),
+        headers=headers,
+        method="POST",
+    )
+    context = ssl.create_default_context(cafile=str(ca_file))
+    try:
+        with urllib.request.urlopen(call, timeout=timeout, context=context) as response:
+            body = response.read()
+    except urllib.error.HTTPError as exc:
+        text = exc.read().decode(errors="replace").strip()[-500:]
+        raise FlwrCliError(f"Control API {name}: HTTP {exc.code}: {text}") from None
+    except OSError as exc:
+        raise FlwrCliError(f"Control API {name} at {address}: {exc}") from None
+    try:
+        answer.ParseFromString(body)
+    except ValueError as exc:  # protobuf's DecodeError
+        raise FlwrCliError(f"Control API {name}: unreadable answer: {exc}") from None
+    return answer
+
+
+def run_rows(response: Any) -> list[dict[str, Any]]:
+    """A ListRunsResponse as the rows `flwr ls --format json` prints: run-id, status
+    ("finished:completed", "running", ...), status-details, fab and timestamps."""
+    rows = []
+    for run in sorted(response.run_dict.values(), key=lambda r: r.pending_at, reverse=True):
+        status = run.status.status
+        rows.append(
+            {
+                "run-id": str(run.run_id),
+                "fab-id": run.fab_id,
+                "fab-version": run.fab_version,
+                "fab-hash": run.fab_hash,
+                "status": f"{status}:{run.status.sub_status}" if run.status.sub_status else status,
+                "status-details": run.status.details,
+                "pending-at": run.pending_at,
+                "starting-at": run.starting_at,
+                "running-at": run.running_at,
+                "finished-at": run.finished_at,
+            }
+        )
+    return rows
+
+
+def list_runs(address: str, ca_file: Path, run_id: int | None = None) -> list[dict[str, Any]]:
+    """The SuperLink's runs (one, with ``run_id``) as `flwr ls --format json` rows, from one
+    Control API request (control_call). Raises FlwrCliError."""
+    from flwr.proto.control_pb2 import ListRunsRequest, ListRunsResponse
+
+    request = ListRunsRequest(run_id=run_id) if run_id is not None else ListRunsRequest()
+    return run_rows(control_call(address, ca_file, LIST_RUNS_PATH, request, ListRunsResponse()))
+
+
+def node_key_bytes(key_file: Path) -> bytes:
+    """A SuperNode's OpenSSH public key file as the Control API takes it (PEM
+    SubjectPublicKeyInfo), refused as `flwr supernode register` refuses it: not EC, or not a
+    NIST curve. Raises FlwrCliError naming the file."""
+    from cryptography.exceptions import UnsupportedAlgorithm
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from flwr.supercore.primitives.asymmetric import public_key_to_bytes, uses_nist_ec_curve
+
+    try:
+        key = serialization.load_ssh_public_key(key_file.read_bytes())
+    except (OSError, ValueError, UnsupportedAlgorithm) as exc:
+        raise FlwrCliError(f"{key_file}: not an OpenSSH public key: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not uses_nist_ec_curve(key):
+        raise FlwrCliError(f"{key_file}: not an EC public key on a NIST curve")
+    return public_key_to_bytes(key)
+
+
+def register_node(address: str, ca_file: Path, key_file: Path, name: str) -> str:
+    """Register the SuperNode key in ``key_file`` under ``name`` (`flwr supernode register`,
+    as one Control API request); its node id. Raises FlwrCliError ("... already in use"
+    for a key registered before)."""
+    from flwr.proto.control_pb2 import RegisterNodeRequest, RegisterNodeResponse
+
+    request = RegisterNodeRequest(public_key=node_key_bytes(key_file), name=name)
+    answer = control_call(address, ca_file, REGISTER_NODE_PATH, request, RegisterNodeResponse())
+    if not answer.node_id:
+        raise FlwrCliError(f"Control API RegisterNode: no node id for {key_file}")
+    return str(answer.node_id)
+
+
+def unregister_node(address: str, ca_file: Path, node_id: str) -> None:
+    """Unregister a SuperNode (`flwr supernode unregister`, one Control API request)."""
+    from flwr.proto.control_pb2 import UnregisterNodeRequest, UnregisterNodeResponse
+
+    request = UnregisterNodeRequest(node_id=int(node_id))
+    control_call(address, ca_file, UNREGISTER_NODE_PATH, request, UnregisterNodeResponse())
+
+
+def list_nodes(address: str, ca_file: Path) -> dict[str, str]:
+    """Every SuperNode's status ("registered", "online", "offline", ...) by node id
+    (`flwr supernode ls`, one Control API request)."""
+    from flwr.proto.control_pb2 import ListNodesRequest, ListNodesResponse
+
+    answer = control_call(
+        address, ca_file, LIST_NODES_PATH, ListNodesRequest(), ListNodesResponse()
+    )
+    return {str(node.node_id): node.status for node in answer.nodes_info}

@@ -52,8 +52,8 @@ PREFIX = "ocm-fl-server"
 # While the run's log stream is open the run is not finished (the SuperLink closes it then):
 # its status is asked only this often, as a safety net.
 STATUS_FALLBACK_S = 60.0
-REGISTER_PARALLEL = 4  # `flwr supernode register` processes at once
-CLIENTS_POLL_S = 1.0  # between `flwr supernode ls` while waiting for clients
+REGISTER_PARALLEL = 4  # SuperNode key registrations at once
+CLIENTS_POLL_S = 0.5  # between node lists (one HTTPS request each) while waiting for clients
 # How often the running launcher looks for SuperNode keys that appeared or changed (the key
 # directory is a Secret volume, which the kubelet refreshes about every minute).
 KEY_SYNC_S = 3.0
@@ -249,13 +249,9 @@ def persist_dir(args: argparse.Namespace) -> Path:
     return Path(args.persist_dir or args.state_dir).resolve()
 
 
-def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
-    """How many of ``node_ids`` `flwr supernode ls --format json` shows online."""
-    return sum(
-        1
-        for n in nodes.get("nodes", [])
-        if str(n.get("node-id")) in node_ids and n.get("status") == "online"
-    )
+def online_count(nodes: Mapping[str, str], node_ids: set[str]) -> int:
+    """How many of ``node_ids`` are online in ``nodes`` (node id -> status, list_nodes)."""
+    return sum(1 for node, status in nodes.items() if node in node_ids and status == "online")
 
 
 def _key_line(path: Path) -> bytes:
@@ -270,7 +266,8 @@ def key_changes(registered: Mapping[str, bytes], found: Mapping[str, bytes]) -> 
 
 
 class Launcher:
-    """Owns the SuperLink process and talks to it through the flwr CLI."""
+    """Owns the SuperLink process and talks to it through the flwr CLI (run status: the
+    Control API directly)."""
 
     def __init__(self, args: argparse.Namespace, settings: LaunchSettings) -> None:
         self.args = args
@@ -419,6 +416,20 @@ class Launcher:
     def flwr(self, *args: str) -> Any:
         return fe.flwr_json(args, self.env)
 
+    # Node and run bookkeeping goes straight to the Control API (one HTTPS request each):
+    # a `flwr` CLI process spends ~2.5 s importing Flower, several of them on the way to
+    # the first round and one after the last.
+    def register_key(self, cluster: str, key: Path) -> str:
+        """Register ``key`` under ``cluster``'s name; its node id."""
+        return fe.register_node(self.address, Path(self.args.ssl_ca_certfile), key, cluster)
+
+    def unregister_node(self, node_id: str) -> None:
+        fe.unregister_node(self.address, Path(self.args.ssl_ca_certfile), node_id)
+
+    def list_nodes(self) -> dict[str, str]:
+        """Node id -> status of every SuperNode."""
+        return fe.list_nodes(self.address, Path(self.args.ssl_ca_certfile))
+
     # --- nodes -------------------------------------------------------------------------
     def register_nodes(self) -> dict[str, str]:
         """Register every <cluster>.pub; return cluster -> node id (kept in nodes.json)."""
@@ -433,15 +444,13 @@ class Launcher:
 
         def register(cluster: str, key: Path) -> str:
             try:
-                out = self.flwr("supernode", "register", str(key), fe.CONNECTION, "--name", cluster)
-                return str(out["node-id"])
+                return self.register_key(cluster, key)
             except fe.FlwrCliError as exc:
                 if "already in use" in str(exc) and cluster in known:
                     return known[cluster]
                 raise LaunchError(f"registering {key}: {one_line(str(exc))}") from None
 
-        # A few CLI processes at once: each is mostly interpreter start-up and imports, so
-        # they overlap on idle cores instead of adding up on the way to the first round.
+        # A few requests at once: each SuperLink answer is a database write.
         with ThreadPoolExecutor(max(1, min(REGISTER_PARALLEL, len(keys)))) as pool:
             nodes = dict(zip(keys, pool.map(register, keys, keys.values()), strict=True))
         for cluster, key in keys.items():
@@ -469,19 +478,17 @@ class Launcher:
         for cluster in key_changes(self.keys, found):
             path = Path(self.args.supernode_keys) / f"{cluster}{PUBLIC_SUFFIX}"
             try:
-                out = self.flwr(
-                    "supernode", "register", str(path), fe.CONNECTION, "--name", cluster
-                )
+                node = self.register_key(cluster, path)
             except fe.FlwrCliError as exc:
                 done.append(f"{cluster}: key not registered: {one_line(str(exc))}")
                 continue
             old = self.nodes.get(cluster)
-            self.nodes[cluster] = str(out["node-id"])
+            self.nodes[cluster] = node
             self.keys[cluster] = found[cluster]
-            line = f"{cluster}: {'new key' if old else 'joined'}, node {out['node-id']}"
+            line = f"{cluster}: {'new key' if old else 'joined'}, node {node}"
             if old:
                 try:
-                    self.flwr("supernode", "unregister", old, fe.CONNECTION)
+                    self.unregister_node(old)
                     line += f" (node {old} of its previous key unregistered)"
                 except fe.FlwrCliError as exc:
                     line += (
@@ -508,7 +515,7 @@ class Launcher:
         seen = -1
         while True:
             self.check_superlink()
-            count = online_count(self.flwr("supernode", "ls", fe.CONNECTION), ids)
+            count = online_count(self.list_nodes(), ids)
             if count != seen:
                 self.log(f"{count}/{need} clients online")
                 seen = count
@@ -523,11 +530,11 @@ class Launcher:
 
     # --- the run -----------------------------------------------------------------------
     def stop_stale_runs(self) -> None:
-        """Stop the runs a previous server left unfinished in this database (a `flwr ls`,
-        a CPU-heavy process start): none in one this start created, until a run of its own."""
+        """Stop the runs a previous server left unfinished in this database: none in one
+        this start created, until a run of its own."""
         if self.fresh_database and self.run_id is None:
             return
-        for run in self.flwr("ls", fe.CONNECTION).get("runs", []):
+        for run in self.list_runs():
             if not str(run.get("status", "")).startswith("finished"):
                 self.log(f"stopping stale run {run['run-id']} ({run.get('status')})")
                 try:
@@ -554,8 +561,14 @@ class Launcher:
         )
         return self.run_id
 
+    def list_runs(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """What `flwr ls` would list, from one Control API request (no CLI process)."""
+        return fe.list_runs(
+            self.address, Path(self.args.ssl_ca_certfile), int(run_id) if run_id else None
+        )
+
     def run_status(self, run_id: str) -> dict[str, Any]:
-        runs = self.flwr("ls", fe.CONNECTION, "--run-id", run_id).get("runs", [])
+        runs = self.list_runs(run_id)
         if not runs:
             raise LaunchError(f"run {run_id} is unknown to the SuperLink")
         status: dict[str, Any] = runs[0]
@@ -566,8 +579,7 @@ class Launcher:
         what the log said.
 
         The SuperLink ends the log stream when the run finishes, so the status is asked
-        (`flwr ls`, a CPU-heavy process start on a busy hub) when the stream ends, and
-        otherwise only every STATUS_FALLBACK_S as a safety net."""
+        when the stream ends, and otherwise only every STATUS_FALLBACK_S as a safety net."""
         timeout = self.args.run_timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         run_log = RunLog(min_results=self.settings.min_clients)
