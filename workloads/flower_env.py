@@ -9,7 +9,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -135,6 +136,18 @@ LIST_RUNS_PATH = "/v1/control/list-runs"
 LIST_NODES_PATH = "/v1/control/list-nodes"
 REGISTER_NODE_PATH = "/v1/control/register-node"
 UNREGISTER_NODE_PATH = "/v1/control/unregister-node"
+STREAM_LOGS_PATH = "/v1/control/stream-logs"
+PROTOBUF_STREAM_MEDIA_TYPE = "application/flower-protobuf-stream"
+FRAME_HEADER_SIZE = 4  # a stream frame: the payload's size (big endian), then the payload
+MAX_FRAME = 64 << 20  # a log chunk is text the SuperLink buffered for 0.5 s; far below this
+
+
+def _control_headers(accept: str) -> dict[str, str]:
+    from flwr.supercore.runtime_version_compatibility import RuntimeVersionMetadata
+
+    headers = {"content-type": PROTOBUF_MEDIA_TYPE, "accept": accept}
+    headers.update(dict(RuntimeVersionMetadata.from_local_component("ocm-fl-server").as_metadata()))
+    return headers
 
 
 def control_call(
@@ -149,15 +162,11 @@ def control_call(
     import urllib.error
     import urllib.request
 
-    from flwr.supercore.runtime_version_compatibility import RuntimeVersionMetadata
-
     name = path.rsplit("/", 1)[-1]
-    headers = {"content-type": PROTOBUF_MEDIA_TYPE, "accept": PROTOBUF_MEDIA_TYPE}
-    headers.update(dict(RuntimeVersionMetadata.from_local_component("ocm-fl-server").as_metadata()))
     call = urllib.request.Request(
         f"https://{address}{path}",
         data=request.SerializeToString(deterministic=True),
-        headers=headers,
+        headers=_control_headers(PROTOBUF_MEDIA_TYPE),
         method="POST",
     )
     context = ssl.create_default_context(cafile=str(ca_file))
@@ -256,3 +265,82 @@ def list_nodes(address: str, ca_file: Path) -> dict[str, str]:
         address, ca_file, LIST_NODES_PATH, ListNodesRequest(), ListNodesResponse()
     )
     return {str(node.node_id): node.status for node in answer.nodes_info}
+
+
+def read_frames(stream: IO[bytes]) -> Iterator[bytes]:
+    """The payloads of a protobuf-over-HTTP stream (FRAME_HEADER_SIZE bytes of size, then
+    the payload), until its end. Raises ValueError for a cut or oversized frame."""
+    while header := stream.read(FRAME_HEADER_SIZE):
+        if len(header) < FRAME_HEADER_SIZE:
+            raise ValueError("log stream cut inside a frame header")
+        size = int.from_bytes(header, "big")
+        if size > MAX_FRAME:
+            raise ValueError(f"log stream frame of {size} bytes, over {MAX_FRAME}")
+        payload = stream.read(size)
+        if len(payload) < size:
+            raise ValueError("log stream cut inside a frame")
+        yield payload
+
+
+class LogStream:
+    """A run's log from its start, as `flwr log --stream` gets it (the Control API's
+    StreamLogs, one HTTPS request read in a thread, TLS verified against ``ca_file``): every
+    complete line goes to ``sink`` as it comes. ``done`` is set when the stream ends (the
+    SuperLink ends it once the run finished) or broke (``error`` says why)."""
+
+    def __init__(
+        self, address: str, ca_file: Path, run_id: str, sink: Callable[[str], None]
+    ) -> None:
+        self.address, self.ca_file, self.run_id, self.sink = address, ca_file, run_id, sink
+        self.done = threading.Event()
+        self.error: str | None = None
+        self._closed = False
+        self._sock: Any = None
+        threading.Thread(target=self._read, daemon=True, name="log-stream").start()
+
+    def _read(self) -> None:
+        import http.client
+        import ssl
+
+        from flwr.proto.control_pb2 import StreamLogsRequest, StreamLogsResponse
+
+        host, _, port = self.address.rpartition(":")
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        conn = http.client.HTTPSConnection(host, int(port), context=context, timeout=30.0)
+        pending = ""
+        try:
+            headers = _control_headers(PROTOBUF_STREAM_MEDIA_TYPE)
+            headers["accept-encoding"] = "identity"
+            request = StreamLogsRequest(run_id=int(self.run_id), after_timestamp=0.0)
+            conn.request("POST", STREAM_LOGS_PATH, request.SerializeToString(), headers)
+            # The connection drops its socket once the answer is read to its end; the
+            # answer's reader keeps using it.
+            self._sock = conn.sock
+            if self._closed:
+                return
+            response = conn.getresponse()
+            if response.status != 200:
+                text = response.read().decode(errors="replace").strip()[-500:]
+                raise FlwrCliError(f"Control API stream-logs: HTTP {response.status}: {text}")
+            self._sock.settimeout(None)  # a run's log may stay quiet for long
+            for payload in read_frames(response):
+                chunk = StreamLogsResponse()
+                chunk.ParseFromString(payload)
+                *lines, pending = (pending + chunk.log_output).split("\n")
+                for line in lines:
+                    self.sink(line + "\n")
+        except Exception as exc:  # any end but the server's is a broken stream
+            if not self._closed:
+                self.error = str(exc) or type(exc).__name__
+        finally:
+            if pending:
+                self.sink(pending + "\n")
+            conn.close()
+            self.done.set()
+
+    def close(self) -> None:
+        """Stop reading (the thread ends at once) and close the connection."""
+        self._closed = True
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(2)  # socket.SHUT_RDWR

@@ -4,8 +4,9 @@ Steps: check the app directory (a missing or invalid one fails here, naming the 
 ``flower-superlink`` (TLS, SuperNode authentication, SQLite state in the state directory,
 runtime dependency installation off unless ``--install-dependencies``), register the
 SuperNode public keys it is given (``<cluster>.pub``, registered under the cluster's name),
-wait until ``--min-clients`` of them are online, submit the app with ``flwr run`` (the
-resource's run config, checked against the keys the app declares), follow the run, and exit 0
+submit the app with ``flwr run`` (the resource's run config, checked against the keys the app
+declares) while waiting until ``--min-clients`` of them are online (the run is stopped if they
+do not come in time), follow the run, and exit 0
 when it completed or 1 otherwise, printing one line that says why. The app's ServerApp finds
 the platform's settings (model store, initModel, rounds, minimum results, resource uid) in
 its environment (workloads.sdk.platform). Restarted on the same ``--state-dir`` and storage it
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -30,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 import tomli_w
 
@@ -567,6 +569,23 @@ class Launcher:
             self.address, Path(self.args.ssl_ca_certfile), int(run_id) if run_id else None
         )
 
+    def start_run(self) -> str:
+        """Submit the run while waiting for ``--min-clients`` clients online; its run id.
+
+        `flwr run` (a CLI process, ~2.5 s of imports) and the ServerApp's start overlap the
+        clusters' connecting instead of following it: the strategy waits for its minimum of
+        nodes itself before round 1. When too few clients come in time the submitted run is
+        stopped and the wait's error raised, as before."""
+        with ThreadPoolExecutor(1, thread_name_prefix="submit") as pool:
+            submitted = pool.submit(self.submit)
+            try:
+                self.wait_for_clients(dict(self.nodes))
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.flwr("stop", submitted.result(), fe.CONNECTION)
+                raise
+            return submitted.result()
+
     def run_status(self, run_id: str) -> dict[str, Any]:
         runs = self.list_runs(run_id)
         if not runs:
@@ -578,48 +597,45 @@ class Launcher:
         """Stream the run's log to stdout until it finishes; return its final status and
         what the log said.
 
-        The SuperLink ends the log stream when the run finishes, so the status is asked
-        when the stream ends, and otherwise only every STATUS_FALLBACK_S as a safety net."""
+        The log comes from the Control API's StreamLogs in a thread of this process (no
+        `flwr log` process: its imports cost ~2.5 s of CPU just as the ServerApp starts,
+        and its piped output came only at its exit). The SuperLink ends the stream when
+        the run finishes, so the status is asked when the stream ends, and otherwise only
+        every STATUS_FALLBACK_S as a safety net."""
         timeout = self.args.run_timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         run_log = RunLog(min_results=self.settings.min_clients)
-        stream: subprocess.Popen[bytes] | None = None
-        reader: threading.Thread | None = None
-        checked = time.monotonic()
+        stream: fe.LogStream | None = None
+        opened = checked = time.monotonic()
         try:
             while True:
                 self.check_superlink()
-                if stream is None or stream.poll() is not None:
-                    if reader is not None:
-                        reader.join(timeout=2.0)
+                if stream is None or stream.done.is_set():
+                    if stream is not None and stream.error:
+                        self.log(f"run log stream broke ({one_line(stream.error)}); reopening")
+                    # A broken stream is not reopened more than once a second.
+                    time.sleep(max(0.0, opened + 1.0 - time.monotonic()))
                     # A fresh stream replays the log from the start: count it once.
                     run_log = RunLog(min_results=self.settings.min_clients)
-                    stream = subprocess.Popen(
-                        [fe.executable("flwr"), "log", run_id, fe.CONNECTION, "--stream"],
-                        env=self.env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
+                    opened = time.monotonic()
+                    stream = fe.LogStream(
+                        self.address,
+                        Path(self.args.ssl_ca_certfile),
+                        run_id,
+                        functools.partial(_tee, run_log),
                     )
-                    reader = threading.Thread(
-                        target=_tee, args=(stream.stdout, run_log), daemon=True
-                    )
-                    reader.start()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    stream.wait(timeout=self.args.status_interval)
-                ended = stream.poll() is not None
+                ended = stream.done.wait(timeout=self.args.status_interval)
                 if ended or time.monotonic() - checked >= STATUS_FALLBACK_S:
                     checked = time.monotonic()
                     status = self.run_status(run_id)
                     if str(status.get("status", "")).startswith("finished"):
-                        fe.stop(stream, timeout=5.0)
-                        if reader is not None:
-                            reader.join(timeout=5.0)
                         return status, run_log
                 if deadline is not None and time.monotonic() > deadline:
                     self.flwr("stop", run_id, fe.CONNECTION)
                     raise LaunchError(f"run {run_id} exceeded --run-timeout {timeout:.0f}s")
         finally:
-            fe.stop(stream, timeout=2.0)
+            if stream is not None:
+                stream.close()
 
     def outcome(self, status: Mapping[str, Any], run_log: RunLog) -> Outcome:
         """The run's outcome from its status, its log and the model store's manifest."""
@@ -642,16 +658,11 @@ class Launcher:
         )
 
 
-def _tee(stream: IO[bytes] | None, run_log: RunLog) -> None:
-    """Echo the run's log to stdout and feed it to ``run_log``."""
-    if stream is None:
-        return
-    for raw in stream:
-        line = raw.decode(errors="replace")
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        run_log.feed(line)
+def _tee(run_log: RunLog, line: str) -> None:
+    """Echo one line of the run's log to stdout and feed it to ``run_log``."""
+    sys.stdout.write(line)
     sys.stdout.flush()
+    run_log.feed(line)
 
 
 # A run that failed only because nodes were briefly unreachable (e.g. right after this server
@@ -703,9 +714,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ).start()
         attempt = 1
         while True:
-            launcher.wait_for_clients(dict(launcher.nodes))
             launcher.stop_stale_runs()
-            run_id = launcher.submit()
+            run_id = launcher.start_run()
             result = launcher.outcome(*launcher.follow(run_id))
             if result.ok or not transient_failure(result.reason) or attempt >= MAX_RUN_ATTEMPTS:
                 break

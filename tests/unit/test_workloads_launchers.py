@@ -341,7 +341,7 @@ def test_run_status_comes_from_one_control_api_request_as_flwr_ls_shows_it(
     import ssl
     import threading
 
-    from flwr.proto.control_pb2 import ListRunsRequest, ListRunsResponse
+    from flwr.proto.control_pb2 import ListRunsRequest, ListRunsResponse, StreamLogsResponse
     from flwr.proto.run_pb2 import Run, RunStatus
 
     from ocmfl import pki
@@ -364,6 +364,17 @@ def test_run_status_comes_from_one_control_api_request_as_flwr_ls_shows_it(
             seen.append((self.path, self.headers["content-type"], asked.run_id))
             known = asked.run_id in (0, 7)
             body = answer.SerializeToString() if known else b'{"detail": "Run ID 8 not found"}'
+            if self.path == "/v1/control/stream-logs" and known:
+                # Two frames, a line cut between them, the last line without its newline.
+                body = b"".join(
+                    len(p).to_bytes(4, "big") + p
+                    for p in (
+                        StreamLogsResponse(
+                            log_output="[ROUND 1/3]\nconfigure_tr"
+                        ).SerializeToString(),
+                        StreamLogsResponse(log_output="ain: Sampled 2\nlast").SerializeToString(),
+                    )
+                )
             self.send_response(200 if known else 404)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -392,6 +403,17 @@ def test_run_status_comes_from_one_control_api_request_as_flwr_ls_shows_it(
         other = pki.save_tls_dir(tmp_path / "other", pair, pki.create_ca("other").cert)
         with pytest.raises(flower_env.FlwrCliError, match="CERTIFICATE_VERIFY_FAILED"):
             flower_env.list_runs(address, other / "ca.crt", 7)
+        # The run's log: whole lines, in order, then done (the server ended the stream).
+        lines: list[str] = []
+        stream = flower_env.LogStream(address, tls / "ca.crt", "7", lines.append)
+        assert stream.done.wait(10) and stream.error is None
+        assert lines == ["[ROUND 1/3]\n", "configure_train: Sampled 2\n", "last\n"]
+        assert seen[-1] == ("/v1/control/stream-logs", "application/protobuf", 7)
+        broken = flower_env.LogStream(address, other / "ca.crt", "7", lines.append)
+        assert broken.done.wait(10) and "CERTIFICATE_VERIFY_FAILED" in str(broken.error)
+        missing = flower_env.LogStream(address, tls / "ca.crt", "8", lines.append)
+        assert missing.done.wait(10) and "HTTP 404" in str(missing.error)
+        assert len(lines) == 3
     finally:
         server.shutdown()
         server.server_close()
@@ -414,3 +436,18 @@ def test_a_supernode_key_goes_to_the_control_api_as_flwr_would_send_it(tmp_path:
     bad.write_text("not a key\n")
     with pytest.raises(flower_env.FlwrCliError, match=r"bad\.pub: not an OpenSSH public key"):
         flower_env.node_key_bytes(bad)
+
+
+def test_a_cut_log_stream_frame_is_an_error_not_a_short_line() -> None:
+    import io
+
+    from workloads.flower_env import read_frames
+
+    frames = (3).to_bytes(4, "big") + b"abc" + (2).to_bytes(4, "big") + b"de"
+    assert list(read_frames(io.BytesIO(frames))) == [b"abc", b"de"]
+    with pytest.raises(ValueError, match=r"cut inside a frame$"):
+        list(read_frames(io.BytesIO(frames[:-1])))
+    with pytest.raises(ValueError, match="frame header"):
+        list(read_frames(io.BytesIO(frames[:9])))
+    with pytest.raises(ValueError, match="over"):
+        list(read_frames(io.BytesIO((1 << 30).to_bytes(4, "big"))))
