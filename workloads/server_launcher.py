@@ -268,8 +268,8 @@ def key_changes(registered: Mapping[str, bytes], found: Mapping[str, bytes]) -> 
 
 
 class Launcher:
-    """Owns the SuperLink process and talks to it through the flwr CLI (run status: the
-    Control API directly)."""
+    """Owns the SuperLink process and talks to its Control API (`flwr run` and `flwr stop`:
+    through the flwr CLI)."""
 
     def __init__(self, args: argparse.Namespace, settings: LaunchSettings) -> None:
         self.args = args
