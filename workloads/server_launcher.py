@@ -4,8 +4,9 @@ Steps: check the app directory (a missing or invalid one fails here, naming the 
 ``flower-superlink`` (TLS, SuperNode authentication, SQLite state in the state directory,
 runtime dependency installation off unless ``--install-dependencies``), register the
 SuperNode public keys it is given (``<cluster>.pub``, registered under the cluster's name),
-wait until ``--min-clients`` of them are online, submit the app with ``flwr run`` (the
-resource's run config, checked against the keys the app declares), follow the run, and exit 0
+submit the app with ``flwr run`` (the resource's run config, checked against the keys the app
+declares) while waiting until ``--min-clients`` of them are online (the run is stopped if they
+do not come in time), follow the run, and exit 0
 when it completed or 1 otherwise, printing one line that says why. The app's ServerApp finds
 the platform's settings (model store, initModel, rounds, minimum results, resource uid) in
 its environment (workloads.sdk.platform). Restarted on the same ``--state-dir`` and storage it
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -30,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import IO, Any
+from typing import Any
 
 import tomli_w
 
@@ -52,8 +54,8 @@ PREFIX = "ocm-fl-server"
 # While the run's log stream is open the run is not finished (the SuperLink closes it then):
 # its status is asked only this often, as a safety net.
 STATUS_FALLBACK_S = 60.0
-REGISTER_PARALLEL = 4  # `flwr supernode register` processes at once
-CLIENTS_POLL_S = 1.0  # between `flwr supernode ls` while waiting for clients
+REGISTER_PARALLEL = 4  # SuperNode key registrations at once
+CLIENTS_POLL_S = 0.5  # between node lists (one HTTPS request each) while waiting for clients
 # How often the running launcher looks for SuperNode keys that appeared or changed (the key
 # directory is a Secret volume, which the kubelet refreshes about every minute).
 KEY_SYNC_S = 3.0
@@ -249,13 +251,9 @@ def persist_dir(args: argparse.Namespace) -> Path:
     return Path(args.persist_dir or args.state_dir).resolve()
 
 
-def online_count(nodes: Mapping[str, Any], node_ids: set[str]) -> int:
-    """How many of ``node_ids`` `flwr supernode ls --format json` shows online."""
-    return sum(
-        1
-        for n in nodes.get("nodes", [])
-        if str(n.get("node-id")) in node_ids and n.get("status") == "online"
-    )
+def online_count(nodes: Mapping[str, str], node_ids: set[str]) -> int:
+    """How many of ``node_ids`` are online in ``nodes`` (node id -> status, list_nodes)."""
+    return sum(1 for node, status in nodes.items() if node in node_ids and status == "online")
 
 
 def _key_line(path: Path) -> bytes:
@@ -270,7 +268,8 @@ def key_changes(registered: Mapping[str, bytes], found: Mapping[str, bytes]) -> 
 
 
 class Launcher:
-    """Owns the SuperLink process and talks to it through the flwr CLI."""
+    """Owns the SuperLink process and talks to its Control API (`flwr run` and `flwr stop`:
+    through the flwr CLI)."""
 
     def __init__(self, args: argparse.Namespace, settings: LaunchSettings) -> None:
         self.args = args
@@ -419,6 +418,20 @@ class Launcher:
     def flwr(self, *args: str) -> Any:
         return fe.flwr_json(args, self.env)
 
+    # Node and run bookkeeping goes straight to the Control API (one HTTPS request each):
+    # a `flwr` CLI process spends ~2.5 s importing Flower, several of them on the way to
+    # the first round and one after the last.
+    def register_key(self, cluster: str, key: Path) -> str:
+        """Register ``key`` under ``cluster``'s name; its node id."""
+        return fe.register_node(self.address, Path(self.args.ssl_ca_certfile), key, cluster)
+
+    def unregister_node(self, node_id: str) -> None:
+        fe.unregister_node(self.address, Path(self.args.ssl_ca_certfile), node_id)
+
+    def list_nodes(self) -> dict[str, str]:
+        """Node id -> status of every SuperNode."""
+        return fe.list_nodes(self.address, Path(self.args.ssl_ca_certfile))
+
     # --- nodes -------------------------------------------------------------------------
     def register_nodes(self) -> dict[str, str]:
         """Register every <cluster>.pub; return cluster -> node id (kept in nodes.json)."""
@@ -433,15 +446,13 @@ class Launcher:
 
         def register(cluster: str, key: Path) -> str:
             try:
-                out = self.flwr("supernode", "register", str(key), fe.CONNECTION, "--name", cluster)
-                return str(out["node-id"])
+                return self.register_key(cluster, key)
             except fe.FlwrCliError as exc:
                 if "already in use" in str(exc) and cluster in known:
                     return known[cluster]
                 raise LaunchError(f"registering {key}: {one_line(str(exc))}") from None
 
-        # A few CLI processes at once: each is mostly interpreter start-up and imports, so
-        # they overlap on idle cores instead of adding up on the way to the first round.
+        # A few requests at once: each SuperLink answer is a database write.
         with ThreadPoolExecutor(max(1, min(REGISTER_PARALLEL, len(keys)))) as pool:
             nodes = dict(zip(keys, pool.map(register, keys, keys.values()), strict=True))
         for cluster, key in keys.items():
@@ -469,19 +480,17 @@ class Launcher:
         for cluster in key_changes(self.keys, found):
             path = Path(self.args.supernode_keys) / f"{cluster}{PUBLIC_SUFFIX}"
             try:
-                out = self.flwr(
-                    "supernode", "register", str(path), fe.CONNECTION, "--name", cluster
-                )
+                node = self.register_key(cluster, path)
             except fe.FlwrCliError as exc:
                 done.append(f"{cluster}: key not registered: {one_line(str(exc))}")
                 continue
             old = self.nodes.get(cluster)
-            self.nodes[cluster] = str(out["node-id"])
+            self.nodes[cluster] = node
             self.keys[cluster] = found[cluster]
-            line = f"{cluster}: {'new key' if old else 'joined'}, node {out['node-id']}"
+            line = f"{cluster}: {'new key' if old else 'joined'}, node {node}"
             if old:
                 try:
-                    self.flwr("supernode", "unregister", old, fe.CONNECTION)
+                    self.unregister_node(old)
                     line += f" (node {old} of its previous key unregistered)"
                 except fe.FlwrCliError as exc:
                     line += (
@@ -508,7 +517,7 @@ class Launcher:
         seen = -1
         while True:
             self.check_superlink()
-            count = online_count(self.flwr("supernode", "ls", fe.CONNECTION), ids)
+            count = online_count(self.list_nodes(), ids)
             if count != seen:
                 self.log(f"{count}/{need} clients online")
                 seen = count
@@ -523,11 +532,11 @@ class Launcher:
 
     # --- the run -----------------------------------------------------------------------
     def stop_stale_runs(self) -> None:
-        """Stop the runs a previous server left unfinished in this database (a `flwr ls`,
-        a CPU-heavy process start): none in one this start created, until a run of its own."""
+        """Stop the runs a previous server left unfinished in this database: none in one
+        this start created, until a run of its own."""
         if self.fresh_database and self.run_id is None:
             return
-        for run in self.flwr("ls", fe.CONNECTION).get("runs", []):
+        for run in self.list_runs():
             if not str(run.get("status", "")).startswith("finished"):
                 self.log(f"stopping stale run {run['run-id']} ({run.get('status')})")
                 try:
@@ -554,8 +563,31 @@ class Launcher:
         )
         return self.run_id
 
+    def list_runs(self, run_id: str | None = None) -> list[dict[str, Any]]:
+        """What `flwr ls` would list, from one Control API request (no CLI process)."""
+        return fe.list_runs(
+            self.address, Path(self.args.ssl_ca_certfile), int(run_id) if run_id else None
+        )
+
+    def start_run(self) -> str:
+        """Submit the run while waiting for ``--min-clients`` clients online; its run id.
+
+        `flwr run` (a CLI process, ~2.5 s of imports) and the ServerApp's start overlap the
+        clusters' connecting instead of following it: the strategy waits for its minimum of
+        nodes itself before round 1. When too few clients come in time the submitted run is
+        stopped and the wait's error raised, as before."""
+        with ThreadPoolExecutor(1, thread_name_prefix="submit") as pool:
+            submitted = pool.submit(self.submit)
+            try:
+                self.wait_for_clients(dict(self.nodes))
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.flwr("stop", submitted.result(), fe.CONNECTION)
+                raise
+            return submitted.result()
+
     def run_status(self, run_id: str) -> dict[str, Any]:
-        runs = self.flwr("ls", fe.CONNECTION, "--run-id", run_id).get("runs", [])
+        runs = self.list_runs(run_id)
         if not runs:
             raise LaunchError(f"run {run_id} is unknown to the SuperLink")
         status: dict[str, Any] = runs[0]
@@ -565,49 +597,45 @@ class Launcher:
         """Stream the run's log to stdout until it finishes; return its final status and
         what the log said.
 
-        The SuperLink ends the log stream when the run finishes, so the status is asked
-        (`flwr ls`, a CPU-heavy process start on a busy hub) when the stream ends, and
-        otherwise only every STATUS_FALLBACK_S as a safety net."""
+        The log comes from the Control API's StreamLogs in a thread of this process (no
+        `flwr log` process: its imports cost ~2.5 s of CPU just as the ServerApp starts,
+        and its piped output came only at its exit). The SuperLink ends the stream when
+        the run finishes, so the status is asked when the stream ends, and otherwise only
+        every STATUS_FALLBACK_S as a safety net."""
         timeout = self.args.run_timeout
         deadline = time.monotonic() + timeout if timeout > 0 else None
         run_log = RunLog(min_results=self.settings.min_clients)
-        stream: subprocess.Popen[bytes] | None = None
-        reader: threading.Thread | None = None
-        checked = time.monotonic()
+        stream: fe.LogStream | None = None
+        opened = checked = time.monotonic()
         try:
             while True:
                 self.check_superlink()
-                if stream is None or stream.poll() is not None:
-                    if reader is not None:
-                        reader.join(timeout=2.0)
+                if stream is None or stream.done.is_set():
+                    if stream is not None and stream.error:
+                        self.log(f"run log stream broke ({one_line(stream.error)}); reopening")
+                    # A broken stream is not reopened more than once a second.
+                    time.sleep(max(0.0, opened + 1.0 - time.monotonic()))
                     # A fresh stream replays the log from the start: count it once.
                     run_log = RunLog(min_results=self.settings.min_clients)
-                    stream = subprocess.Popen(
-                        [fe.executable("flwr"), "log", run_id, fe.CONNECTION, "--stream"],
-                        env=self.env,
-                        stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT,
+                    opened = time.monotonic()
+                    stream = fe.LogStream(
+                        self.address,
+                        Path(self.args.ssl_ca_certfile),
+                        run_id,
+                        functools.partial(_tee, run_log),
                     )
-                    reader = threading.Thread(
-                        target=_tee, args=(stream.stdout, run_log), daemon=True
-                    )
-                    reader.start()
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    stream.wait(timeout=self.args.status_interval)
-                ended = stream.poll() is not None
+                ended = stream.done.wait(timeout=self.args.status_interval)
                 if ended or time.monotonic() - checked >= STATUS_FALLBACK_S:
                     checked = time.monotonic()
                     status = self.run_status(run_id)
                     if str(status.get("status", "")).startswith("finished"):
-                        fe.stop(stream, timeout=5.0)
-                        if reader is not None:
-                            reader.join(timeout=5.0)
                         return status, run_log
                 if deadline is not None and time.monotonic() > deadline:
                     self.flwr("stop", run_id, fe.CONNECTION)
                     raise LaunchError(f"run {run_id} exceeded --run-timeout {timeout:.0f}s")
         finally:
-            fe.stop(stream, timeout=2.0)
+            if stream is not None:
+                stream.close()
 
     def outcome(self, status: Mapping[str, Any], run_log: RunLog) -> Outcome:
         """The run's outcome from its status, its log and the model store's manifest."""
@@ -630,16 +658,11 @@ class Launcher:
         )
 
 
-def _tee(stream: IO[bytes] | None, run_log: RunLog) -> None:
-    """Echo the run's log to stdout and feed it to ``run_log``."""
-    if stream is None:
-        return
-    for raw in stream:
-        line = raw.decode(errors="replace")
-        sys.stdout.write(line)
-        sys.stdout.flush()
-        run_log.feed(line)
+def _tee(run_log: RunLog, line: str) -> None:
+    """Echo one line of the run's log to stdout and feed it to ``run_log``."""
+    sys.stdout.write(line)
     sys.stdout.flush()
+    run_log.feed(line)
 
 
 # A run that failed only because nodes were briefly unreachable (e.g. right after this server
@@ -691,9 +714,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         ).start()
         attempt = 1
         while True:
-            launcher.wait_for_clients(dict(launcher.nodes))
             launcher.stop_stale_runs()
-            run_id = launcher.submit()
+            run_id = launcher.start_run()
             result = launcher.outcome(*launcher.follow(run_id))
             if result.ok or not transient_failure(result.reason) or attempt >= MAX_RUN_ATTEMPTS:
                 break

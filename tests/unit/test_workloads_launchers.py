@@ -67,9 +67,7 @@ def test_bad_settings_fail_with_one_line(capsys: pytest.CaptureFixture[str]) -> 
 
 
 def test_online_count_only_counts_our_online_nodes() -> None:
-    nodes = {"nodes": [{"node-id": "1", "status": "online"},
-                       {"node-id": "2", "status": "registered"},
-                       {"node-id": "3", "status": "online"}]}  # fmt: skip
+    nodes = {"1": "online", "2": "registered", "3": "online"}
     assert server_launcher.online_count(nodes, {"1", "2"}) == 1
 
 
@@ -270,16 +268,16 @@ def test_a_key_registered_mid_run_reaches_the_node_map_the_serverapp_reads(
     settings = server_launcher.settings_from_args(args)
     launcher = server_launcher.Launcher(args, settings)
     (tmp_path / "kept").mkdir()
-    calls: list[tuple[str, ...]] = []
+    calls: list[tuple[str, Path]] = []
 
-    def flwr(*argv: str) -> dict[str, str]:
-        calls.append(argv)
-        return {"node-id": "42"}
+    def register_key(cluster: str, key: Path) -> str:
+        calls.append((cluster, key))
+        return "42"
 
-    monkeypatch.setattr(launcher, "flwr", flwr)
+    monkeypatch.setattr(launcher, "register_key", register_key)
     (keys / "cluster3.pub").write_bytes(b"ecdsa-sha2-nistp384 AAAAkey3 cluster3\n")
     assert launcher.sync_nodes() == ["cluster3: joined, node 42"]
-    assert calls[0][:2] == ("supernode", "register")
+    assert calls == [("cluster3", keys / "cluster3.pub")]
     names = json.loads(Path(settings.platform.node_names_file).read_text())
     assert names == {"cluster3": "42"}
 
@@ -331,3 +329,125 @@ def test_upstream_probe_tells_nginx_down_answers_from_an_answer_past_the_gateway
         server.shutdown()
         server.server_close()
     assert not client_launcher.upstream_answers(listen, tls / "ca.crt")
+
+
+def test_run_status_comes_from_one_control_api_request_as_flwr_ls_shows_it(
+    tmp_path: Path,
+) -> None:
+    """The launcher learns a run's final status from the Control API's ListRuns (protobuf over
+    verified HTTPS, what `flwr ls` sends) instead of a `flwr ls` process: the rows read as
+    `flwr ls --format json` rows, a refusal is a FlwrCliError naming the HTTP status."""
+    import http.server
+    import ssl
+    import threading
+
+    from flwr.proto.control_pb2 import ListRunsRequest, ListRunsResponse, StreamLogsResponse
+    from flwr.proto.run_pb2 import Run, RunStatus
+
+    from ocmfl import pki
+    from workloads import flower_env
+
+    ca = pki.create_ca("control-test", key_kind="ec")
+    pair = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    tls = pki.save_tls_dir(tmp_path / "tls", pair, ca.cert)
+    answer = ListRunsResponse(now="2026-12-01T00:00:10+00:00")
+    answer.run_dict[7].CopyFrom(
+        Run(run_id=7, fab_id="ocmfl/digits", fab_version="1.0.0", pending_at="2026-12-01T00:00:00",
+            status=RunStatus(status="finished", sub_status="failed", details="ServerApp error"))
+    )  # fmt: skip
+    seen: list[tuple[str, str, int]] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            asked = ListRunsRequest()
+            asked.ParseFromString(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, self.headers["content-type"], asked.run_id))
+            known = asked.run_id in (0, 7)
+            body = answer.SerializeToString() if known else b'{"detail": "Run ID 8 not found"}'
+            if self.path == "/v1/control/stream-logs" and known:
+                # Two frames, a line cut between them, the last line without its newline.
+                body = b"".join(
+                    len(p).to_bytes(4, "big") + p
+                    for p in (
+                        StreamLogsResponse(
+                            log_output="[ROUND 1/3]\nconfigure_tr"
+                        ).SerializeToString(),
+                        StreamLogsResponse(log_output="ain: Sampled 2\nlast").SerializeToString(),
+                    )
+                )
+            self.send_response(200 if known else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls / "tls.crt", tls / "tls.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    address = f"127.0.0.1:{server.server_address[1]}"
+    try:
+        rows = flower_env.list_runs(address, tls / "ca.crt", 7)
+        assert seen == [("/v1/control/list-runs", "application/protobuf", 7)]
+        assert rows == [
+            {"run-id": "7", "fab-id": "ocmfl/digits", "fab-version": "1.0.0", "fab-hash": "",
+             "status": "finished:failed", "status-details": "ServerApp error",
+             "pending-at": "2026-12-01T00:00:00", "starting-at": "", "running-at": "",
+             "finished-at": ""}
+        ]  # fmt: skip
+        with pytest.raises(flower_env.FlwrCliError, match=r"HTTP 404: .*Run ID 8 not found"):
+            flower_env.list_runs(address, tls / "ca.crt", 8)
+        other = pki.save_tls_dir(tmp_path / "other", pair, pki.create_ca("other").cert)
+        with pytest.raises(flower_env.FlwrCliError, match="CERTIFICATE_VERIFY_FAILED"):
+            flower_env.list_runs(address, other / "ca.crt", 7)
+        # The run's log: whole lines, in order, then done (the server ended the stream).
+        lines: list[str] = []
+        stream = flower_env.LogStream(address, tls / "ca.crt", "7", lines.append)
+        assert stream.done.wait(10) and stream.error is None
+        assert lines == ["[ROUND 1/3]\n", "configure_train: Sampled 2\n", "last\n"]
+        assert seen[-1] == ("/v1/control/stream-logs", "application/protobuf", 7)
+        broken = flower_env.LogStream(address, other / "ca.crt", "7", lines.append)
+        assert broken.done.wait(10) and "CERTIFICATE_VERIFY_FAILED" in str(broken.error)
+        missing = flower_env.LogStream(address, tls / "ca.crt", "8", lines.append)
+        assert missing.done.wait(10) and "HTTP 404" in str(missing.error)
+        assert len(lines) == 3
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_supernode_key_goes_to_the_control_api_as_flwr_would_send_it(tmp_path: Path) -> None:
+    """register_node sends the key as `flwr supernode register` does (PEM SubjectPublicKeyInfo
+    of the OpenSSH EC key); a file that is no such key fails naming the file."""
+    from cryptography.hazmat.primitives import serialization
+
+    from ocmfl import nodekeys
+    from workloads import flower_env
+
+    public = nodekeys.write_keypair(tmp_path / "cluster1", "cluster1")
+    pem = flower_env.node_key_bytes(public)
+    assert pem.startswith(b"-----BEGIN PUBLIC KEY-----")
+    ssh = serialization.load_ssh_public_key(public.read_bytes())
+    assert serialization.load_pem_public_key(pem).public_numbers() == ssh.public_numbers()  # type: ignore[union-attr]
+    bad = tmp_path / "bad.pub"
+    bad.write_text("not a key\n")
+    with pytest.raises(flower_env.FlwrCliError, match=r"bad\.pub: not an OpenSSH public key"):
+        flower_env.node_key_bytes(bad)
+
+
+def test_a_cut_log_stream_frame_is_an_error_not_a_short_line() -> None:
+    import io
+
+    from workloads.flower_env import read_frames
+
+    frames = (3).to_bytes(4, "big") + b"abc" + (2).to_bytes(4, "big") + b"de"
+    assert list(read_frames(io.BytesIO(frames))) == [b"abc", b"de"]
+    with pytest.raises(ValueError, match=r"cut inside a frame$"):
+        list(read_frames(io.BytesIO(frames[:-1])))
+    with pytest.raises(ValueError, match="frame header"):
+        list(read_frames(io.BytesIO(frames[:9])))
+    with pytest.raises(ValueError, match="over"):
+        list(read_frames(io.BytesIO((1 << 30).to_bytes(4, "big"))))
