@@ -277,6 +277,7 @@ class Launcher:
         self.state = Path(args.state_dir).resolve()
         self.persist = persist_dir(args)
         self.flwr_home = self.state / "flwr-home"
+        self.ca_file = Path(args.ssl_ca_certfile)  # the SuperLink's CA: every TLS call to it
         # The SuperLink's SuperExec starts the ServerApp with this environment: it carries
         # the platform's settings to workloads.sdk.
         self.env = fe.flower_env(self.flwr_home, settings.platform.to_env())
@@ -324,13 +325,13 @@ class Launcher:
                 raise LaunchError(f"{flag} {path} does not exist")
         self.state.mkdir(parents=True, exist_ok=True)
         self.persist.mkdir(parents=True, exist_ok=True)
-        fe.write_connection(self.flwr_home, self.address, Path(a.ssl_ca_certfile))
+        fe.write_connection(self.flwr_home, self.address, self.ca_file)
         # A database made by this start holds no run to stop (see stop_stale_runs).
         self.fresh_database = not (self.persist / "superlink.db").exists()
         cmd = [
             fe.executable("flower-superlink"),
             "--ssl-ca-certfile",
-            str(Path(a.ssl_ca_certfile).absolute()),
+            str(self.ca_file.absolute()),
             "--ssl-certfile",
             str(Path(a.ssl_certfile).absolute()),
             "--ssl-keyfile",
@@ -371,7 +372,7 @@ class Launcher:
                 keyfile=Path(a.gateway_keyfile),
                 client_ca_file=Path(a.client_ca_file or a.ssl_ca_certfile),
                 superlink_address=self.address,
-                superlink_ca_file=Path(a.ssl_ca_certfile),
+                superlink_ca_file=self.ca_file,
                 run_dir=self.state / "gateway",
             )
         except ProxyError as exc:
@@ -392,7 +393,7 @@ class Launcher:
                 raise LaunchError(f"Fleet gateway: {exc}") from exc
 
     def wait_health(self, timeout: float) -> None:
-        context = ssl.create_default_context(cafile=str(self.args.ssl_ca_certfile))
+        context = ssl.create_default_context(cafile=str(self.ca_file))
         deadline = time.monotonic() + timeout
         while True:
             self.check_superlink()
@@ -423,14 +424,14 @@ class Launcher:
     # the first round and one after the last.
     def register_key(self, cluster: str, key: Path) -> str:
         """Register ``key`` under ``cluster``'s name; its node id."""
-        return fe.register_node(self.address, Path(self.args.ssl_ca_certfile), key, cluster)
+        return fe.register_node(self.address, self.ca_file, key, cluster)
 
     def unregister_node(self, node_id: str) -> None:
-        fe.unregister_node(self.address, Path(self.args.ssl_ca_certfile), node_id)
+        fe.unregister_node(self.address, self.ca_file, node_id)
 
     def list_nodes(self) -> dict[str, str]:
         """Node id -> status of every SuperNode."""
-        return fe.list_nodes(self.address, Path(self.args.ssl_ca_certfile))
+        return fe.list_nodes(self.address, self.ca_file)
 
     # --- nodes -------------------------------------------------------------------------
     def register_nodes(self) -> dict[str, str]:
@@ -565,9 +566,7 @@ class Launcher:
 
     def list_runs(self, run_id: str | None = None) -> list[dict[str, Any]]:
         """What `flwr ls` would list, from one Control API request (no CLI process)."""
-        return fe.list_runs(
-            self.address, Path(self.args.ssl_ca_certfile), int(run_id) if run_id else None
-        )
+        return fe.list_runs(self.address, self.ca_file, int(run_id) if run_id else None)
 
     def start_run(self) -> str:
         """Submit the run while waiting for ``--min-clients`` clients online; its run id.
@@ -620,7 +619,7 @@ class Launcher:
                     opened = time.monotonic()
                     stream = fe.LogStream(
                         self.address,
-                        Path(self.args.ssl_ca_certfile),
+                        self.ca_file,
                         run_id,
                         functools.partial(_tee, run_log),
                     )
