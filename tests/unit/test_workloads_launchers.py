@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
 import signal
+import ssl
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,6 +23,22 @@ DIGITS = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 BASE = ["--state-dir", "st", "--ssl-ca-certfile", "ca", "--ssl-certfile", "c",
         "--ssl-keyfile", "k", "--supernode-keys", "keys", "--storage", "store",
         "--app-dir", str(DIGITS)]  # fmt: skip
+
+
+@contextlib.contextmanager
+def https_server(handler: type[http.server.BaseHTTPRequestHandler], tls: Path) -> Iterator[str]:
+    """A threaded HTTPS server on 127.0.0.1 answering with `handler`, its certificate from
+    `tls` (tls.crt, tls.key); yields its host:port and stops it after."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tls / "tls.crt", tls / "tls.key")
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_server_flags_become_run_config_and_the_apps_platform_env(
@@ -288,9 +309,6 @@ def test_upstream_probe_tells_nginx_down_answers_from_an_answer_past_the_gateway
     """The client's wait before starting the SuperNode: a real TLS listener (the tunnel's
     loopback side) answering 502 means the hub is not there yet; a 404 from past it means
     it is; a closed port is not."""
-    import http.server
-    import ssl
-    import threading
     import time
 
     from ocmfl import pki
@@ -311,13 +329,7 @@ def test_upstream_probe_tells_nginx_down_answers_from_an_answer_past_the_gateway
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tls / "tls.crt", tls / "tls.key")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        listen = f"127.0.0.1:{server.server_address[1]}"
+    with https_server(Handler, tls) as listen:
         assert not client_launcher.upstream_answers(listen, tls / "ca.crt")
         began = time.monotonic()
         assert not client_launcher.wait_upstream(listen, tls / "ca.crt", 0.6)
@@ -325,9 +337,6 @@ def test_upstream_probe_tells_nginx_down_answers_from_an_answer_past_the_gateway
         status[0] = 404
         assert client_launcher.wait_upstream(listen, tls / "ca.crt", 5.0)
         assert set(paths) == {"/v1/fleet/"}
-    finally:
-        server.shutdown()
-        server.server_close()
     assert not client_launcher.upstream_answers(listen, tls / "ca.crt")
 
 
@@ -337,10 +346,6 @@ def test_run_status_comes_from_one_control_api_request_as_flwr_ls_shows_it(
     """The launcher learns a run's final status from the Control API's ListRuns (protobuf over
     verified HTTPS, what `flwr ls` sends) instead of a `flwr ls` process: the rows read as
     `flwr ls --format json` rows, a refusal is a FlwrCliError naming the HTTP status."""
-    import http.server
-    import ssl
-    import threading
-
     from flwr.proto.control_pb2 import ListRunsRequest, ListRunsResponse, StreamLogsResponse
     from flwr.proto.run_pb2 import Run, RunStatus
 
@@ -383,13 +388,7 @@ def test_run_status_comes_from_one_control_api_request_as_flwr_ls_shows_it(
         def log_message(self, *args: object) -> None:
             pass
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    context.load_cert_chain(tls / "tls.crt", tls / "tls.key")
-    server.socket = context.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    address = f"127.0.0.1:{server.server_address[1]}"
-    try:
+    with https_server(Handler, tls) as address:
         rows = flower_env.list_runs(address, tls / "ca.crt", 7)
         assert seen == [("/v1/control/list-runs", "application/protobuf", 7)]
         assert rows == [
@@ -414,9 +413,6 @@ def test_run_status_comes_from_one_control_api_request_as_flwr_ls_shows_it(
         missing = flower_env.LogStream(address, tls / "ca.crt", "8", lines.append)
         assert missing.done.wait(10) and "HTTP 404" in str(missing.error)
         assert len(lines) == 3
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_a_supernode_key_goes_to_the_control_api_as_flwr_would_send_it(tmp_path: Path) -> None:
