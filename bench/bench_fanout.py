@@ -539,16 +539,16 @@ def phase(
         own[("federatedlearnings", "")] += 1
         own[("secrets", "")] += len(shard_posts)
         t_decided: float | None = None
+        placement_path = path_of(
+            "cluster.open-cluster-management.io/v1beta1", "Placement", ns, fl_name
+        )
 
         def all_works() -> bool:
             nonlocal t_decided
             fed.check_alive()
             now = time.monotonic()
             if t_decided is None:
-                path = path_of(
-                    "cluster.open-cluster-management.io/v1beta1", "Placement", ns, fl_name
-                )
-                placement = hub.get(path) or {}
+                placement = hub.get(placement_path) or {}
                 own[("placements", "")] += 1
                 if (placement.get("status") or {}).get("numberOfSelectedClusters") == n:
                     t_decided = now
@@ -615,9 +615,6 @@ def phase(
         join_after = time.monotonic() - t_seen[0] if t_seen else None
         # Once the placement controller has rewritten every slice (its count comes last), a
         # moment for the controller to act: no other cluster's work went meanwhile.
-        placement_path = path_of(
-            "cluster.open-cluster-management.io/v1beta1", "Placement", ns, fl_name
-        )
         wait_for(
             lambda: (
                 ((hub.get(placement_path) or {}).get("status") or {}).get(
