@@ -3,6 +3,7 @@ per message; the thin ClientApp forwards to it, or runs the app itself without o
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -28,14 +29,14 @@ def _task(monkeypatch: pytest.MonkeyPatch) -> None:
     stamp_task_identity(monkeypatch)
 
 
-@pytest.fixture
-def worker(tmp_path: Path) -> Iterator[Path]:
+@contextlib.contextmanager
+def _worker(tmp_path: Path, preload: str) -> Iterator[Path]:
     directory = tmp_path / "w"
     directory.mkdir(mode=0o700)
     path = directory / "worker.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "workloads.clientapp_worker", "--socket", str(path),
-         "--preload", "numpy"],
+         "--preload", preload],
         cwd=ROOT,
     )  # fmt: skip
     try:
@@ -49,11 +50,17 @@ def worker(tmp_path: Path) -> Iterator[Path]:
         proc.wait(timeout=10)
 
 
-def _message(fail: bool = False) -> Message:
+@pytest.fixture
+def worker(tmp_path: Path) -> Iterator[Path]:
+    with _worker(tmp_path, "numpy") as path:
+        yield path
+
+
+def _message(fail: bool = False, optimizer: bool = False) -> Message:
     content = RecordDict(
         {
             "arrays": to_record({"w": np.arange(4, dtype=np.float32)}),
-            "config": ConfigRecord({"server-round": 1, "fail": fail}),
+            "config": ConfigRecord({"server-round": 1, "fail": fail, "optimizer": optimizer}),
         }
     )
     msg = Message(content, dst_node_id=7, message_type="train")
@@ -80,6 +87,19 @@ def test_the_worker_runs_each_message_in_a_fresh_child_and_keeps_state(
     metrics = [r.content.metric_records["metrics"] for r in (first, second)]
     assert metrics[0]["pid"] != metrics[1]["pid"] != os.getpid()  # one child per message
     assert [m["calls"] for m in metrics] == [1, 2]  # context.state came back each time
+
+
+def test_a_child_of_a_torch_worker_builds_its_optimizer_without_importing_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch imports its compiler stack (about 900 modules, over a second of CPU) at the first
+    # optimizer a process builds; the worker does that once, so no per-message child pays it.
+    with _worker(tmp_path, "numpy,torch") as path:
+        monkeypatch.setenv(SOCKET_ENV, str(path))
+        app = forwarding_client_app("worker_app:app")
+        app.app_dir = HERE
+        reply = app(_message(optimizer=True), _context())
+    assert reply.content.metric_records["metrics"]["new-modules"] == 0
 
 
 def test_an_app_error_comes_back_under_its_own_class_name(
