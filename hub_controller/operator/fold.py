@@ -6,7 +6,8 @@ server Job, the server address, the model artifact and the agents' reports. Outp
 conditions, one row per selected cluster. Gates:
 - Waiting until >= minAvailableClients clusters are decided with data AND their works are
   Applied; then the server starts (gang admission) and the phase is Running.
-- Completed / Failed follow the server Job.
+- Completed / Failed follow the server Job (Completed already when its pod exited 0 with a
+  completed run).
 - Failed (ClientsLost) when, after the server started, fewer than minAvailableClients clusters
   stay ready for longer than timeouts.clientsReadySeconds.
 """
@@ -398,6 +399,8 @@ def fold(
     conditions.append(clients_ready)
 
     job = obs.server_job
+    # Its pod's exit says it first; the Job's Complete condition follows about a second later.
+    complete = job.complete or obs.server_succeeded
     failure = obs.server_reason or job.message or "server Job failed"
     if problems:
         failure += f"; client pod cannot run on {problems_text(problems)}"
@@ -413,7 +416,7 @@ def fold(
             "waiting for a LoadBalancer ingress on the server "
             "Service; set spec.server.advertiseAddress if the hub has no load balancer",
         )
-    elif job.complete:
+    elif complete:
         server = ("True", "Completed", f"server finished; clients dial {obs.server_address}")
     elif job.failed_condition:
         server = ("False", "ServerFailed", failure)
@@ -441,7 +444,7 @@ def fold(
 
     phase: Phase
     message: str
-    if job.complete:
+    if complete:
         phase, message = Phase.COMPLETED, "training completed"
         training = ("True", "Succeeded", message)
     elif job.failed_condition:

@@ -235,11 +235,13 @@ def gather(
     service = _owned(idx.services.get(key, []), ref.uid)
     model: ModelArtifact | None = None
     reason = problem = ""
+    succeeded = False
     for item in idx.pods.get(key, []):
         if item.uid != ref.uid or item.value is None:
             continue
         reason = item.value.reason or reason
         problem = item.value.problem or problem
+        succeeded = succeeded or item.value.succeeded
         if item.value.model is not None:
             model = item.value.model.model_copy(
                 update={
@@ -257,6 +259,7 @@ def gather(
         model=model,
         server_reason=reason,
         server_problem=problem,
+        server_succeeded=succeeded,
         reports=reports.snapshot(ref.uid),
         conflicts=conflicts,
     )

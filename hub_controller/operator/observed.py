@@ -152,6 +152,10 @@ class ServerOutcome:
     reason: str = ""
     model: ModelArtifact | None = None
     problem: str = ""
+    # The server container exited 0 saying the run completed: the Job can only succeed now
+    # (its one pod succeeded), so the run is Completed without waiting for the Job
+    # controller to notice (about a second).
+    succeeded: bool = False
 
 
 def server_pod_state(pod: Mapping[str, Any] | None) -> ServerOutcome | None:
@@ -202,6 +206,7 @@ def outcome_from_termination_message(pod: Mapping[str, Any] | None) -> ServerOut
             ok=ok if isinstance(ok, bool) else None,
             reason=str(data.get("reason") or "")[:1000],
             model=model,
+            succeeded=ok is True and terminated.get("exitCode") == 0,
         )
     return None
 
@@ -283,6 +288,7 @@ class Observations:
     model: ModelArtifact | None = None
     server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
     server_problem: str = ""  # why the server pod cannot run (ocmfl.podproblem), "" if none
+    server_succeeded: bool = False  # a server pod exited 0 with a completed run (ServerOutcome)
     reports: Mapping[str, ClusterReport] = field(default_factory=dict)
     # cluster -> uid of the other resource whose ManifestWork holds this resource's work name
     # there (never overwritten; "" when the work names no owner)
@@ -310,6 +316,7 @@ def observation_digest(obs: Observations) -> str:
             repr(obs.server_address),
             repr(obs.model),
             repr(obs.server_reason),
+            repr(obs.server_succeeded),
             sorted_repr(obs.conflicts),
         )
     )

@@ -145,6 +145,22 @@ def test_a_failed_servers_own_reason_comes_from_the_termination_message() -> Non
     assert outcome.reason == "run 1 finished:failed: ValueError: bad column"
 
 
+def test_only_an_exit_0_with_a_completed_verdict_is_a_succeeded_server() -> None:
+    def pod(code: int, ok: bool) -> dict[str, object]:
+        terminated = {"exitCode": code, "message": json.dumps({"ok": ok, "reason": "r"})}
+        return {
+            "status": {
+                "containerStatuses": [{"name": "server", "state": {"terminated": terminated}}]
+            }
+        }
+
+    outcomes = [
+        outcome_from_termination_message(pod(c, ok))
+        for c, ok in ((0, True), (1, True), (0, False), (1, False))
+    ]
+    assert [o.succeeded if o else None for o in outcomes] == [True, False, False, False]
+
+
 def test_model_artifact_comes_from_the_termination_message() -> None:
     msg = json.dumps(
         {"path": "/m/final.pt", "round": 3, "sha256": "ab", "metrics": {"acc": 0.9, "note": "x"}}

@@ -153,6 +153,19 @@ def test_completed_and_failed_follow_the_server_job() -> None:
     assert st.phase == Phase.FAILED and "exit 1" in st.message
 
 
+def test_completed_as_soon_as_the_server_pod_exits_with_a_completed_run() -> None:
+    # The Job controller marks the Job Complete about a second after its pod exited 0; the
+    # pod's own exit (with the launcher's "completed" verdict) is already final.
+    running = JobState(exists=True, active=1)
+    exited = _obs(works=_applied("a", "b"), server_job=running, server_succeeded=True)
+    st = fold(spec(), 1, exited, None, T0)
+    assert st.phase == Phase.COMPLETED
+    assert _cond(st, "ServerReady") == ("True", "Completed")
+    # Until then it is running.
+    st = fold(spec(), 1, _obs(works=_applied("a", "b"), server_job=running), None, T0)
+    assert st.phase == Phase.RUNNING
+
+
 def test_too_few_clients_for_longer_than_the_timeout_fails() -> None:
     running = _obs(works=_applied("a", "b"), server_job=JobState(exists=True, active=1))
     s = spec(timeouts={"clientsReadySeconds": 60})
