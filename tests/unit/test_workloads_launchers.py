@@ -8,8 +8,10 @@ import json
 import os
 import signal
 import ssl
+import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 
 from ocmfl.constants import ENV_FL_UID as OCMFL_FL_UID
 from workloads import client_launcher, server_launcher
-from workloads.flower_env import flower_env, write_connection
+from workloads.flower_env import descendants, flower_env, kill, write_connection
 
 DIGITS = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
 BASE = ["--state-dir", "st", "--ssl-ca-certfile", "ca", "--ssl-certfile", "c",
@@ -98,7 +100,7 @@ def test_flower_env_is_absolute_and_quiet(tmp_path: Path, monkeypatch: pytest.Mo
     env = flower_env(Path("rel"))
     assert env["FLWR_HOME"] == str(tmp_path / "rel")
     assert env["FLWR_TELEMETRY_ENABLED"] == "0"
-    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.1"
+    assert env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] == "0.5"
     text = write_connection(tmp_path / "h", "127.0.0.1:9092", Path("ca.crt")).read_text()
     assert 'address = "127.0.0.1:9092"' in text and str(tmp_path / "ca.crt") in text
 
@@ -447,3 +449,40 @@ def test_a_cut_log_stream_frame_is_an_error_not_a_short_line() -> None:
         list(read_frames(io.BytesIO(frames[:9])))
     with pytest.raises(ValueError, match="over"):
         list(read_frames(io.BytesIO((1 << 30).to_bytes(4, "big"))))
+
+
+def test_kill_takes_the_whole_tree_a_superlink_started() -> None:
+    # A SuperLink's SuperExec and ServerApp are its children and grandchildren: a finished
+    # run's SuperLink is killed with all of them, not left to Flower's graceful stop.
+    code = (
+        "import subprocess, sys, time\n"
+        'inner = \'import subprocess, time; subprocess.Popen(["sleep", "60"]); time.sleep(60)\'\n'
+        "subprocess.Popen([sys.executable, '-c', inner])\n"
+        "time.sleep(60)\n"
+    )
+    # Its own process group, so that an interrupted or failed test leaves nothing behind.
+    proc = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(tree := descendants(proc.pid)) < 2:
+            assert time.monotonic() < deadline, f"tree did not start: {tree}"
+            time.sleep(0.05)
+        kill(proc)
+        assert proc.returncode == -signal.SIGKILL
+        deadline = time.monotonic() + 5
+        while any(_running(pid) for pid in tree):
+            assert time.monotonic() < deadline, f"left running: {[p for p in tree if _running(p)]}"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for its new parent's reaping)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
