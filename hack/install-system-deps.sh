@@ -8,9 +8,11 @@ set -euo pipefail
 pkgs=(nginx-light shellcheck util-linux iproute2
   podman buildah runc conmon uidmap debootstrap containerd containernetworking-plugins iptables
   gcc libc6-dev)
+# One dpkg-query for all of them (a `dpkg -s` each took 0.5 s, paid by every `make demo`).
+installed=$'\n'$(dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null || true)$'\n'
 missing=()
 for p in "${pkgs[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+  [[ $installed == *$'\n'"$p install ok installed"$'\n'* ]] || missing+=("$p")
 done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "installing Debian packages: ${missing[*]}"
