@@ -41,6 +41,7 @@ from workloads.sdk.client import EVALUATE_IN_TRAIN, FOLDED_RECORD
 from workloads.sdk.formats import ModelFormatError, check_compatible, reorder
 from workloads.sdk.metrics import CLIENT_RECORD
 from workloads.sdk.platform import ServerPlatform, env_number
+from workloads.sdk.pull import can_bound, pull_replies
 from workloads.sdk.store import ModelStore, ModelStoreError
 
 log = logging.getLogger("flwr")
@@ -164,14 +165,27 @@ class PlatformGrid(Grid):
         waiting = {i for i in self.inner.push_messages(sent) if i}
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
+        last = False
         while waiting:
-            got = list(self.inner.pull_messages(waiting))
+            got = self._pull(waiting, deadline)
             replies.extend(got)
             waiting.difference_update(m.metadata.reply_to_message_id for m in got)
-            if not waiting or (deadline is not None and time.monotonic() >= deadline):
+            if not waiting or last:
                 break
+            if deadline is not None and time.monotonic() >= deadline:
+                # One more pull: replies that came in while a pull waited for another
+                # reply's objects until the deadline are in time.
+                last = True
+                continue
             time.sleep(self.poll_s)
         return replies
+
+    def _pull(self, waiting: set[str], deadline: float | None) -> list[Message]:
+        """Flower's pull; on Flower's deployment grid with a deadline, one that waits for a
+        half-uploaded reply only until the deadline (workloads.sdk.pull)."""
+        if deadline is None or not can_bound(self.inner):
+            return list(self.inner.pull_messages(waiting))
+        return pull_replies(self.inner, waiting, deadline)
 
     # --- the platform's part ---------------------------------------------------------------
     def _globalise(self, messages: Iterable[Message]) -> list[Message]:
