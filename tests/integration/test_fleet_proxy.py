@@ -317,7 +317,9 @@ def test_gateway_and_tunnel_reload_each_new_pair_from_their_mounted_secret(
                                                    gateway.log.read_text())}  # fmt: skip
 
         assert _served_serial(gateway.listen) == gw.cert.serial_number
-        assert presented() == {client.cert.serial_number}
+        # nginx writes the access log line after the response has gone out: wait for it.
+        wait_for(lambda: presented() == {client.cert.serial_number}, 20,
+                 "the tunnel presenting its certificate in the gateway's log")  # fmt: skip
         for _ in range(2):
             gw, client = gateway_pair(), client_pair()
             _mount(gw_dir, {"gateway.crt": gw.cert_pem, "gateway.key": gw.key_pem, "ca.crt": ca})
