@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from hack.controlplane.processes import alive
 from ocmfl.constants import ENV_FL_UID as OCMFL_FL_UID
 from workloads import client_launcher, server_launcher
 from workloads.flower_env import descendants, flower_env, kill, write_connection
@@ -470,19 +471,10 @@ def test_kill_takes_the_whole_tree_a_superlink_started() -> None:
         kill(proc)
         assert proc.returncode == -signal.SIGKILL
         deadline = time.monotonic() + 5
-        while any(_running(pid) for pid in tree):
-            assert time.monotonic() < deadline, f"left running: {[p for p in tree if _running(p)]}"
+        while any(alive(pid) for pid in tree):
+            assert time.monotonic() < deadline, f"left running: {[p for p in tree if alive(p)]}"
             time.sleep(0.05)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-
-
-def _running(pid: int) -> bool:
-    """Alive and not a zombie (an orphan's zombie waits for its new parent's reaping)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
