@@ -20,11 +20,13 @@ from agent_addon.phase import RunKey
 from agent_addon.state import AgentState
 from agent_addon.tokens import TokenCheck
 from agent_addon.watcher import ClientWatcher, PhaseView
-from ocmfl import constants
+from ocmfl import constants, pki
 
 log = logging.getLogger(__name__)
 
 AGENT_VERSION = "0.1.0"
+# Longest pause between two attempts to get the agent certificate after failures.
+RENEW_BACKOFF_MAX_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -44,13 +46,13 @@ class AgentConfig:
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
     cert_check_interval_s: float = 2.0
-    # CSR mode: renew our own certificate through the hub's CSR signer, using this hub
-    # kubeconfig (OCM KubeClient registration mounts one at /managed/hub-kubeconfig/kubeconfig).
-    csr_hub_kubeconfig: str | None = None
+    # The agent's one hub kubeconfig (OCM KubeClient registration: {{HUB_KUBECONFIG}}, i.e.
+    # /managed/hub-kubeconfig/kubeconfig). With it the agent makes its key in cert_dir and
+    # gets (and renews) its certificate from the hub's agent signer, and asks the Fleet
+    # signer for its clients' certificates. Without it (tests only) the agent uses whatever
+    # certificate cert_dir holds, and client pods get no Fleet identity.
+    hub_kubeconfig: str | None = None
     csr_check_interval_s: float = 300.0
-    # Hub kubeconfig for the clients' Fleet CSRs (agent_addon.fleet_identity); default: the
-    # CSR-mode one. Without either, client pods get no Fleet identity and do not start.
-    fleet_hub_kubeconfig: str | None = None
     # Unsent reports are saved here (and reloaded on start); None keeps them in memory only.
     state_dir: Path | None = None
     save_interval_s: float = 1.0
@@ -65,8 +67,8 @@ def _env(*names: str, default: str | None = None) -> str | None:
 
 
 def _default_ca_file(cert_dir: Path) -> Path:
-    """<cert-dir>/ca.crt when present; else the hub CA the AddOnTemplate mounts (OCM's
-    CustomSigner secret carries no CA)."""
+    """<cert-dir>/ca.crt when present; else the hub CA the AddOnTemplate mounts (the agent
+    signer's answer carries no CA)."""
     own = cert_dir / "ca.crt"
     return own if own.exists() else Path(constants.AGENT_HUB_CA_DIR) / "ca.crt"
 
@@ -90,7 +92,8 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument(
         "--cert-dir",
         default=_env(constants.ENV_AGENT_CERT_DIR, default=constants.AGENT_CERT_DIR),
-        help="directory with tls.crt and tls.key (and ca.crt)",
+        help="writable directory where the agent keeps its key (made here) and the "
+        "certificate the hub's signer issues (tls.key, tls.crt)",
     )
     p.add_argument(
         "--ca-file",
@@ -110,14 +113,10 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
     p.add_argument("--buffer-size", type=int, default=1000)
     p.add_argument("--server-name", default=None, help="TLS name expected on the hub cert")
     p.add_argument(
-        "--csr-hub-kubeconfig",
-        default=None,
-        help="CSR mode: renew the client cert via the hub CSR signer",
-    )
-    p.add_argument(
-        "--fleet-hub-kubeconfig",
-        default=_env(constants.ENV_FLEET_HUB_KUBECONFIG),
-        help="hub kubeconfig for client Fleet CSRs (default: --csr-hub-kubeconfig)",
+        "--hub-kubeconfig",
+        default=_env(constants.ENV_HUB_KUBECONFIG),
+        help="the agent's hub kubeconfig (OCM KubeClient registration): its certificate "
+        "and its clients' Fleet certificates are asked from the hub's signers with it",
     )
     p.add_argument(
         "--state-dir",
@@ -144,8 +143,7 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         health_port=a.health_port or None,
         buffer_size=a.buffer_size,
         server_name=a.server_name,
-        csr_hub_kubeconfig=a.csr_hub_kubeconfig,
-        fleet_hub_kubeconfig=a.fleet_hub_kubeconfig or a.csr_hub_kubeconfig,
+        hub_kubeconfig=a.hub_kubeconfig,
         state_dir=_state_dir(a.state_dir),
     )
 
@@ -192,10 +190,22 @@ class Agent:
             if self.buffer.dirty:
                 self.save()
 
+    def certificate_not_after(self) -> str | None:
+        """When the agent's own certificate (from the hub's signer) expires, ISO 8601; None
+        while it has none it can read."""
+        try:
+            cert = pki.load_cert_pem((self.config.cert_dir / pki.CERT_FILE).read_bytes())
+        except (OSError, ValueError):
+            return None
+        return cert.not_valid_after_utc.isoformat()
+
     def health(self) -> dict[str, Any]:
         return {
             "cluster": self.config.cluster,
+            # hubConnected: a report was acknowledged on the current stream (an idle agent
+            # sends none); certificateNotAfter: it holds an identity from the hub's signer.
             "hubConnected": self.streamer.connected.is_set(),
+            "certificateNotAfter": self.certificate_not_after(),
             "pending": len(self.buffer),
             "dropped": self.buffer.dropped,
             "delivered": self.buffer.acked,
@@ -250,10 +260,17 @@ class Agent:
                 namespace=self.config.watch_namespace,
             )
             self._watcher.start()
-        if self.config.csr_hub_kubeconfig:
+        if self.config.hub_kubeconfig:
             self._renewer = asyncio.create_task(self._renew_loop(), name="csr-renewal")
-        if self.config.fleet_hub_kubeconfig and self.config.watch:
-            self._fleet = asyncio.create_task(self._fleet_loop(), name="fleet-identities")
+            if self.config.watch:
+                self._fleet = asyncio.create_task(self._fleet_loop(), name="fleet-identities")
+        else:
+            log.warning(
+                "no hub kubeconfig (--hub-kubeconfig, %s): using the certificate in %s as it "
+                "is; client pods get no Fleet identity",
+                constants.ENV_HUB_KUBECONFIG,
+                self.config.cert_dir,
+            )
         self.streamer.start()
         log.info(
             "agent for cluster %s: local API on port %d, hub %s",
@@ -262,24 +279,37 @@ class Agent:
             self.config.hub_address,
         )
 
-    async def _renew_loop(self) -> None:
-        """CSR mode: keep the client certificate fresh (the streamer picks up new files)."""
-        from agent_addon.csr import PendingCSR, RenewalError, next_check_s, renew_if_due
+    def _hub(self) -> Any:
+        """A client of the hub with the agent's hub kubeconfig (ocmfl.kube.Kube)."""
         from ocmfl.kube import Kube
 
-        hub = Kube(self.config.csr_hub_kubeconfig, field_manager="ocm-fl-agent")
+        return Kube(self.config.hub_kubeconfig, field_manager="ocm-fl-agent")
+
+    async def _renew_loop(self) -> None:
+        """Get the client certificate and keep it fresh (the streamer picks up new files).
+        A failed request (a denial, the hub unreachable) is retried with backoff, so an agent
+        the hub refuses does not flood it with CSRs."""
+        from agent_addon.csr import PendingCSR, RenewalError, next_check_s, renew_if_due
+
+        hub = None
         pending: dict[str, PendingCSR] = {}  # a CSR not signed in time is waited for again
+        failures = 0
         while True:
             try:
+                hub = hub or self._hub()
                 await renew_if_due(hub, self.config.cluster, self.config.cert_dir, pending=pending)
+                failures = 0
             except (RenewalError, OSError, ValueError) as e:
-                log.warning("certificate renewal failed: %s", e)
+                failures += 1
+                log.warning("agent certificate: %s", e)
             except Exception:
-                log.exception("certificate renewal failed")
+                failures += 1
+                log.exception("agent certificate request failed")
             # By the certificate's own dates, so a short-lived one is renewed in time.
-            await asyncio.sleep(
-                next_check_s(self.config.cert_dir, self.config.csr_check_interval_s)
-            )
+            delay = next_check_s(self.config.cert_dir, self.config.csr_check_interval_s)
+            if failures:
+                delay = max(delay, min(RENEW_BACKOFF_MAX_S, 2.0 ** (failures - 1)))
+            await asyncio.sleep(delay)
 
     async def _fleet_loop(self) -> None:
         """Each federation's client keys, made here; certificates from the hub's Fleet
@@ -287,8 +317,13 @@ class Agent:
         from agent_addon.fleet_identity import FleetIdentities
         from ocmfl.kube import Kube
 
-        hub = Kube(self.config.fleet_hub_kubeconfig, field_manager="ocm-fl-agent")
-        local = Kube(self.config.kubeconfig, field_manager="ocm-fl-agent")
+        while True:
+            try:
+                hub, local = self._hub(), Kube(self.config.kubeconfig, field_manager="ocm-fl-agent")
+                break
+            except Exception:
+                log.exception("Fleet identities: no client for the hub or this cluster yet")
+                await asyncio.sleep(RENEW_BACKOFF_MAX_S / 4)
         await FleetIdentities(self.config.cluster, local, hub).run()
 
     async def stop(self, drain_s: float = 0.0) -> None:

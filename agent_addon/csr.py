@@ -1,9 +1,12 @@
-"""Agent-side identity renewal in CSR mode: ask the hub's signer for a new certificate.
+"""The agent's own identity: ask the hub's agent signer for a certificate, and renew it.
 
-The agent (with its hub kubeconfig from OCM's KubeClient registration) creates a
-CertificateSigningRequest for `constants.SIGNER_NAME` before its certificate expires, waits
-for hub.signer to sign it, and writes the new key and certificate into its cert directory;
-HubStreamer then reconnects with them. The private key never leaves the cluster.
+With its hub kubeconfig (OCM's KubeClient registration) the agent makes a key in its cert
+directory and creates a CertificateSigningRequest for `constants.SIGNER_NAME` (subject
+`CN=cluster:<c>, O=federated-learning:agents`, no SANs); the hub's signer
+(hub_controller/signer) signs it with the agent CA once it has checked that the requester is
+the cluster's addon agent with the hub credential OCM issued to it. The agent writes the key
+and certificate into the cert directory and renews before expiry; HubStreamer then reconnects
+with them. The private key never leaves the cluster.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@ Everything here runs in the hub process `ocm-fl-hub` (one Deployment; `__main__.
 - `operator/`: the kopf controller of FederatedLearning (indexes -> observed -> membership ->
   desired -> apply -> status fold);
 - `aggregator/`: the agents' mTLS gRPC report stream and the report store the fold reads;
-- `signer/`: the CSR signer for agent identities (with OCMFL_RUN_CSR_SIGNER=true);
+- `signer/`: the CSR signers for agent identities (agent CA) and Fleet identities, and the
+  ledger of the hub credentials OCM issued to each cluster's agent;
 - `bootstrap/`: the CA hook the Helm chart runs as a Job, and the AddOnTemplate registration
   and RBAC rules the chart carries;
 - shared by the parts: `api.py` (the FederatedLearning API), `membership.py` (which clusters

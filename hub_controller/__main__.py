@@ -1,6 +1,8 @@
 """`ocm-fl-hub`: the hub process. kopf runs the FederatedLearning controller
-(hub_controller.operator), the agents' report aggregator (hub_controller.aggregator) and, with
-OCMFL_RUN_CSR_SIGNER=true, the CSR signer for agent identities (hub_controller.signer).
+(hub_controller.operator), the agents' report aggregator (hub_controller.aggregator), the CSR
+signers for agent and Fleet identities and the hub-identity ledger they check requesters
+against (hub_controller.signer). OCMFL_RUN_CSR_SIGNER=false leaves the agent signer out
+(agents then get no identity); any other value, or none, runs it.
 
 Cluster-wide by default. `--namespace` (repeatable, globs allowed) limits the namespaced
 watches, which include the ManifestWorks in the cluster namespaces: list those too (or a glob
@@ -50,10 +52,12 @@ def main(argv: list[str] | None = None) -> None:
 
     if not args.no_aggregator:
         import hub_controller.aggregator.handlers
-    if os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").lower() == "true":
+    if os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").strip().lower() != "false":
         import hub_controller.signer.handlers
-    # Always: client Fleet identities come only through this signer (keys made on clusters).
-    import hub_controller.signer.fleet  # noqa: F401
+    # Always: client Fleet identities come only through this signer (keys made on clusters),
+    # and both signers trust requesters only through the ledger.
+    import hub_controller.signer.fleet
+    import hub_controller.signer.ledger  # noqa: F401
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

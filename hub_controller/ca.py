@@ -1,46 +1,97 @@
-"""The hub CA as the hub pod sees it: the chart mounts its Secret (tls.crt, tls.key) at
-$OCMFL_CA_DIR. The operator issues per-resource credentials from it, the aggregator its server
-certificate and the signer agent certificates; all three read it through one `HubCA`."""
+"""The hub's two CAs as the hub pod sees them, each a mounted kubernetes.io/tls Secret
+(tls.crt, tls.key):
+
+- the *hub CA* ($OCMFL_CA_DIR, Secret `ocm-fl-ca`): signs only the aggregator's server
+  certificate; agents trust only it for the aggregator (its certificate reaches them through
+  the AddOnDeploymentConfig);
+- the *agent CA* ($OCMFL_AGENT_CA_DIR, Secret `ocm-fl-agent-ca`): signs only agent client
+  certificates, through the project's CSR signer; the aggregator trusts only it for clients.
+  It is never published to clusters.
+
+Both are read through one `CADir`, again only when the files change (rotation).
+"""
 
 from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from pathlib import Path
+
+from cryptography import x509
 
 from ocmfl import constants, pki
 
 
-class HubCAUnavailable(RuntimeError):
-    """The hub CA directory is missing or unreadable; the message names the path and fix."""
+class CAUnavailable(RuntimeError):
+    """A CA directory is missing or unreadable; the message names the path and the fix."""
 
 
-class HubCA:
-    """Loads the CA from its directory, again only when the files change (rotation)."""
+@dataclass(frozen=True)
+class _Loaded:
+    mtime: float
+    pair: pki.CertAndKey
+    certificates: tuple[x509.Certificate, ...]  # every certificate in tls.crt, first = pair's
 
-    def __init__(self, directory: str | Path | None = None) -> None:
-        self.directory = Path(
-            directory or os.environ.get(constants.ENV_CA_DIR) or constants.HUB_CA_DIR
-        )
+
+class CADir:
+    """One mounted CA: loads it from its directory, again only when the files change."""
+
+    def __init__(
+        self,
+        directory: str | Path | None = None,
+        *,
+        env: str = constants.ENV_CA_DIR,
+        default: str = constants.HUB_CA_DIR,
+        what: str = "hub CA",
+    ) -> None:
+        self.directory = Path(directory or os.environ.get(env) or default)
+        self.env = env
+        self.what = what
         self._lock = threading.Lock()
-        self._cached: tuple[float, pki.CertAndKey] | None = None
+        self._cached: _Loaded | None = None
+
+    @classmethod
+    def hub(cls, directory: str | Path | None = None) -> CADir:
+        """The hub CA (the aggregator's server certificate)."""
+        return cls(directory, env=constants.ENV_CA_DIR, default=constants.HUB_CA_DIR)
+
+    @classmethod
+    def agent(cls, directory: str | Path | None = None) -> CADir:
+        """The agent CA (agent client certificates, through the project's signer)."""
+        return cls(
+            directory,
+            env=constants.ENV_AGENT_CA_DIR,
+            default=constants.AGENT_CA_DIR,
+            what="agent CA",
+        )
 
     def available(self) -> bool:
         return (self.directory / pki.KEY_FILE).exists()
 
-    def get(self) -> pki.CertAndKey:
-        """The CA certificate and key; HubCAUnavailable when they cannot be read."""
+    def _load(self) -> _Loaded:
         cert, key = self.directory / pki.CERT_FILE, self.directory / pki.KEY_FILE
         with self._lock:
             try:
                 mtime = max(cert.stat().st_mtime, key.stat().st_mtime)
-                if self._cached and self._cached[0] == mtime:
-                    return self._cached[1]
-                pair = pki.load_cert_and_key(cert.read_bytes(), key.read_bytes())
+                if self._cached and self._cached.mtime == mtime:
+                    return self._cached
+                cert_pem = cert.read_bytes()
+                pair = pki.load_cert_and_key(cert_pem, key.read_bytes())
+                certificates = tuple(pki.load_certs_pem(cert_pem))
             except (OSError, ValueError) as exc:
-                raise HubCAUnavailable(
-                    f"hub CA not usable at {self.directory} ({exc}): mount the CA Secret there "
-                    f"or set {constants.ENV_CA_DIR} (the Helm chart's ca-init hook creates it)"
+                raise CAUnavailable(
+                    f"{self.what} not usable at {self.directory} ({exc}): mount its Secret "
+                    f"there or set {self.env} (the Helm chart's ca-init hook creates it)"
                 ) from exc
-            self._cached = (mtime, pair)
-            return pair
+            self._cached = _Loaded(mtime, pair, certificates)
+            return self._cached
+
+    def get(self) -> pki.CertAndKey:
+        """The CA certificate and key; CAUnavailable when they cannot be read."""
+        return self._load().pair
+
+    def trust_bundle(self) -> bytes:
+        """PEM of every certificate in tls.crt (the CA first; an old CA appended to it stays
+        trusted while certificates it issued are still in use)."""
+        return pki.certs_to_pem(self._load().certificates)

@@ -1,7 +1,10 @@
 """Which clusters are members (pure): of the addon, and of each federation.
 
 Addon membership: an accepted ManagedCluster (not being deleted) that has the addon's
-ManagedClusterAddOn may report to the aggregator and get an agent certificate.
+ManagedClusterAddOn (not being deleted) may report to the aggregator and get an agent
+certificate. With it the hub keeps, per cluster, the hub credentials OCM issued to the
+cluster's addon agent through its own registration agent (`signer/hub_identity.py`): the
+ledger annotation on the ManagedClusterAddOn and the live addon CSRs.
 Federation membership: every PlacementDecision of the resource's Placement (OCM splits
 decisions over several objects: take the union) and the ManagedClusters'
 `status.clusterClaims` give one resolution per decided cluster, with the data path from the
@@ -16,6 +19,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
+
+from hub_controller.signer.hub_identity import HubIdentity, ledger_of
 
 
 @dataclass(frozen=True)
@@ -195,8 +200,28 @@ def is_accepted(managed_cluster: Mapping[str, Any]) -> bool:
 MEMBERS_GRACE_S: Final = 60.0
 
 
+@dataclass(frozen=True)
+class AddonInfo:
+    """What the hub keeps of one cluster's ManagedClusterAddOn of this addon."""
+
+    name: str
+    ledger: tuple[HubIdentity, ...] = ()  # its hub-identities annotation
+    ledger_problem: str | None = None  # why the annotation was ignored (malformed)
+
+
+def addon_info(addon: Mapping[str, Any]) -> AddonInfo | None:
+    """AddonInfo from a ManagedClusterAddOn object; None while it is being deleted (the addon
+    is off for that cluster from the moment its deletion starts)."""
+    meta = addon.get("metadata") or {}
+    if meta.get("deletionTimestamp"):
+        return None
+    entries, problem = ledger_of(str(meta.get("namespace") or ""), meta.get("annotations"))
+    return AddonInfo(str(meta.get("name") or ""), tuple(entries), problem)
+
+
 class Registry(Protocol):
-    """Answers whether a cluster is a member of the addon (may report, may get a certificate)."""
+    """Answers whether a cluster is a member of the addon (may report, may get a certificate)
+    and which hub credentials OCM issued to its addon agent."""
 
     def is_registered(self, cluster: str) -> bool: ...
 
@@ -206,22 +231,31 @@ class Registry(Protocol):
         """Whether a "not registered" is final (the hub has listed its clusters)."""
         ...
 
+    def hub_identities(self, cluster: str) -> list[HubIdentity]:
+        """The hub credentials issued to `cluster`'s addon agent through its own registration
+        agent (expired ones too: the caller compares with its clock)."""
+        ...
+
 
 class AddonMembers:
     """Addon membership read from the hub process's kopf indexes (no API call): the
-    ManagedClusters (`ClusterInfo` by name) and the addon's ManagedClusterAddOns (by cluster
-    namespace). The indexes are live, so one instance serves for the process's life."""
+    ManagedClusters (`ClusterInfo` by name), the addon's ManagedClusterAddOns (`AddonInfo` by
+    cluster namespace) and the addon's hub-credential CSRs (`HubIdentity` by cluster, see
+    indexes.hub_csr_idx). The indexes are live, so one instance serves for the process's
+    life."""
 
     def __init__(
         self,
         clusters: Mapping[str, Iterable[ClusterInfo]],
         addons: Mapping[str, Iterable[Any]],
+        hub_csrs: Mapping[str, Iterable[Any]] | None = None,
         *,
         grace_s: float = MEMBERS_GRACE_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._clusters = clusters
         self._addons = addons
+        self._hub_csrs: Mapping[str, Iterable[Any]] = hub_csrs if hub_csrs is not None else {}
         self._clock = clock
         self._complete_at = clock() + grace_s
         self._listed = False
@@ -242,12 +276,26 @@ class AddonMembers:
     def registered(self) -> set[str]:
         return {c for c in list(self._clusters.keys()) if self.is_registered(c)}
 
+    def hub_identities(self, cluster: str) -> list[HubIdentity]:
+        out: list[HubIdentity] = []
+        for addon in list(self._addons.get(cluster, ())):
+            if isinstance(addon, AddonInfo):
+                out.extend(addon.ledger)
+        out.extend(
+            i
+            for i in list(self._hub_csrs.get(cluster, ()))
+            if isinstance(i, HubIdentity) and i.cluster == cluster
+        )
+        return out
+
 
 class StaticMembers:
-    """A fixed, editable set of member clusters (tests, benchmarks)."""
+    """A fixed, editable set of member clusters (tests, benchmarks), with the hub credentials
+    `trust` adds."""
 
     def __init__(self, clusters: Iterable[str] = ()) -> None:
         self.clusters: set[str] = set(clusters)
+        self.identities: dict[str, list[HubIdentity]] = {}
 
     def is_registered(self, cluster: str) -> bool:
         return cluster in self.clusters
@@ -257,6 +305,12 @@ class StaticMembers:
 
     def complete(self) -> bool:
         return True
+
+    def hub_identities(self, cluster: str) -> list[HubIdentity]:
+        return list(self.identities.get(cluster, ()))
+
+    def trust(self, identity: HubIdentity) -> None:
+        self.identities.setdefault(identity.cluster, []).append(identity)
 
     def add(self, cluster: str) -> None:
         self.clusters.add(cluster)

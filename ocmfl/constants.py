@@ -40,12 +40,19 @@ LABEL_OCM_CLUSTER_NAME: Final = "open-cluster-management.io/cluster-name"
 LABEL_OCM_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
 
 # --- identities ----------------------------------------------------------------------------
-# Signer name for agent client certificates (OCM CustomSigner registration and our own CSR
-# signer use the same name). Subject CN = cluster name, O = CERT_ORGANIZATION, so a
-# certificate maps to exactly one cluster.
+# Signer name of agent client certificates: only the project's own CSR signer
+# (hub_controller/signer/) signs it, with the agent CA; OCM's addon manager never sees it (the
+# AddOnTemplate registers no CustomSigner). Subject CN = "cluster:<name>", O =
+# CERT_ORGANIZATION, so a certificate maps to exactly one cluster.
 SIGNER_NAME: Final = "federated-learning.open-cluster-management.io/agent"
 CERT_ORGANIZATION: Final = "federated-learning:agents"
 CERT_CN_PREFIX: Final = "cluster:"  # CN = "cluster:<cluster-name>"
+# The signer of the agents' hub kubeconfigs (OCM KubeClient registration), signed by the hub's
+# kube-controller-manager after OCM's addon manager approves the CSR.
+KUBE_APISERVER_CLIENT_SIGNER: Final = "kubernetes.io/kube-apiserver-client"
+# kube-apiserver (>= 1.32) puts this into the user extra of an x509 requester, as
+# "X509SHA256=<hex sha256 of the client certificate's DER>"; a CSR's spec.extra carries it.
+CREDENTIAL_ID_EXTRA: Final = "authentication.kubernetes.io/credential-id"
 # Fleet (Flower traffic) client certificates: signed by one federation's own Fleet CA, never by
 # the hub CA, and with a subject no agent check accepts (CN "fleet:<cluster>", this O, and a
 # URI SAN naming the federation), so a Fleet key can never pass as a cluster's agent.
@@ -101,10 +108,21 @@ ENV_NODE_NAMES: Final = "OCMFL_NODE_NAMES"  # JSON file {cluster: node id} the l
 APPS_DIR: Final = "/opt/ocm-fl/apps"
 
 # --- deployment: Helm chart (hub) and AddOnTemplate (agent) --------------------------------
-# OCM's template addon mounts the CustomSigner client cert (tls.crt, tls.key; no CA) here.
-AGENT_CERT_DIR: Final = "/managed/" + SIGNER_NAME.replace("/", "-")
+# agent: where it keeps the key it makes and the certificate the hub's signer issues for it
+# (a memory emptyDir in the AddOnTemplate's Deployment).
+AGENT_CERT_DIR: Final = "/var/run/ocm-fl/agent-tls"
 AGENT_HUB_CA_DIR: Final = "/etc/ocm-fl/hub-ca"  # agent: ca.crt (public) to verify the hub
-HUB_CA_DIR: Final = "/etc/ocm-fl/ca"  # hub: the CA Secret (tls.crt, tls.key) as mounted
+# hub: the two CA Secrets (tls.crt, tls.key) as mounted. The hub CA signs only the
+# aggregator's server certificate (agents trust it for the aggregator); the agent CA signs only
+# agent client certificates (the aggregator trusts it for clients); it never leaves the hub.
+HUB_CA_DIR: Final = "/etc/ocm-fl/ca"
+AGENT_CA_DIR: Final = "/etc/ocm-fl/agent-ca"
+# OCM's KubeClient registration: the Secret <addon>-hub-kubeconfig on each managed cluster
+# (kubeconfig, tls.crt, tls.key), mounted into the agent at {{HUB_KUBECONFIG}}'s directory.
+HUB_KUBECONFIG_SECRET: Final = f"{ADDON_NAME}-hub-kubeconfig"
+# hub: which hub credentials OCM issued to a cluster's addon agent through that cluster's own
+# registration agent (JSON list), on the cluster's ManagedClusterAddOn; written only by the hub.
+ANNOTATION_HUB_IDENTITIES: Final = f"{LABEL_PREFIX}/hub-identities"
 # AddOnDeploymentConfig customizedVariables used as {{NAME}} in the AddOnTemplate.
 ADDON_VAR_HUB_AGGREGATOR_ADDRESS: Final = "HUB_AGGREGATOR_ADDRESS"  # host:port agents dial
 # base64 of the CA certificate PEM, split over HUB_CA_BUNDLE_0.._3: an ADC value holds at
@@ -114,13 +132,16 @@ ADDON_VAR_HUB_CA_BUNDLE_CHUNKS: Final = 4
 ADDON_VAR_MAX_LENGTH: Final = 1024
 ADDON_VAR_IMAGE: Final = "IMAGE"
 ADDON_VAR_LOG_LEVEL: Final = "LOG_LEVEL"
+ADDON_VAR_HUB_KUBECONFIG: Final = "HUB_KUBECONFIG"  # set by OCM for a KubeClient registration
 ENV_HUB_AGGREGATOR_ADDRESS: Final = "OCMFL_HUB_AGGREGATOR_ADDRESS"  # hub (cert SAN) and agent
 ENV_LOG_LEVEL: Final = "OCMFL_LOG_LEVEL"
 ENV_AGENT_CERT_DIR: Final = "OCMFL_AGENT_CERT_DIR"
 ENV_HUB_CA_FILE: Final = "OCMFL_HUB_CA_FILE"  # agent: PEM file of the hub CA
-# agent: hub kubeconfig for Fleet CSRs (OCM KubeClient registration's HUB_KUBECONFIG)
-ENV_FLEET_HUB_KUBECONFIG: Final = "OCMFL_FLEET_HUB_KUBECONFIG"
-ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the CA tls.crt/tls.key
+# agent: its hub kubeconfig (OCM KubeClient registration's {{HUB_KUBECONFIG}}), for its own
+# certificate's CSRs and its clients' Fleet CSRs
+ENV_HUB_KUBECONFIG: Final = "OCMFL_HUB_KUBECONFIG"
+ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the hub CA tls.crt/tls.key
+ENV_AGENT_CA_DIR: Final = "OCMFL_AGENT_CA_DIR"  # hub: directory with the agent CA tls.crt/tls.key
 ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
 ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all
 # hub: where the aggregator's gRPC and /metrics listen (host:port); defaults 0.0.0.0 with the
@@ -130,7 +151,8 @@ ENV_METRICS_LISTEN: Final = "OCMFL_METRICS_LISTEN"
 # hub: JSON {cluster: url} overriding where a cluster's FL client finds its agent (default: the
 # agent's Service on that cluster); the local federation's agents run as processes.
 ENV_AGENT_ENDPOINTS: Final = "OCMFL_AGENT_ENDPOINTS"
-ENV_RUN_CSR_SIGNER: Final = "OCMFL_RUN_CSR_SIGNER"  # hub: "true" = also run our own CSR signer
+# hub: the agent-identity CSR signer runs unless this is "false" (agents then get no identity)
+ENV_RUN_CSR_SIGNER: Final = "OCMFL_RUN_CSR_SIGNER"
 AGENT_STATE_DIR: Final = "/var/lib/ocm-fl"  # agent: unsent reports survive restarts here
 ENV_AGENT_STATE_DIR: Final = "OCMFL_AGENT_STATE_DIR"
 # hub: the admin's root for HostPath model stores (Helm value storage.hostPathRoot); each

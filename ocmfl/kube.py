@@ -2,10 +2,13 @@
 
 `Kube` sends requests through the kubernetes package's ApiClient (its kubeconfig, TLS and
 token handling) and takes and returns plain dicts: no model (de)serialisation, so custom
-resources, status patches and server-side apply round-trip as they are. Every failure is a
-`KubeError`; `KubeError.transient` says whether retrying later can help. `list_watch` lists a
-collection and follows it, relisting after a 410 or a broken stream; `Informer` keeps such a
-collection in memory on a thread of its own.
+resources, status patches and server-side apply round-trip as they are. A kubeconfig's
+relative client-certificate/client-key paths are resolved against the kubeconfig's own
+directory (as OCM's mounted hub kubeconfig has them), and when those files change (OCM renews
+them) the pooled connections are dropped, so the next request presents the new certificate.
+Every failure is a `KubeError`; `KubeError.transient` says whether retrying later can help.
+`list_watch` lists a collection and follows it, relisting after a 410 or a broken stream;
+`Informer` keeps such a collection in memory on a thread of its own.
 
 The hub controller, the aggregator, the CSR signer, the agent, the admin CLI and the local
 control plane all use it; it is blocking (callers in an event loop run it in threads).
@@ -158,6 +161,35 @@ class Kube:
         self.api: ApiClient = api if api is not None else api_client(kubeconfig, context)
         self.host: str = self.api.configuration.host
         self.field_manager = field_manager
+        cfg = self.api.configuration
+        # Client certificate files (a kubeconfig's client-certificate/client-key, absolute
+        # or relative to the kubeconfig): a new connection reads them, a pooled one keeps the
+        # certificate it was opened with, so a change drops the pool (`_follow_rotation`).
+        self._tls_files = tuple(Path(p) for p in (cfg.cert_file, cfg.key_file) if p)
+        self._tls_lock = threading.Lock()
+        self._tls_seen = self._tls_signature()
+        self.tls_reloads = 0
+
+    def _tls_signature(self) -> tuple[tuple[int, int, int], ...] | None:
+        try:
+            stats = [os.stat(p) for p in self._tls_files]
+        except OSError:
+            return None  # mid-rotation or gone: keep what we have
+        return tuple((st.st_mtime_ns, st.st_size, st.st_ino) for st in stats)
+
+    def _follow_rotation(self) -> None:
+        """Drop pooled connections once the client certificate files changed (new
+        connections load the files anew)."""
+        if not self._tls_files:
+            return
+        seen = self._tls_signature()
+        with self._tls_lock:
+            if seen is None or seen == self._tls_seen:
+                return
+            self._tls_seen = seen
+            self.tls_reloads += 1
+        self.api.rest_client.pool_manager.clear()
+        log.info("client certificate %s changed: reconnecting with it", self._tls_files[0])
 
     def close(self) -> None:
         self.api.close()  # type: ignore[no-untyped-call]
@@ -179,6 +211,7 @@ class Kube:
     def _send(
         self, method: str, url: str, headers: dict[str, str], **kw: Any
     ) -> urllib3.BaseHTTPResponse:
+        self._follow_rotation()
         try:
             return self.api.rest_client.pool_manager.request(method, url, headers=headers, **kw)
         except (OSError, urllib3.exceptions.HTTPError) as e:

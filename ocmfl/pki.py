@@ -1,9 +1,9 @@
 """Small PKI for per-cluster identities: CA, CSRs, signing, PEM I/O, identity from a cert.
 
 Everything here is pure except the `save_*`/`load_*_file` helpers. Agent (client)
-certificates carry CN = ``CERT_CN_PREFIX + cluster`` and O = ``CERT_ORGANIZATION``;
-`cluster_from_certificate` maps such a certificate (or one issued through OCM's default
-CustomSigner subject) to exactly one cluster name, or raises `IdentityError`. Fleet client
+certificates carry exactly CN = ``CERT_CN_PREFIX + cluster`` and O = ``CERT_ORGANIZATION``
+(the project's signer sets that subject itself); `cluster_from_certificate` maps such a
+certificate to exactly one cluster name, or raises `IdentityError`. Fleet client
 certificates (`fleet_subject`, `fleet_uri`) have a distinct subject and a URI SAN, and are
 signed by a federation's own Fleet CA, so they never pass as an agent.
 """
@@ -47,12 +47,6 @@ CLOCK_SKEW = dt.timedelta(minutes=5)
 
 # A ManagedCluster name becomes a namespace name: an RFC 1123 label.
 _CLUSTER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-# OCM's default addon subject (agent.DefaultUser / DefaultGroups in addon-framework).
-_OCM_USER = re.compile(
-    r"^system:open-cluster-management:cluster:(?P<cluster>[^:]+):addon:(?P<addon>[^:]+)"
-    r":agent:[^:]+$"
-)
-_OCM_GROUP = "system:open-cluster-management:cluster:{cluster}:addon:{addon}"
 
 
 class IdentityError(ValueError):
@@ -143,33 +137,19 @@ def _single(name: x509.Name, oid: x509.ObjectIdentifier, what: str) -> str:
 def cluster_from_subject(name: x509.Name) -> str:
     """The cluster a subject names, or IdentityError.
 
-    Two forms are accepted, both naming one cluster unambiguously:
-    - ours: exactly one CN = ``cluster:<name>`` and exactly one O = CERT_ORGANIZATION;
-    - OCM's default addon subject (CustomSigner without `subject`):
-      CN = ``system:open-cluster-management:cluster:<c>:addon:<ADDON_NAME>:agent:<agent>``
-      with the O ``system:open-cluster-management:cluster:<c>:addon:<ADDON_NAME>`` present and
-      no O for another cluster.
+    Only the project signer's form is accepted: exactly one CN = ``cluster:<name>`` and
+    exactly one O = CERT_ORGANIZATION. (OCM's default addon subject is no agent identity: no
+    signer the aggregator trusts issues it.)
     """
     cn = _single(name, NameOID.COMMON_NAME, "CN")
     orgs = [a.value for a in name.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)]
-    if cn.startswith(constants.CERT_CN_PREFIX):
-        cluster = cn[len(constants.CERT_CN_PREFIX) :]
-        if orgs != [constants.CERT_ORGANIZATION]:
-            raise IdentityError(
-                f"subject must have exactly one O={constants.CERT_ORGANIZATION!r}, has {orgs}"
-            )
-    else:
-        m = _OCM_USER.match(cn)
-        if m is None:
-            raise IdentityError(f"CN {cn!r} does not name a cluster")
-        cluster = m.group("cluster")
-        if m.group("addon") != constants.ADDON_NAME:
-            raise IdentityError(f"CN {cn!r} belongs to addon {m.group('addon')!r}")
-        expected = _OCM_GROUP.format(cluster=cluster, addon=constants.ADDON_NAME)
-        prefix = "system:open-cluster-management:cluster:"
-        cluster_groups = [o for o in orgs if isinstance(o, str) and o.startswith(prefix)]
-        if cluster_groups != [expected]:
-            raise IdentityError(f"O {orgs} does not match cluster {cluster!r}")
+    if not cn.startswith(constants.CERT_CN_PREFIX):
+        raise IdentityError(f"CN {cn!r} does not name a cluster")
+    cluster = cn[len(constants.CERT_CN_PREFIX) :]
+    if orgs != [constants.CERT_ORGANIZATION]:
+        raise IdentityError(
+            f"subject must have exactly one O={constants.CERT_ORGANIZATION!r}, has {orgs}"
+        )
     if not is_valid_cluster_name(cluster):
         raise IdentityError(f"invalid cluster name {cluster!r} in CN")
     return cluster
@@ -195,6 +175,35 @@ def cluster_from_certificate(cert: x509.Certificate | bytes | str) -> str:
     if any(u.startswith(constants.FLEET_URI_PREFIX) for u in uris_of(cert)):
         raise IdentityError("a Fleet certificate is not an agent identity")
     return cluster_from_subject(subject_of(cert))
+
+
+def certificate_fingerprint(cert: x509.Certificate) -> str:
+    """Lowercase hex SHA-256 of the certificate's DER: what kube-apiserver names an x509
+    requester's credential by (user extra authentication.kubernetes.io/credential-id,
+    "X509SHA256=<this>")."""
+    return cert.fingerprint(hashes.SHA256()).hex()
+
+
+def requested_sans(csr: x509.CertificateSigningRequest) -> list[str]:
+    """Every subject alternative name a CSR asks for, as text (DNS:..., IP:..., URI:...,
+    email:..., or the name's repr for other kinds); [] without a SAN extension."""
+    try:
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    out: list[str] = []
+    for name in san:
+        if isinstance(name, x509.DNSName):
+            out.append(f"DNS:{name.value}")
+        elif isinstance(name, x509.IPAddress):
+            out.append(f"IP:{name.value}")
+        elif isinstance(name, x509.UniformResourceIdentifier):
+            out.append(f"URI:{name.value}")
+        elif isinstance(name, x509.RFC822Name):
+            out.append(f"email:{name.value}")
+        else:
+            out.append(repr(name))
+    return out
 
 
 def uris_of(obj: x509.Certificate | x509.CertificateSigningRequest) -> list[str]:
@@ -349,7 +358,7 @@ def create_ca(
     key_kind: KeyKind = "rsa",
     now: dt.datetime | None = None,
 ) -> CertAndKey:
-    """A self-signed CA (RSA by default, as OCM's CustomSigner expects)."""
+    """A self-signed CA (RSA by default)."""
     now = now or utcnow()
     key = generate_key(key_kind)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
@@ -434,12 +443,13 @@ def sign_csr(
 ) -> x509.Certificate:
     """Sign an agent CSR as a client certificate.
 
-    The CSR signature and subject are checked (the subject must name one cluster); requested
-    extensions are not copied. Lifetime is capped at `max_lifetime` and at the CA's expiry.
+    The CSR signature and subject are checked (the subject must name one cluster). The
+    certificate's subject is made here from that cluster name (`cluster_subject`); nothing
+    else of the request is copied: no SANs, no extensions. Lifetime is capped at
+    `max_lifetime` and at the CA's expiry.
     """
     verify_csr(csr)
-    subject = subject_of(csr)
-    cluster_from_subject(subject)
+    subject = cluster_subject(cluster_from_subject(subject_of(csr)))
     lifetime = min(lifetime, max_lifetime)
     builder = _leaf_builder(
         subject, csr.public_key(), ca, lifetime=lifetime, now=now, client=True, server=False

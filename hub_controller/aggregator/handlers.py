@@ -1,7 +1,8 @@
 """Runs the aggregator inside the kopf hub process. Import this module to register it.
 
 On startup: the AggregatorService from the Deployment's env (server certificate issued from the
-hub CA at OCMFL_CA_DIR, gRPC on AGGREGATOR_PORT, /metrics on HUB_METRICS_PORT, limits from
+hub CA at OCMFL_CA_DIR, client certificates verified against the agent CA at
+OCMFL_AGENT_CA_DIR only, gRPC on AGGREGATOR_PORT, /metrics on HUB_METRICS_PORT, limits from
 OCMFL_AGGREGATOR_*); it accepts reports from the addon's member clusters (the operator's
 ManagedCluster and ManagedClusterAddOn indexes), for the federations that have a ManifestWork
 on the reporting cluster (`workwatch.WorkStore.owners`), and its report store goes to
@@ -17,7 +18,7 @@ import kopf
 
 from hub_controller.aggregator.scope import WorkScope
 from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
-from hub_controller.ca import HubCA
+from hub_controller.ca import CADir
 from hub_controller.membership import AddonMembers
 from hub_controller.operator.indexes import Indexes
 from ocmfl import constants
@@ -25,9 +26,15 @@ from ocmfl import constants
 
 @kopf.on.startup()
 async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
-    ca: HubCA = memo.setdefault("ca", HubCA())
-    if not ca.available():
-        logger.warning("no hub CA at %s: the aggregator is not started", ca.directory)
+    ca: CADir = memo.setdefault("ca", CADir.hub())
+    agent_ca: CADir = memo.setdefault("agent_ca", CADir.agent())
+    for missing in (c for c in (ca, agent_ca) if not c.available()):
+        logger.warning(
+            "no %s at %s (set %s): the aggregator is not started",
+            missing.what,
+            missing.directory,
+            missing.env,
+        )
         return
     # The operator's own ManifestWork streams (configure, a startup handler registered
     # before this one): the scope is final once they have listed.
@@ -36,7 +43,7 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
     works.when_synced(scope.mark_ready)
     memo.report_scope = scope
     members = memo.report_members = Indexes.of(kwargs).members()
-    service = AggregatorService(AggregatorSettings.from_env(), members, ca, scope)
+    service = AggregatorService(AggregatorSettings.from_env(), members, ca, scope, agent_ca)
     port = await service.start()
     memo.aggregator = service
     memo.reports = service.store

@@ -1,5 +1,6 @@
 """The aggregator as the hub runs it: a server certificate issued from the hub CA and renewed,
-the gRPC server, and Prometheus /metrics. `handlers.py` starts it inside `ocm-fl-hub`."""
+client certificates verified against the agent CA only (never the hub CA), the gRPC server,
+and Prometheus /metrics. `handlers.py` starts it inside `ocm-fl-hub`."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from hub_controller.aggregator.metrics import AggregatorMetrics
 from hub_controller.aggregator.scope import Scope
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore, StoreLimits
-from hub_controller.ca import HubCA
+from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
 from ocmfl import certlife, constants, pki
 
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 SERVER_CERT_LIFETIME = dt.timedelta(days=7)
 SERVER_CERT_RENEW_AT = 0.3  # renew with 30 % of the lifetime left
 RENEW_RETRY_S = 5.0  # after a failed renewal
+TRUST_CHECK_S = 30.0  # how often the agent CA's certificate is compared with the trusted one
 
 
 def _host_of(address: str) -> str:
@@ -73,10 +76,18 @@ class AggregatorService:
     """Owns the ReportStore and the server that feeds it."""
 
     def __init__(
-        self, settings: AggregatorSettings, registry: Registry, ca: HubCA, scope: Scope
+        self,
+        settings: AggregatorSettings,
+        registry: Registry,
+        ca: CADir,
+        scope: Scope,
+        client_ca: CADir,
     ) -> None:
+        """`ca`: the hub CA (issues the server certificate); `client_ca`: the agent CA (the
+        only issuer of client certificates the server accepts)."""
         self.settings = settings
         self.ca = ca
+        self.client_ca = client_ca
         lim = settings.limits
         self.store = ReportStore(
             StoreLimits(
@@ -92,7 +103,10 @@ class AggregatorService:
         self.scope = scope
         self.server: AggregatorServer | None = None
         self._tls_dir: Path | None = None
+        self._client_bundle: bytes | None = None
+        self._trust_lock = threading.Lock()
         self._renewer: asyncio.Task[None] | None = None
+        self._trust: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
 
     def _issue_server_cert(self) -> pki.CertAndKey:
@@ -104,11 +118,35 @@ class AggregatorService:
             ip_addresses=self.settings.server_ips,
             lifetime=certlife.leaf_lifetime(SERVER_CERT_LIFETIME),
         )
-        pki.save_tls_dir(self._tls_dir, pair, ca.cert)
+        pki.save_tls_dir(self._tls_dir, pair, None)
+        self._write_client_trust()
         log.info(
             "aggregator server certificate issued, valid until %s", pair.cert.not_valid_after_utc
         )
         return pair
+
+    def _write_client_trust(self) -> bool:
+        """Write the agent CA's certificates as the server's client trust (ca.crt) when they
+        changed (the servicer's credentials pick the file up for new connections)."""
+        assert self._tls_dir is not None
+        with self._trust_lock:
+            bundle = self.client_ca.trust_bundle()
+            if bundle == self._client_bundle:
+                return False
+            pki.write_atomic(self._tls_dir / pki.CA_FILE, bundle)
+            if self._client_bundle is not None:
+                log.info("agent CA changed: client certificates are verified against the new one")
+            self._client_bundle = bundle
+            return True
+
+    async def _trust_loop(self) -> None:
+        """Follow a rotated agent CA Secret (the mount changes; nothing else tells us)."""
+        while True:
+            await asyncio.sleep(TRUST_CHECK_S)
+            try:
+                await asyncio.to_thread(self._write_client_trust)
+            except (OSError, CAUnavailable):
+                log.exception("reading the agent CA failed; keeping the current client trust")
 
     async def _renew_loop(self, cert: Any) -> None:
         """Renew the server certificate when SERVER_CERT_RENEW_AT of its lifetime is left
@@ -117,7 +155,7 @@ class AggregatorService:
             await asyncio.sleep(certlife.renew_in(cert, SERVER_CERT_RENEW_AT, pki.utcnow()))
             try:
                 cert = (await asyncio.to_thread(self._issue_server_cert)).cert
-            except (OSError, ValueError):
+            except (OSError, ValueError, CAUnavailable):
                 log.exception("renewing the aggregator certificate failed; retrying")
                 await asyncio.sleep(RENEW_RETRY_S)
 
@@ -127,6 +165,7 @@ class AggregatorService:
         self._tls_dir = Path(tempfile.mkdtemp(prefix="ocmfl-aggregator-tls-"))
         pair = self._issue_server_cert()
         self._renewer = asyncio.create_task(self._renew_loop(pair.cert))
+        self._trust = asyncio.create_task(self._trust_loop())
         self.server = AggregatorServer(
             self.store,
             self.registry,
@@ -145,10 +184,11 @@ class AggregatorService:
         return port
 
     async def stop(self) -> None:
-        if self._renewer is not None:
-            self._renewer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._renewer
+        for task in (self._renewer, self._trust):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         if self.server is not None:
             await self.server.stop()
         if self._metrics_server is not None:

@@ -1,13 +1,16 @@
-"""Hub CA bootstrap, run by the Helm chart's hook Jobs inside the hub.
+"""The hub's two CAs bootstrapped, by the Helm chart's hook Jobs inside the hub.
 
-    python -m hub_controller.bootstrap.ca_init ensure-secret --namespace NS --secret NAME
-    python -m hub_controller.bootstrap.ca_init publish --namespace NS --secret NAME --adc ADC
+    python -m hub_controller.bootstrap.ca_init ensure-secret --namespace NS \
+        [--secret HUB_CA] [--agent-secret AGENT_CA]
+    python -m hub_controller.bootstrap.ca_init publish --namespace NS --secret HUB_CA --adc ADC
 
-`ensure-secret` creates a kubernetes.io/tls Secret holding a new RSA CA (what OCM's
-CustomSigner signs agent certificates with) when it is absent, and never overwrites one.
-`publish` copies the CA *certificate* (public) into the AddOnDeploymentConfig variables
-HUB_CA_BUNDLE_0.._3, from which the AddOnTemplate gives agents the CA to verify the hub.
-The private key is made here, in the cluster; it never passes through Helm.
+`ensure-secret` creates each named kubernetes.io/tls Secret holding a new RSA CA when it is
+absent, and never overwrites one: the hub CA (`--secret`, signs only the aggregator's server
+certificate) and the agent CA (`--agent-secret`, signs only agent client certificates, through
+the project's CSR signer). `publish` copies the hub CA *certificate* (public) into the
+AddOnDeploymentConfig variables HUB_CA_BUNDLE_0.._3, from which the AddOnTemplate gives
+agents the CA to verify the aggregator. The agent CA is never published. The private keys are
+made here, in the cluster; they never pass through Helm.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ TLS_SECRET_TYPE = "kubernetes.io/tls"
 
 
 def ca_secret(name: str, namespace: str, pair: pki.CertAndKey) -> dict[str, Any]:
-    """The CA Secret object (kubernetes.io/tls, as OCM's CustomSigner signingCA expects)."""
+    """A CA Secret object (kubernetes.io/tls: tls.crt, tls.key)."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -85,12 +88,16 @@ def _adc_path(namespace: str, name: str) -> str:
     return path_of(f"{constants.ADDON_GROUP}/v1alpha1", "AddOnDeploymentConfig", namespace, name)
 
 
-def ensure_secret(kube: Kube, namespace: str, name: str, validity_days: int) -> bool:
+def ensure_secret(
+    kube: Kube, namespace: str, name: str, validity_days: int, common_name: str | None = None
+) -> bool:
     """Create the CA Secret when absent. True when it was created."""
     if kube.get(path_of("v1", "Secret", namespace, name)) is not None:
         return False
     pair = pki.create_ca(
-        f"ocm-fl-ca-{namespace}", lifetime=dt.timedelta(days=validity_days), key_kind="rsa"
+        common_name or f"ocm-fl-ca-{namespace}",
+        lifetime=dt.timedelta(days=validity_days),
+        key_kind="rsa",
     )
     # None: created concurrently (409); keep theirs.
     created = kube.create(path_of("v1", "Secret", namespace), ca_secret(name, namespace, pair))
@@ -114,18 +121,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point (the chart's hook Jobs)."""
     parser = argparse.ArgumentParser(prog="python -m hub_controller.bootstrap.ca_init")
     sub = parser.add_subparsers(dest="command", required=True)
-    e = sub.add_parser("ensure-secret", help="create the CA Secret if it is absent")
+    e = sub.add_parser("ensure-secret", help="create the CA Secrets if they are absent")
     e.add_argument("--validity-days", type=int, default=365)
-    p = sub.add_parser("publish", help="copy the CA certificate into the ADC variables")
+    e.add_argument("--namespace", required=True)
+    e.add_argument("--secret", help="the hub CA Secret (aggregator server certificate)")
+    e.add_argument("--agent-secret", help="the agent CA Secret (agent client certificates)")
+    p = sub.add_parser("publish", help="copy the hub CA certificate into the ADC variables")
     p.add_argument("--adc", required=True, help="AddOnDeploymentConfig name (same namespace)")
-    for s in (e, p):
-        s.add_argument("--namespace", required=True)
-        s.add_argument("--secret", required=True)
+    p.add_argument("--namespace", required=True)
+    p.add_argument("--secret", required=True, help="the hub CA Secret")
     args = parser.parse_args(argv)
+    if args.command == "ensure-secret" and not (args.secret or args.agent_secret):
+        parser.error("ensure-secret: name --secret and/or --agent-secret")
     kube = Kube(field_manager="ocm-fl-ca-init")
     if args.command == "ensure-secret":
-        created = ensure_secret(kube, args.namespace, args.secret, args.validity_days)
-        print(f"CA secret {args.namespace}/{args.secret}: {'created' if created else 'exists'}")
+        for name, prefix in ((args.secret, "ocm-fl-ca"), (args.agent_secret, "ocm-fl-agent-ca")):
+            if not name:
+                continue
+            created = ensure_secret(
+                kube, args.namespace, name, args.validity_days, f"{prefix}-{args.namespace}"
+            )
+            print(f"CA secret {args.namespace}/{name}: {'created' if created else 'exists'}")
     else:
         publish(kube, args.namespace, args.secret, args.adc)
         print(f"CA bundle published to AddOnDeploymentConfig {args.namespace}/{args.adc}")

@@ -14,8 +14,11 @@ from typing import Final
 
 from ocmfl import constants
 
-# Default name of the CA Secret in the hub's namespace (chart value ca.secretName).
+# Default names of the two CA Secrets in the hub's namespace (chart values ca.secretName,
+# agentCA.secretName): the hub CA (aggregator server certificate) and the agent CA (agent
+# client certificates). The hub mounts both; it never reads them through the API.
 DEFAULT_CA_SECRET: Final = "ocm-fl-ca"
+DEFAULT_AGENT_CA_SECRET: Final = "ocm-fl-agent-ca"
 
 READ: Final = ("get", "list", "watch")
 WRITE: Final = ("create", "update", "patch", "delete")
@@ -60,7 +63,10 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     Rule(constants.CLUSTER_GROUP, "managedclustersetbindings", READ, why="explain no decisions"),
     # One ManifestWork per chosen cluster, in that cluster's namespace on the hub.
     Rule(constants.WORK_GROUP, "manifestworks", CRUD, why="per-cluster FL client"),
-    Rule(constants.ADDON_GROUP, "managedclusteraddons", READ, why="agent available?"),
+    Rule(constants.ADDON_GROUP, "managedclusteraddons", READ, why="addon members, ledger"),
+    # The hub-identity ledger annotation (hub_controller/signer/ledger.py); only the hub
+    # writes it (registration agents may patch only managedclusteraddons/status).
+    Rule(constants.ADDON_GROUP, "managedclusteraddons", ("patch",), why="hub-identity ledger"),
     # The FL server side on the hub, next to the FederatedLearning resource. kopf indexes
     # watch Jobs, Services and Pods cluster-wide (by label); writes stay in FL namespaces.
     Rule("batch", "jobs", READ, why="kopf index of server Jobs"),
@@ -71,17 +77,15 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     Rule("", "secrets", CRUD, Scope.FL_NAMESPACES, why="server TLS, node keys"),
     Rule("", "configmaps", CRUD, Scope.FL_NAMESPACES, why="server config"),
     Rule("", "persistentvolumeclaims", CRUD, Scope.FL_NAMESPACES, why="model storage"),
-    # The CA Secret, read by the CSR signer (only that Secret).
+    # CSRs: the project's signers' own (agent and Fleet identities), and OCM's addon
+    # hub-credential CSRs (kubernetes.io/kube-apiserver-client), which the hub only watches
+    # (the ledger): it may approve and sign for its own two signers, nothing else.
     Rule(
-        "",
-        "secrets",
-        ("get",),
-        Scope.RELEASE_NAMESPACE,
-        resource_names=(DEFAULT_CA_SECRET,),
-        why="CA for the CSR signer",
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        READ,
+        why="agent and Fleet CSRs; addon hub-credential CSRs (watched only)",
     ),
-    # The project's own CSR signer for agent identities (same signer name as OCM's CustomSigner).
-    Rule("certificates.k8s.io", "certificatesigningrequests", READ, why="agent CSRs"),
     Rule(
         "certificates.k8s.io",
         "certificatesigningrequests/approval",
@@ -105,16 +109,29 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     Rule("coordination.k8s.io", "leases", CRUD, Scope.RELEASE_NAMESPACE, why="leader lease"),
 )
 
-# The CA init hook Job (chart hook): create the CA Secret if absent, publish the CA certificate
-# into the AddOnDeploymentConfig. Only in the release namespace.
+# The CA init hook Job (chart hook): create the CA Secrets (hub CA, agent CA) if absent,
+# publish the hub CA certificate into the AddOnDeploymentConfig. Only in the release namespace.
 CA_INIT_RULES: Final[tuple[Rule, ...]] = (
-    Rule("", "secrets", ("get", "create"), Scope.RELEASE_NAMESPACE, why="CA Secret"),
+    Rule("", "secrets", ("get", "create"), Scope.RELEASE_NAMESPACE, why="CA Secrets"),
     Rule(
         constants.ADDON_GROUP,
         "addondeploymentconfigs",
         ("get", "patch"),
         Scope.RELEASE_NAMESPACE,
         why="publish HUB_CA_BUNDLE",
+    ),
+)
+
+
+# Every cluster's addon agent on the hub (its KubeClient hub kubeconfig, group
+# system:open-cluster-management:addon:<addon>): create its CSRs and read them back by name,
+# nothing else (agent_addon/csr.py, agent_addon/fleet_identity.py).
+AGENT_HUB_RULES: Final[tuple[Rule, ...]] = (
+    Rule(
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        ("create", "get"),
+        why="the agent's own and its clients' Fleet CSRs",
     ),
 )
 

@@ -14,9 +14,10 @@ excluded) changed since the last successful apply, or at the periodic resync; it
 only when the fold changed it. The daemon is the only writer of the resource's status.
 
 Process-wide handles (the API client, the work writer, the wakers) live in kopf's memo
-(`memo.operator`; the aggregator puts its report store at `memo.reports`, and the signers
-and the aggregator share the hub CA at `memo.ca`). The operator itself never uses the hub
-CA: each federation's Fleet CA is in its credentials Secret.
+(`memo.operator`; the aggregator puts its report store at `memo.reports`; the aggregator
+reads the hub CA at `memo.ca`, and it and the agent signer the agent CA at `memo.agent_ca`).
+The operator itself never uses either: each federation's Fleet CA is in its credentials
+Secret.
 """
 
 from __future__ import annotations

@@ -3,10 +3,13 @@
 Placements, PlacementDecisions and the server Job, Service and Pod are indexed under the
 owning resource's (namespace, name), as the small values `observed.py` reads from them (the
 ManifestWorks likewise, but by a watch of the operator's own: workwatch.py); ManagedClusters
-by name and the addon's ManagedClusterAddOns by cluster. The last two are the hub's one
-source of cluster membership: the operator resolves federation members from them, and the
-aggregator and the signer ask `membership.AddonMembers` over them who may report. The hub
-admin's FederationPolicy `default` is indexed (its spec) by namespace.
+by name and the addon's ManagedClusterAddOns by cluster (with their hub-identities ledger).
+The last two are the hub's one source of cluster membership: the operator resolves federation
+members from them, and the aggregator and the signers ask `membership.AddonMembers` over them
+who may report or get a certificate. The addon's hub-credential CSRs (OCM KubeClient
+registration) are indexed by cluster as the `HubIdentity` they prove, so a credential issued
+seconds ago is trusted before its ledger entry lands. The hub admin's FederationPolicy
+`default` is indexed (its spec) by namespace.
 `gather` turns what the indexes hold for one resource into its `Observations`, without any
 API read.
 
@@ -17,6 +20,7 @@ event, thousands per second during a fan-out.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
@@ -26,8 +30,10 @@ import kopf
 from hub_controller import policy as policy_mod
 from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, data_claim_of
 from hub_controller.membership import (
+    AddonInfo,
     AddonMembers,
     ClusterInfo,
+    addon_info,
     cluster_info,
     decided_clusters,
     decision_clusters,
@@ -49,7 +55,10 @@ from hub_controller.operator.observed import (
     server_pod_state,
 )
 from hub_controller.reports import ReportSource
+from hub_controller.signer.hub_identity import HubIdentity, classify
 from ocmfl import constants
+
+log = logging.getLogger(__name__)
 
 OWNED: Final[dict[str, Any]] = {
     constants.LABEL_OWNER_NAME: kopf.PRESENT,
@@ -116,8 +125,31 @@ async def cluster_idx(name: str, body: Any, **_: Any) -> Any:
     "managedclusteraddons",
     when=lambda name, **_: name == constants.ADDON_NAME,
 )
-async def addon_idx(namespace: str | None, name: str, **_: Any) -> Any:
-    return {namespace or "": name}
+async def addon_idx(namespace: str | None, body: Any, **_: Any) -> Any:
+    """The cluster's addon (None while it is being deleted: no longer a member), with its
+    hub-identities ledger; a malformed ledger is logged and trusts nothing."""
+    info = addon_info(body)
+    if info is None:
+        return None
+    if info.ledger_problem:
+        log.warning("%s", info.ledger_problem)
+    return {namespace or "": info}
+
+
+@kopf.index(
+    "certificates.k8s.io",
+    "v1",
+    "certificatesigningrequests",
+    field="spec.signerName",
+    value=constants.KUBE_APISERVER_CLIENT_SIGNER,
+    labels={constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME},
+)
+async def hub_csr_idx(body: Any, **_: Any) -> Any:
+    """The addon's hub-credential CSRs that prove a `HubIdentity` (issued, asked by the
+    cluster's own registration agent), by cluster; forged ones are never indexed
+    (signer/ledger.py warns about them)."""
+    found = classify(body)
+    return {found.cluster: found} if isinstance(found, HubIdentity) else None
 
 
 @kopf.index("batch", "v1", "jobs", labels=SERVER_OWNED)
@@ -153,12 +185,13 @@ class Indexes:
     placements: kopf.Index[Key, Owned]
     decisions: kopf.Index[Key, DecisionState]
     clusters: kopf.Index[str, ClusterInfo]
-    addons: kopf.Index[str, str]
+    addons: kopf.Index[str, AddonInfo]
     works: WorkIndex
     jobs: kopf.Index[Key, Owned]
     services: kopf.Index[Key, Owned]
     pods: kopf.Index[Key, Owned]
     policies: kopf.Index[str, dict[str, Any]]
+    hub_csrs: Mapping[str, Iterable[HubIdentity]]
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any], works: WorkIndex | None = None) -> Indexes:
@@ -174,6 +207,7 @@ class Indexes:
             services=kwargs["server_service_idx"],
             pods=kwargs["server_pod_idx"],
             policies=kwargs["policy_idx"],
+            hub_csrs=kwargs.get("hub_csr_idx", {}),
         )
 
     def policy(self, namespace: str) -> dict[str, Any] | None:
@@ -184,7 +218,7 @@ class Indexes:
 
     def members(self) -> AddonMembers:
         """Addon membership over these (live) indexes."""
-        return AddonMembers(self.clusters, self.addons)
+        return AddonMembers(self.clusters, self.addons, self.hub_csrs)
 
 
 def _owned(store: Iterable[Owned], uid: str) -> Any:

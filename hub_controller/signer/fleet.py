@@ -2,11 +2,13 @@
 
 An agent asks, per federation that has a work on its cluster, for a Fleet client certificate
 (`constants.FLEET_SIGNER_NAME`). `decide_fleet_csr` (pure) approves only when the requester is
-that cluster's addon agent, the cluster is registered, and the federation named by uid in the
-CSR has a ManifestWork on that cluster. The certificate is signed with that federation's own
-Fleet CA (from its credentials Secret), and the SuperNode public key the CSR carries is stored
-beside it for the server to register. No private key of the cluster ever reaches the hub.
-Runs in `ocm-fl-hub` next to the agent signer (OCMFL_RUN_CSR_SIGNER=true).
+that cluster's addon agent with a hub credential OCM issued to it through the cluster's own
+registration agent (`policy.check_requester`, the agent signer's own check), the cluster is
+registered, and the federation named by uid in the CSR has a ManifestWork on that cluster.
+The certificate is signed with that federation's own Fleet CA (from its credentials Secret),
+and the SuperNode public key the CSR carries is stored beside it for the server to register.
+No private key of the cluster ever reaches the hub.
+Always runs in `ocm-fl-hub`, next to the agent signer.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -27,10 +29,13 @@ from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.indexes import Indexes
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
+    WAITING_FOR_LEDGER,
     Deny,
     Ignore,
-    agent_group,
+    Members,
+    check_requester,
     conditions_of,
+    defer_unverified,
     open_request,
     requested_lifetime,
 )
@@ -60,12 +65,14 @@ WorkLookup = Callable[[str, str], Mapping[str, str] | None]
 
 def decide_fleet_csr(
     csr: Mapping[str, Any],
-    known_clusters: Collection[str],
+    members: Members,
     work_of: WorkLookup,
     cap: dt.timedelta | None = None,
+    now: dt.datetime | None = None,
 ) -> FleetDecision:
-    """What to do with one CertificateSigningRequest for the Fleet signer (`cap`: the hub's
-    lifetime cap, ocmfl.certlife)."""
+    """What to do with one CertificateSigningRequest for the Fleet signer (`members`: who is
+    registered and the hub credentials issued to each; `cap`: the hub's lifetime cap,
+    ocmfl.certlife)."""
     spec = csr.get("spec") or {}
     request = open_request(csr, constants.FLEET_SIGNER_NAME)
     if isinstance(request, Ignore | Deny):
@@ -78,6 +85,13 @@ def decide_fleet_csr(
             "BadSubject",
             "the CSR must carry exactly one Fleet URI SAN and one SuperNode key URI SAN",
         )
+    others = [n for n in pki.requested_sans(request) if not n.startswith("URI:")]
+    if others:
+        return Deny(
+            "UnexpectedSANs",
+            f"a Fleet certificate carries only its Fleet URI; the request also asks for "
+            f"{', '.join(others)}",
+        )
     try:
         uid, cluster = pki.parse_fleet_uri(fleet[0])
         supernode_key = pki.supernode_key_from_uri(keys[0])
@@ -85,16 +99,14 @@ def decide_fleet_csr(
         return Deny("BadSubject", str(e))
     if pki.subject_of(request) != pki.fleet_subject(cluster):
         return Deny("BadSubject", f"subject must be CN=fleet:{cluster}, O=federated-learning:fleet")
-    if cluster not in known_clusters:
+    if cluster not in members.registered():
         return Deny(
             "UnknownCluster",
             f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
         )
-    if agent_group(cluster) not in (spec.get("groups") or []):
-        return Deny(
-            "RequesterMismatch",
-            f"requester {spec.get('username')!r} is not the addon agent of cluster {cluster!r}",
-        )
+    requester = check_requester(csr, cluster, members.hub_identities(cluster), now or pki.utcnow())
+    if requester is not None:
+        return requester
     usages = set(spec.get("usages") or [])
     if "client auth" not in usages or not usages <= ALLOWED_USAGES:
         return Deny("BadUsages", f"usages must be client auth, got {sorted(usages)}")
@@ -158,11 +170,13 @@ class FleetSigner:
         return None
 
     def handle(self, csr: dict[str, Any], members: Registry) -> FleetDecision:
-        decision = decide_fleet_csr(
-            csr, members.registered(), self.work_of, certlife.lifetime_override()
-        )
+        now = self.clock()
+        decision = decide_fleet_csr(csr, members, self.work_of, certlife.lifetime_override(), now)
         if isinstance(decision, Ignore):
             return decision
+        waiting = defer_unverified(csr, decision, now)
+        if waiting is not None:
+            return waiting
         name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")
         if isinstance(decision, ApproveFleet) and uid in self.signed:
             return Ignore("signed by this signer already")
@@ -264,7 +278,10 @@ def fleet_csr_changed(
             operator = getattr(memo, "operator", None)
             if operator is not None:
                 operator.key_enrolled((decision.ref.namespace, decision.ref.name))
-        # A Fleet CSR can come before its federation's CA Secret: wait for it a little.
-        return NO_CA_YET if isinstance(decision, Ignore) and decision.why == NO_CA_YET else None
+        # A Fleet CSR can come before its federation's CA Secret, or a moment after the
+        # requester's hub credential was issued: wait for them a little.
+        if isinstance(decision, Ignore) and decision.why in (NO_CA_YET, WAITING_FOR_LEDGER):
+            return decision.why
+        return None
 
     handle_with_retries(signer.kube, dict(body), handle, logger, "Fleet CSR")

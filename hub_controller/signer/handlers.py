@@ -3,8 +3,10 @@
 kopf watches the hub's CertificateSigningRequests for our signer name (foreign CSRs never
 reach the handler) and `Signer.handle` applies `policy.decide_csr` to each: approve and sign,
 or deny. Who may get a certificate comes from the hub's one membership source, the
-ManagedCluster and ManagedClusterAddOn indexes; the CA is the hub CA (`memo.ca`).
-`ocm-fl-hub` imports this module only with OCMFL_RUN_CSR_SIGNER=true.
+ManagedCluster and ManagedClusterAddOn indexes, and which hub credentials were issued to each
+cluster's agent from the ledger and the live addon CSRs (`hub_identity`); the CA is the agent
+CA (`memo.agent_ca`, $OCMFL_AGENT_CA_DIR), never the hub CA. `ocm-fl-hub` imports this
+module unless OCMFL_RUN_CSR_SIGNER=false.
 """
 
 from __future__ import annotations
@@ -17,17 +19,19 @@ from typing import Any
 
 import kopf
 
-from hub_controller.ca import HubCA
+from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
 from hub_controller.operator.indexes import Indexes
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
+    WAITING_FOR_LEDGER,
     Approve,
     Decision,
     Deny,
     Ignore,
     approval_condition,
     decide_csr,
+    defer_unverified,
     sign_request,
 )
 from ocmfl import certlife, constants, pki
@@ -41,7 +45,7 @@ class Signer:
     """Writes the policy's decision on a CSR; kept in kopf's memo as `memo.signer`."""
 
     kube: Kube
-    ca: HubCA
+    ca: CADir  # the agent CA
     clock: Callable[[], dt.datetime] = pki.utcnow
     # UIDs signed by this process: the watch still shows them approved-but-unsigned for one
     # more event, and a certificate can be set only once.
@@ -51,12 +55,23 @@ class Signer:
         """Decide on one CSR (as the API returns it) and write the outcome."""
         if (csr.get("spec") or {}).get("signerName") != constants.SIGNER_NAME:
             return Ignore("not our signer")
-        decision = decide_csr(csr, members.registered(), certlife.lifetime_override())
+        now = self.clock()
+        decision = decide_csr(csr, members, certlife.lifetime_override(), now)
         name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")
         if isinstance(decision, Ignore):
             return decision
+        waiting = defer_unverified(csr, decision, now)
+        if waiting is not None:
+            return waiting
         if isinstance(decision, Approve) and uid in self.signed:
             return Ignore("signed by this signer already")
+        ca: pki.CertAndKey | None = None
+        if isinstance(decision, Approve):
+            try:
+                ca = self.ca.get()
+            except CAUnavailable as e:
+                log.error("CSR %s left pending: %s", name, e)
+                return Ignore(str(e))
         path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, name)
         if isinstance(decision, Deny) or not decision.already_approved:
             status = dict(csr.get("status") or {})
@@ -66,8 +81,8 @@ class Signer:
             ]
             csr = self.kube.put(f"{path}/approval", {**csr, "status": status})
             log.info("CSR %s: %s", name, decision)
-        if isinstance(decision, Approve):
-            cert = sign_request(csr, decision, self.ca.get())
+        if isinstance(decision, Approve) and ca is not None:
+            cert = sign_request(csr, decision, ca)
             self.signed.add(uid)
             self.kube.patch(f"{path}/status", {"status": {"certificate": cert}})
             log.info("CSR %s signed for cluster %s (%s)", name, decision.cluster, decision.lifetime)
@@ -76,7 +91,9 @@ class Signer:
 
 @kopf.on.startup()
 def start_signer(memo: kopf.Memo, **_: Any) -> None:
-    memo.signer = Signer(Kube(field_manager="ocm-fl-signer"), memo.setdefault("ca", HubCA()))
+    memo.signer = Signer(
+        Kube(field_manager="ocm-fl-signer"), memo.setdefault("agent_ca", CADir.agent())
+    )
 
 
 @kopf.on.event(
@@ -95,7 +112,10 @@ def csr_changed(
     signer: Signer = memo.signer
     members = Indexes.of(kwargs).members()
 
-    def handle(csr: dict[str, Any]) -> None:
-        signer.handle(csr, members)
+    def handle(csr: dict[str, Any]) -> str | None:
+        decision = signer.handle(csr, members)
+        # A requester's hub credential issued a moment ago: look again (the indexes fill in).
+        waiting = isinstance(decision, Ignore) and decision.why == WAITING_FOR_LEDGER
+        return WAITING_FOR_LEDGER if waiting else None
 
     handle_with_retries(signer.kube, dict(body), handle, logger, "CSR")

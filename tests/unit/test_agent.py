@@ -428,3 +428,21 @@ async def test_final_report_survives_an_agent_restart_while_the_hub_is_down(
         assert row.final and row.phase == "Succeeded" and row.round == 1
     finally:
         await second.stop()
+
+
+def test_the_agent_takes_one_hub_kubeconfig_and_a_writable_cert_dir(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agent_addon.agent import parse_args
+
+    base = ["--cluster", "c1", "--hub-address", "hub:9443"]
+    monkeypatch.setenv(constants.ENV_HUB_KUBECONFIG, "/managed/hub-kubeconfig/kubeconfig")
+    config = parse_args(base)
+    assert config.hub_kubeconfig == "/managed/hub-kubeconfig/kubeconfig"
+    assert str(config.cert_dir) == constants.AGENT_CERT_DIR == "/var/run/ocm-fl/agent-tls"
+    assert parse_args([*base, "--hub-kubeconfig", "/k"]).hub_kubeconfig == "/k"
+    monkeypatch.delenv(constants.ENV_HUB_KUBECONFIG)
+    assert parse_args(base).hub_kubeconfig is None
+    for gone in ("--csr-hub-kubeconfig", "--fleet-hub-kubeconfig"):
+        with pytest.raises(SystemExit):
+            parse_args([*base, gone, "/k"])

@@ -349,29 +349,47 @@ async def test_concurrent_streams_from_many_clusters(
     assert sorted(hub.store.snapshot(UID)) == names
 
 
-async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics(
+async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
     tmp_path: Path,
 ) -> None:
+    """The server certificate comes from the hub CA (what agents trust for the aggregator);
+    client certificates must come from the agent CA: one the hub CA signed for a cluster is
+    refused in the handshake."""
     import urllib.request
 
     from hub_controller.aggregator.scope import WorkScope
     from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
-    from hub_controller.ca import HubCA
+    from hub_controller.ca import CADir
 
-    tpki = TestPKI(tmp_path, key_kind="rsa")
-    ca_dir = pki.save_tls_dir(tmp_path / "ca", tpki.ca, None)
+    agents = TestPKI(tmp_path / "agents", key_kind="rsa")  # the agent CA and agent certificates
+    hub_ca = pki.create_ca("hub", key_kind="rsa")
+    hub_ca_dir = pki.save_tls_dir(tmp_path / "hub-ca", hub_ca, None)
+    agent_ca_dir = pki.save_tls_dir(tmp_path / "agent-ca", agents.ca, None)
     service = AggregatorService(
         AggregatorSettings(listen="127.0.0.1:0", metrics_port=0, metrics_host="127.0.0.1"),
         StaticMembers(["cluster-a"]),
-        HubCA(ca_dir),
+        CADir.hub(hub_ca_dir),
         WorkScope({("cluster-a", UID): [("fl", "mnist")]}, grace_s=0),
+        CADir.agent(agent_ca_dir),
     )
     port = await service.start()
+    root = pki.cert_to_pem(hub_ca.cert)
+
+    async def send_with(client: Path, *reports: report_pb2.Report) -> list[int]:
+        async with channel_for(port, client, root) as channel:
+            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+            acks = []
+            for r in reports:
+                await call.write(r)
+                acks.append((await call.read()).sequence)
+            await call.done_writing()
+            return acks
+
     try:
         assert service.server is not None
         store = service.store
         sending = asyncio.create_task(
-            send(service.server, tpki, tpki.client_dir("cluster-a"), make_report("cluster-a", 7))
+            send_with(agents.client_dir("cluster-a"), make_report("cluster-a", 7))
         )
         # The hub's store holds the ack until the resource's status holds the report.
         while store.version(UID) < 1:
@@ -381,6 +399,12 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
         assert store.awaiting() == 1
         await asyncio.to_thread(store.persisted, UID, store.version(UID))  # the status writer
         assert await asyncio.wait_for(sending, 10) == [7]
+        # A cluster certificate from the hub CA is no agent identity.
+        hub_signed = pki.issue_client_cert("cluster-a", hub_ca)
+        forged = pki.save_tls_dir(tmp_path / "hub-signed", hub_signed, None)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await send_with(forged, make_report("cluster-a", 8))
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # refused in the handshake
         metrics_port = service._metrics_server[0].server_port
         body = await asyncio.to_thread(
             lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
@@ -389,6 +413,35 @@ async def test_service_issues_its_server_cert_from_the_hub_ca_and_serves_metrics
             b'ocmfl_cluster_accuracy{cluster="cluster-a",name="mnist",namespace="fl"} 0.8' in body
         )
         assert port == service.server.port
+    finally:
+        await service.stop()
+
+
+async def test_a_rotated_agent_ca_becomes_the_client_trust(tmp_path: Path) -> None:
+    from hub_controller.aggregator.scope import WorkScope
+    from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
+    from hub_controller.ca import CADir
+
+    old, new = pki.create_ca("agent-1", key_kind="ec"), pki.create_ca("agent-2", key_kind="ec")
+    agent_ca_dir = pki.save_tls_dir(tmp_path / "agent-ca", old, None)
+    service = AggregatorService(
+        AggregatorSettings(listen="127.0.0.1:0", metrics_port=None),
+        StaticMembers(["cluster-a"]),
+        CADir.hub(pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("hub"), None)),
+        WorkScope({}, grace_s=0),
+        CADir.agent(agent_ca_dir),
+    )
+    await service.start()
+    try:
+        assert service._tls_dir is not None
+        trusted = service._tls_dir / pki.CA_FILE
+        assert pki.load_certs_pem(trusted.read_bytes()) == [old.cert]
+        assert not service._write_client_trust()  # unchanged: nothing written
+        # The Secret now holds the new CA with the old one appended (a rotation window).
+        pki.write_atomic(agent_ca_dir / pki.KEY_FILE, new.key_pem)
+        pki.write_atomic(agent_ca_dir / pki.CERT_FILE, new.cert_pem + old.cert_pem)
+        assert service._write_client_trust()
+        assert pki.load_certs_pem(trusted.read_bytes()) == [new.cert, old.cert]
     finally:
         await service.stop()
 
@@ -407,6 +460,79 @@ def test_addon_members_are_accepted_clusters_with_the_addon_from_the_indexes() -
     assert not members.is_registered("missing")
     addons["no-addon"] = ["federated-learning"]  # the indexes are live: no caching
     assert members.is_registered("no-addon")
+
+
+def _cluster(name: str, accepted: bool = True) -> dict[str, object]:
+    return {"metadata": {"name": name}, "spec": {"hubAcceptsClient": accepted}}
+
+
+def _addon(cluster: str, deleting: bool = False) -> dict[str, object]:
+    meta: dict[str, object] = {"name": "federated-learning", "namespace": cluster}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta}
+
+
+@pytest.mark.parametrize(
+    "revoke", ["hub_accepts_client_false", "cluster_deleted", "addon_deleted", "addon_deleting"]
+)
+async def test_revoked_membership_stops_reports_at_once_and_csr_approvals(
+    tpki: TestPKI, revoke: str
+) -> None:
+    """Membership comes from the hub's kopf indexes (what their index functions make of the
+    ManagedCluster and ManagedClusterAddOn): once the cluster is no longer accepted, is
+    deleted, or its addon is deleted (or being deleted), the open stream's next report is
+    refused and the signer denies the cluster's next CSR."""
+    from hub_creds import issue_hub_credential, requested_with
+
+    from agent_addon.csr import csr_object
+    from hub_controller.operator.indexes import addon_idx, cluster_idx
+    from hub_controller.signer.policy import Approve, Deny, decide_csr
+
+    def indexed(value: object) -> dict[str, list[object]]:
+        return {k: [v] for k, v in (value or {}).items()}  # type: ignore[attr-defined]
+
+    clusters = indexed(await cluster_idx(name="cluster-a", body=_cluster("cluster-a")))
+    addons = indexed(await addon_idx(namespace="cluster-a", body=_addon("cluster-a")))
+    credential = issue_hub_credential("cluster-a")
+    members = AddonMembers(clusters, addons, {"cluster-a": [credential.identity]})  # type: ignore[arg-type]
+    members.mark_listed()
+
+    def agent_csr() -> dict[str, object]:
+        return requested_with(csr_object("cluster-a", pki.generate_key()), credential)
+
+    assert isinstance(decide_csr(agent_csr(), members), Approve)
+    server = AggregatorServer(
+        ReportStore(), members, credentials=ReloadingServerCredentials.from_dir(tpki.server_dir())
+    )
+    await server.start()
+    try:
+        ca = pki.cert_to_pem(tpki.ca.cert)
+        async with channel_for(server.port, tpki.client_dir("cluster-a"), ca) as channel:
+            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+            await call.write(make_report("cluster-a", 1))
+            assert (await call.read()).sequence == 1
+            if revoke == "hub_accepts_client_false":
+                clusters.update(
+                    indexed(await cluster_idx(name="cluster-a", body=_cluster("cluster-a", False)))
+                )
+            elif revoke == "cluster_deleted":
+                clusters.pop("cluster-a")
+            elif revoke == "addon_deleted":
+                addons.pop("cluster-a")
+            else:
+                deleting = await addon_idx(namespace="cluster-a", body=_addon("cluster-a", True))
+                assert deleting is None  # the index drops it
+                addons.pop("cluster-a")
+            await call.write(make_report("cluster-a", 2))
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await call.read()
+            assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "no longer registered" in (err.value.details() or "")
+        decision = decide_csr(agent_csr(), members)
+        assert isinstance(decision, Deny) and decision.reason == "UnknownCluster"
+    finally:
+        await server.stop(None)
 
 
 @contextlib.asynccontextmanager

@@ -147,10 +147,17 @@ def test_hub_deployment_runs_ocm_fl_hub_non_root_with_read_only_root(helm: str) 
         constants.HUB_HEALTH_PORT,
     }
     assert f"--liveness=http://0.0.0.0:{constants.HUB_HEALTH_PORT}/healthz" in c["args"]
-    mounts = {m["mountPath"] for m in c["volumeMounts"]}
-    assert constants.HUB_CA_DIR in mounts and "/tmp" in mounts
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+    assert {constants.HUB_CA_DIR, constants.AGENT_CA_DIR, "/tmp"} <= set(mounts)
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes[mounts[constants.HUB_CA_DIR]]["secret"]["secretName"] == rbac.DEFAULT_CA_SECRET
+    agent_ca = volumes[mounts[constants.AGENT_CA_DIR]]["secret"]
+    assert agent_ca["secretName"] == rbac.DEFAULT_AGENT_CA_SECRET
     env = {e["name"]: e for e in c["env"]}
     assert env[constants.ENV_CA_DIR]["value"] == constants.HUB_CA_DIR
+    assert env[constants.ENV_AGENT_CA_DIR]["value"] == constants.AGENT_CA_DIR
+    # The agent signer runs by default (OCMFL_RUN_CSR_SIGNER=false would leave it out).
+    assert constants.ENV_RUN_CSR_SIGNER not in env
     assert env[constants.ENV_HOSTPATH_ROOT]["value"] == constants.DEFAULT_HOSTPATH_ROOT
     assert set(env) <= _env_constants()
     assert dep["spec"]["strategy"]["type"] == "Recreate"
@@ -178,7 +185,7 @@ def _env_constants() -> set[str]:
 # --- CA handling --------------------------------------------------------------------------------
 
 
-def test_ca_is_created_by_hook_jobs_in_the_hub_never_rendered(helm: str) -> None:
+def test_both_cas_are_created_by_hook_jobs_in_the_hub_never_rendered(helm: str) -> None:
     docs = render(helm)
     assert not [d for d in docs if d["kind"] == "Secret"], "the chart must not template a key"
     jobs = {d["metadata"]["annotations"]["helm.sh/hook"]: d for d in docs if d["kind"] == "Job"}
@@ -186,30 +193,65 @@ def test_ca_is_created_by_hook_jobs_in_the_hub_never_rendered(helm: str) -> None
     pre = jobs["pre-install,pre-upgrade"]["spec"]["template"]["spec"]["containers"][0]
     assert pre["command"] == ["python", "-m", "hub_controller.bootstrap.ca_init"]
     assert pre["args"][0] == "ensure-secret"
+    args = pre["args"]
+    assert args[args.index("--secret") + 1] == rbac.DEFAULT_CA_SECRET
+    assert args[args.index("--agent-secret") + 1] == rbac.DEFAULT_AGENT_CA_SECRET
+    assert args[args.index("--namespace") + 1] == NAMESPACE
     post = jobs["post-install,post-upgrade"]["spec"]["template"]["spec"]["containers"][0]
     assert post["args"][0] == "publish"
+    assert post["args"][post["args"].index("--secret") + 1] == rbac.DEFAULT_CA_SECRET
     for job in jobs.values():
         _assert_hardened(job["spec"]["template"]["spec"])
+    role = one(docs, "Role", f"{RELEASE}-ocm-federated-learning-ca-init")
+    [read] = [r for r in role["rules"] if r["verbs"] == ["get"] and r["resources"] == ["secrets"]]
+    assert read["resourceNames"] == [rbac.DEFAULT_CA_SECRET, rbac.DEFAULT_AGENT_CA_SECRET]
 
 
-def test_existing_ca_secret_with_bundle_needs_no_jobs(helm: str) -> None:
+def test_existing_ca_secrets_with_bundle_need_no_jobs(helm: str) -> None:
     pem = pki.cert_to_pem(pki.create_ca().cert).decode()
-    docs = render(helm, "ca.existingSecret=my-ca", f"ca.bundle={pem}")
+    docs = render(
+        helm, "ca.existingSecret=my-ca", "agentCA.existingSecret=my-agent-ca", f"ca.bundle={pem}"
+    )
     assert not [d for d in docs if d["kind"] == "Job"]
-    tmpl = one(docs, "AddOnTemplate")
-    assert tmpl["spec"]["registration"][0]["customSigner"]["signingCA"]["name"] == "my-ca"
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    assert secrets == {"my-ca", "my-agent-ca"}
     adc = one(docs, "AddOnDeploymentConfig")
     variables = adc["spec"]["customizedVariables"]
     assert all(len(v["value"]) <= constants.ADDON_VAR_MAX_LENGTH for v in variables)
     assert ca_init.join_bundle(variables) == pem.encode()
 
 
-def test_addon_manager_may_read_only_the_ca_secret(helm: str) -> None:
-    docs = render(helm, "ca.existingSecret=my-ca")
-    role = one(docs, "Role", f"{RELEASE}-ocm-federated-learning-addon-manager-ca")
-    assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["my-ca"], "verbs": ["get"]}
-    ]
+def test_an_existing_hub_ca_still_gets_a_generated_agent_ca(helm: str) -> None:
+    pem = pki.cert_to_pem(pki.create_ca().cert).decode()
+    docs = render(helm, "ca.existingSecret=my-ca", f"ca.bundle={pem}")
+    [job] = [d for d in docs if d["kind"] == "Job"]
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--secret" not in args  # never creates a Secret under the admin's hub CA name
+    assert args[args.index("--agent-secret") + 1] == rbac.DEFAULT_AGENT_CA_SECRET
+    role = one(docs, "Role", f"{RELEASE}-ocm-federated-learning-ca-init")
+    [read] = [r for r in role["rules"] if r["verbs"] == ["get"] and r["resources"] == ["secrets"]]
+    assert read["resourceNames"] == [rbac.DEFAULT_AGENT_CA_SECRET]
+
+
+def test_nothing_but_the_hub_reads_the_ca_secrets_and_ocm_gets_no_grant(helm: str) -> None:
+    """OCM signs nothing with the project's CAs any more: no grant to its addon manager; the
+    hub mounts both Secrets and has no API access to them; the agent CA is never published."""
+    docs = render(helm)
+    for d in docs:
+        if d["kind"] not in ("Role", "ClusterRole") or d["metadata"]["name"].endswith("-ca-init"):
+            continue
+        for rule in d.get("rules") or []:
+            assert "secrets" not in rule["resources"] or not set(
+                rule.get("resourceNames") or []
+            ) & {
+                rbac.DEFAULT_CA_SECRET,
+                rbac.DEFAULT_AGENT_CA_SECRET,
+            }, d["metadata"]["name"]
+    assert not [d for d in docs if "addon-manager" in d["metadata"]["name"]]
+    published = yaml.safe_dump([one(docs, "AddOnTemplate"), one(docs, "AddOnDeploymentConfig")])
+    assert rbac.DEFAULT_AGENT_CA_SECRET not in published
+    assert constants.AGENT_CA_DIR not in published
 
 
 def test_ca_bundle_variables_round_trip_within_the_adc_value_limit() -> None:
@@ -263,8 +305,9 @@ def test_values_mirror_shared_constants() -> None:
     assert addon["signerName"] == constants.SIGNER_NAME
     assert addon["agentLocalPort"] == constants.AGENT_LOCAL_PORT
     assert addon["agentHealthPort"] == constants.AGENT_HEALTH_PORT
-    assert values["ocm"]["hubNamespace"] == constants.HUB_NAMESPACE
+    assert "ocm" not in values  # OCM's addon manager needs nothing of this chart's CAs
     assert values["ca"]["secretName"] == rbac.DEFAULT_CA_SECRET
+    assert values["agentCA"]["secretName"] == rbac.DEFAULT_AGENT_CA_SECRET
     assert addon["installStrategy"] == "Manual"
 
 
@@ -296,18 +339,12 @@ def test_placements_install_strategy_lists_placements(helm: str) -> None:
     }
 
 
-def test_addon_template_registers_custom_signer_with_per_cluster_subject(helm: str) -> None:
+def test_addon_template_registers_only_a_kube_client_hub_kubeconfig(helm: str) -> None:
+    """No CustomSigner: OCM v1.2 approves any custom-signer CSR and signs what it asks for."""
     tmpl = one(render(helm), "AddOnTemplate")
     assert tmpl["spec"]["addonName"] == constants.ADDON_NAME
-    reg, kube_client = tmpl["spec"]["registration"]
-    assert reg["type"] == "CustomSigner"
-    # The hub kubeconfig the agent asks for its clients' Fleet certificates with.
-    assert kube_client == {"type": "KubeClient"}
-    signer = reg["customSigner"]
-    assert signer["signerName"] == constants.SIGNER_NAME
-    assert signer["signingCA"] == {"name": "ocm-fl-ca", "namespace": NAMESPACE}
-    # OCM uses a configured subject verbatim for every cluster: leave it to the per-cluster default.
-    assert "subject" not in signer
+    assert tmpl["spec"]["registration"] == [{"type": "KubeClient"}]
+    assert "customSigner" not in yaml.safe_dump(tmpl)
 
 
 def test_agent_runs_in_agent_namespace_with_cert_dir_and_variables(helm: str) -> None:
@@ -321,6 +358,11 @@ def test_agent_runs_in_agent_namespace_with_cert_dir_and_variables(helm: str) ->
     env = {e["name"]: e.get("value") for e in c["env"]}
     assert set(env) <= _env_constants()
     assert env[constants.ENV_AGENT_CERT_DIR] == constants.AGENT_CERT_DIR
+    assert env[constants.ENV_HUB_KUBECONFIG] == "{{HUB_KUBECONFIG}}"
+    # The agent's key and certificate: a writable directory in memory, made in the pod.
+    [mount] = [m for m in c["volumeMounts"] if m["mountPath"] == constants.AGENT_CERT_DIR]
+    [volume] = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    assert volume["emptyDir"]["medium"] == "Memory" and not mount.get("readOnly")
     assert env[constants.ENV_HUB_AGGREGATOR_ADDRESS] == "{{HUB_AGGREGATOR_ADDRESS}}"
     assert env[constants.ENV_CLUSTER_NAME] == "{{CLUSTER_NAME}}"
     assert env[constants.ENV_HUB_CA_FILE].startswith(constants.AGENT_HUB_CA_DIR + "/")
@@ -376,8 +418,8 @@ def test_agent_rbac_only_watches_pods_and_jobs_and_touches_only_its_two_secrets(
 
 
 def test_addon_agents_may_only_ask_for_certificates_on_the_hub(helm: str) -> None:
-    """The KubeClient identity (every cluster's agent) creates and reads CSRs, nothing more;
-    the Fleet signer decides what each may get."""
+    """The KubeClient identity (every cluster's agent) creates CSRs and reads them back,
+    nothing more; the hub's signers decide what each may get."""
     docs = render(helm)
     group = f"system:open-cluster-management:addon:{constants.ADDON_NAME}"
     [binding] = [
@@ -388,12 +430,10 @@ def test_addon_agents_may_only_ask_for_certificates_on_the_hub(helm: str) -> Non
     ]
     role = one(docs, "ClusterRole", binding["roleRef"]["name"])
     assert role["rules"] == [
-        {
-            "apiGroups": ["certificates.k8s.io"],
-            "resources": ["certificatesigningrequests"],
-            "verbs": ["create", "get", "list", "watch"],
-        }
+        {"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs)}
+        for r in rbac.AGENT_HUB_RULES
     ]
+    assert role["rules"][0]["verbs"] == ["create", "get"]
 
 
 def test_work_agents_may_apply_the_client_data_volumes_and_nothing_more(helm: str) -> None:
@@ -428,12 +468,33 @@ def test_chart_registration_equals_hub_controller_addon_template(helm: str) -> N
 
     docs = render(helm)
     rendered = one(docs, "AddOnTemplate")["spec"]["registration"]
-    assert rendered == addon_template.addon_registrations("ocm-fl-ca", NAMESPACE)
+    assert rendered == addon_template.addon_registrations()
     dep = next(m for m in agent_manifests(docs) if m["kind"] == "Deployment")
     env = {
         e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]
     }
-    assert env[constants.ENV_AGENT_CERT_DIR] == addon_template.agent_cert_dir()
+    assert env[constants.ENV_AGENT_CERT_DIR] == constants.AGENT_CERT_DIR
+    assert env[constants.ENV_HUB_KUBECONFIG] == f"{{{{{constants.ADDON_VAR_HUB_KUBECONFIG}}}}}"
+
+
+def test_the_hub_approves_and_signs_only_its_own_signers_and_only_watches_the_rest(
+    helm: str,
+) -> None:
+    """The hub watches OCM's addon hub-credential CSRs (the ledger) but may not approve or deny
+    them; it may approve and sign the agent and Fleet signers only, and patch
+    ManagedClusterAddOns (the ledger annotation)."""
+    role = one(render(helm), "ClusterRole", HUB_ROLE)
+
+    def verbs(resource: str) -> set[str]:
+        return {v for r in role["rules"] if resource in r["resources"] for v in r["verbs"]}
+
+    assert verbs("certificatesigningrequests") == {"get", "list", "watch"}
+    assert verbs("certificatesigningrequests/approval") == {"update"}
+    [signers] = [r for r in role["rules"] if r["resources"] == ["signers"]]
+    assert signers["verbs"] == ["approve", "sign"]
+    assert signers["resourceNames"] == [constants.SIGNER_NAME, constants.FLEET_SIGNER_NAME]
+    assert constants.KUBE_APISERVER_CLIENT_SIGNER not in signers["resourceNames"]
+    assert verbs("managedclusteraddons") == {"get", "list", "watch", "patch"}
 
 
 def _assert_hardened(pod: dict[str, Any]) -> None:

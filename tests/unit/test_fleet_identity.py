@@ -10,10 +10,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from hub_creds import HubCredential, issue_hub_credential, registration_agent, requested_with
 
 from agent_addon import fleet_identity as fi
 from hack import keyscan
-from hub_controller.bootstrap.addon_template import default_agent_subject
+from hub_controller.membership import StaticMembers
 from hub_controller.operator.desired import credentials as cr
 from hub_controller.signer.fleet import ApproveFleet, WorkLookup, decide_fleet_csr, node_key_entry
 from hub_controller.signer.policy import Deny
@@ -27,14 +28,25 @@ WORK_LABELS = {
 }
 
 
-def as_submitted(body: dict[str, Any], requester: str) -> dict[str, Any]:
-    """The CSR as the apiserver stores it: with the requester's identity."""
+CREDS: dict[str, HubCredential] = {c: issue_hub_credential(c) for c in ("c1", "c2")}
+
+
+def as_submitted(
+    body: dict[str, Any], requester: str, credential: HubCredential | None = None
+) -> dict[str, Any]:
+    """The CSR as the apiserver stores it: with the identity and credential of the requester
+    (cluster `requester`'s agent with its own hub kubeconfig, unless `credential` is given)."""
     csr = copy.deepcopy(body)
-    subject = default_agent_subject(requester)
     csr["metadata"]["name"] = "csr-1"
-    csr["spec"]["username"] = subject["user"]
-    csr["spec"]["groups"] = subject["groups"]
-    return csr
+    return requested_with(csr, credential or CREDS[requester])
+
+
+def members(*clusters: str) -> StaticMembers:
+    """`clusters` registered, each with its own hub credential in the ledger."""
+    out = StaticMembers(clusters)
+    for c in clusters:
+        out.trust(CREDS[c].identity)
+    return out
 
 
 def works(present: Mapping[tuple[str, str], Mapping[str, str]]) -> WorkLookup:
@@ -51,7 +63,7 @@ def test_agent_request_is_approved_for_its_own_cluster_and_federation() -> None:
     body, _, node_private = request()
     csr = as_submitted(body, "c1")
     assert keyscan.private_keys(csr) == []  # only public material leaves the cluster
-    decision = decide_fleet_csr(csr, {"c1"}, works({("c1", UID): WORK_LABELS}))
+    decision = decide_fleet_csr(csr, members("c1"), works({("c1", UID): WORK_LABELS}))
     assert isinstance(decision, ApproveFleet)
     assert (decision.cluster, decision.ref.namespace, decision.ref.name) == ("c1", "team", "digits")
     # The SuperNode public key reaches the hub from the CSR: it matches the cluster's key.
@@ -74,10 +86,55 @@ def test_fleet_requests_outside_the_grant_are_denied(
 ) -> None:
     body, _, _ = request(cluster)
     decision = decide_fleet_csr(
-        as_submitted(body, requester), known, works({p: WORK_LABELS for p in present})
+        as_submitted(body, requester), members(*known), works({p: WORK_LABELS for p in present})
     )
     assert isinstance(decision, Deny)
     assert decision.reason == reason
+
+
+def test_the_fleet_signer_shares_the_agent_signers_requester_check() -> None:
+    """A hub credential with c1's addon identity that c10's registration agent obtained
+    (OCM's prefix check) gets no Fleet certificate, nor does a requester without one."""
+    body, _, _ = request()
+    forged = issue_hub_credential("c1", registration_agent("c10"))
+    work = works({("c1", UID): WORK_LABELS})
+    decision = decide_fleet_csr(as_submitted(body, "c1", forged), members("c1"), work)
+    assert isinstance(decision, Deny) and decision.reason == "UnverifiedRequester"
+    assert forged.fingerprint in decision.message
+    tokenless = as_submitted(body, "c1")
+    del tokenless["spec"]["extra"]
+    decision = decide_fleet_csr(tokenless, members("c1"), work)
+    assert isinstance(decision, Deny) and decision.reason == "UnverifiedRequester"
+
+
+def test_a_fleet_request_asking_for_names_besides_its_uris_is_denied() -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    key = pki.generate_key()
+    _, node_public = nodekeys.generate_keypair()
+    req = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(pki.fleet_subject("c1"))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.UniformResourceIdentifier(pki.fleet_uri(UID, "c1")),
+                    x509.UniformResourceIdentifier(pki.supernode_key_uri(node_public)),
+                    x509.DNSName("fl-gateway.example.com"),
+                ]
+            ),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    body, _, _ = request()
+    body["spec"]["request"] = base64.b64encode(pki.csr_to_pem(req)).decode()
+    decision = decide_fleet_csr(
+        as_submitted(body, "c1"), members("c1"), works({("c1", UID): WORK_LABELS})
+    )
+    assert isinstance(decision, Deny) and decision.reason == "UnexpectedSANs"
+    assert "DNS:fl-gateway.example.com" in decision.message
 
 
 def test_a_request_naming_no_supernode_key_or_a_foreign_subject_is_denied() -> None:
@@ -85,7 +142,7 @@ def test_a_request_naming_no_supernode_key_or_a_foreign_subject_is_denied() -> N
     plain = pki.create_csr("c1", key)  # an agent-identity CSR sent to the Fleet signer
     body, _, _ = request()
     body["spec"]["request"] = base64.b64encode(pki.csr_to_pem(plain)).decode()
-    decision = decide_fleet_csr(as_submitted(body, "c1"), {"c1"}, works({}))
+    decision = decide_fleet_csr(as_submitted(body, "c1"), members("c1"), works({}))
     assert isinstance(decision, Deny) and decision.reason == "BadSubject"
 
 
@@ -115,7 +172,7 @@ class FakeHub:
 
     def get(self, path: str) -> dict[str, Any] | None:
         csr = self.csrs[path.rsplit("/", 1)[1]]
-        decision = decide_fleet_csr(csr, {"c1"}, works({("c1", UID): WORK_LABELS}))
+        decision = decide_fleet_csr(csr, members("c1"), works({("c1", UID): WORK_LABELS}))
         assert isinstance(decision, ApproveFleet)
         req = pki.load_csr_pem(base64.b64decode(csr["spec"]["request"]))
         cert = pki.sign_fleet_csr(req, self.ca, UID, "c1")

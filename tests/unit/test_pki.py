@@ -67,7 +67,7 @@ def test_pem_round_trip_and_mismatched_pair(ca: pki.CertAndKey, tmp_path: Path) 
         pki.load_cert_and_key(pair.cert_pem, other.key_pem)
 
 
-def test_rsa_ca_for_ocm_custom_signer() -> None:
+def test_rsa_ca_by_default() -> None:
     ca = pki.create_ca()
     assert isinstance(ca.key, rsa.RSAPrivateKey) and ca.key.key_size == 2048
     assert pki.load_key_pem(ca.key_pem).private_numbers() == ca.key.private_numbers()
@@ -144,3 +144,59 @@ def test_longest_cluster_name_fits_in_a_certificate(ca: pki.CertAndKey) -> None:
     name = "c" * 63
     cert = pki.sign_csr(pki.create_csr(name, pki.generate_key()), ca)
     assert pki.cluster_from_certificate(pki.cert_to_pem(cert)) == name
+
+
+def test_fingerprint_is_what_kube_apiserver_names_an_x509_credential(ca: pki.CertAndKey) -> None:
+    import hashlib
+
+    from cryptography.hazmat.primitives.serialization import Encoding
+
+    cert = pki.issue_client_cert("a", ca).cert
+    # apiserver x509.go: "X509SHA256=" + hex.EncodeToString(sha256.Sum256(chain[0].Raw))
+    assert (
+        pki.certificate_fingerprint(cert)
+        == hashlib.sha256(cert.public_bytes(Encoding.DER)).hexdigest()
+    )
+
+
+def test_requested_sans_names_every_kind() -> None:
+    from cryptography.hazmat.primitives import hashes
+
+    names: list[x509.GeneralName] = [
+        x509.DNSName("a.example"),
+        x509.IPAddress(ipaddress.ip_address("10.1.2.3")),
+        x509.UniformResourceIdentifier("urn:x"),
+        x509.RFC822Name("a@example.com"),
+    ]
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(pki.cluster_subject("a"))
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .sign(pki.generate_key(), hashes.SHA256())
+    )
+    assert pki.requested_sans(csr) == [
+        "DNS:a.example",
+        "IP:10.1.2.3",
+        "URI:urn:x",
+        "email:a@example.com",
+    ]
+    assert pki.requested_sans(pki.create_csr("a", pki.generate_key())) == []
+
+
+def test_a_csr_subject_with_extra_attributes_is_signed_as_the_bare_cluster_subject(
+    ca: pki.CertAndKey,
+) -> None:
+    from cryptography.hazmat.primitives import hashes
+
+    subject = _name(
+        (NameOID.ORGANIZATIONAL_UNIT_NAME, "admins"),
+        (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
+        (NameOID.COMMON_NAME, "cluster:edge-1"),
+    )
+    csr = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(subject)
+        .sign(pki.generate_key(), hashes.SHA256())
+    )
+    cert = pki.sign_csr(csr, ca)
+    assert pki.subject_of(cert) == pki.cluster_subject("edge-1")

@@ -1,26 +1,35 @@
-"""The hub CSR signer's policy (decide_csr) and the agent's CSR primitive, without a cluster."""
+"""The hub CSR signer's policy (decide_csr), its requester check, its kopf edge, and the
+agent's CSR primitive, without a cluster (certificates made by ocmfl.pki, no crypto mocked)."""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
+import ipaddress
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
+from hub_creds import HubCredential, issue_hub_credential, registration_agent, requested_with
 
 from agent_addon.csr import RenewalError, csr_object, needs_renewal, outcome
 from hub_controller.bootstrap.addon_template import (
-    agent_cert_dir,
-    agent_cert_secret_name,
-    custom_signer_registration,
+    HUB_KUBECONFIG_PATH,
+    addon_registrations,
     default_agent_subject,
 )
+from hub_controller.ca import CADir
+from hub_controller.membership import StaticMembers
 from hub_controller.signer import csr_events
+from hub_controller.signer.handlers import Signer
+from hub_controller.signer.hub_identity import CREDENTIAL_ID, Forged, HubIdentity, classify
 from hub_controller.signer.policy import (
     MAX_LIFETIME,
+    UNVERIFIED_GRACE,
+    WAITING_FOR_LEDGER,
     Approve,
     Deny,
     Ignore,
@@ -31,90 +40,164 @@ from hub_controller.signer.policy import (
 from ocmfl import constants, pki
 from ocmfl.kube import KubeError
 
-KNOWN = {"cluster-a", "cluster-b"}
+CREDS: dict[str, HubCredential] = {c: issue_hub_credential(c) for c in ("cluster-a", "cluster-b")}
 
 
-def agent_csr(cluster: str = "cluster-a", **spec: Any) -> dict[str, Any]:
-    """A CSR as the agent creates it, with the requester fields the API server fills."""
-    csr = csr_object(cluster, pki.generate_key())
-    csr["metadata"]["name"] = "x"
-    csr["spec"].update(
-        username=f"system:open-cluster-management:cluster:{cluster}:addon:"
-        f"{constants.ADDON_NAME}:agent:{constants.ADDON_NAME}-agent",
-        groups=[agent_group(cluster), "system:authenticated"],
-    )
+def known(*clusters: str, trusted: bool = True) -> StaticMembers:
+    """cluster-a and cluster-b registered, with their hub credentials in the ledger."""
+    members = StaticMembers(clusters or ("cluster-a", "cluster-b"))
+    for cluster in members.clusters:
+        if trusted and cluster in CREDS:
+            members.trust(CREDS[cluster].identity)
+    return members
+
+
+_DEFAULT: Any = object()
+
+
+def agent_csr(
+    cluster: str = "cluster-a", credential: HubCredential | None = _DEFAULT, **spec: Any
+) -> dict[str, Any]:
+    """A CSR as the agent creates it, with the requester fields the API server fills (by
+    default the cluster's own hub kubeconfig)."""
+    body = csr_object(cluster, pki.generate_key())
+    body["metadata"]["name"] = "x"
+    csr = requested_with(body, CREDS.get(cluster) if credential is _DEFAULT else credential)
     csr["spec"].update(spec)
     return csr
 
 
+def with_request(csr: dict[str, Any], request: x509.CertificateSigningRequest) -> dict[str, Any]:
+    csr["spec"]["request"] = base64.b64encode(pki.csr_to_pem(request)).decode()
+    return csr
+
+
 def test_agent_csr_for_a_known_cluster_is_approved() -> None:
-    decision = decide_csr(agent_csr(expirationSeconds=3600), KNOWN)
+    decision = decide_csr(agent_csr(expirationSeconds=3600), known())
     assert decision == Approve("cluster-a", dt.timedelta(hours=1))
 
 
 def test_lifetime_is_capped() -> None:
-    decision = decide_csr(agent_csr(expirationSeconds=30 * 24 * 3600), KNOWN)
+    decision = decide_csr(agent_csr(expirationSeconds=30 * 24 * 3600), known())
     assert isinstance(decision, Approve) and decision.lifetime == MAX_LIFETIME
 
 
 def test_unknown_cluster_is_denied() -> None:
-    decision = decide_csr(agent_csr("cluster-z"), KNOWN)
+    decision = decide_csr(agent_csr("cluster-z", CREDS["cluster-a"]), known())
     assert isinstance(decision, Deny) and decision.reason == "UnknownCluster"
 
 
 def test_foreign_signer_is_ignored() -> None:
     csr = agent_csr(signerName="kubernetes.io/kube-apiserver-client")
-    assert isinstance(decide_csr(csr, KNOWN), Ignore)
+    assert isinstance(decide_csr(csr, known()), Ignore)
 
 
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
         ({"groups": [agent_group("cluster-b")]}, "RequesterMismatch"),
+        ({"username": default_agent_subject("cluster-b")["user"]}, "RequesterMismatch"),
         ({"usages": ["server auth", "digital signature"]}, "BadUsages"),
         ({"request": base64.b64encode(b"junk").decode()}, "InvalidRequest"),
         ({"expirationSeconds": 60}, "BadExpiration"),
     ],
 )
 def test_mismatched_requests_are_denied(change: dict[str, Any], reason: str) -> None:
-    decision = decide_csr(agent_csr(**change), KNOWN)
+    decision = decide_csr(agent_csr(**change), known())
     assert isinstance(decision, Deny) and decision.reason == reason
 
 
 def test_cluster_label_must_match_the_subject() -> None:
     csr = agent_csr()
     csr["metadata"]["labels"]["open-cluster-management.io/cluster-name"] = "cluster-b"
-    decision = decide_csr(csr, KNOWN)
+    decision = decide_csr(csr, known())
     assert isinstance(decision, Deny) and decision.reason == "ClusterMismatch"
 
 
-def test_subject_without_a_cluster_is_denied() -> None:
-    key = pki.generate_key()
-    req = (
+def _request(*attrs: tuple[x509.ObjectIdentifier, str]) -> x509.CertificateSigningRequest:
+    name = x509.Name([pki.name_attribute(oid, v) for oid, v in attrs])
+    return (
         x509.CertificateSigningRequestBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "cluster-a")]))
+        .subject_name(name)
+        .sign(pki.generate_key(), hashes.SHA256())
+    )
+
+
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        ((NameOID.COMMON_NAME, "cluster-a"),),  # no cluster: prefix
+        # OCM's default addon subject: no longer an agent identity anywhere
+        (
+            (NameOID.ORGANIZATION_NAME, agent_group("cluster-a")),
+            (NameOID.COMMON_NAME, default_agent_subject("cluster-a")["user"]),
+        ),
+        # our form plus an attribute the certificate would not carry
+        (
+            (NameOID.ORGANIZATIONAL_UNIT_NAME, "admins"),
+            (NameOID.ORGANIZATION_NAME, constants.CERT_ORGANIZATION),
+            (NameOID.COMMON_NAME, "cluster:cluster-a"),
+        ),
+    ],
+)
+def test_subject_other_than_exactly_ours_is_denied(
+    attrs: tuple[tuple[x509.ObjectIdentifier, str], ...],
+) -> None:
+    decision = decide_csr(with_request(agent_csr(), _request(*attrs)), known())
+    assert isinstance(decision, Deny) and decision.reason == "BadSubject"
+
+
+def test_a_request_asking_for_any_san_is_denied_naming_them() -> None:
+    key = pki.generate_key()
+    sans = [
+        x509.DNSName("fl-aggregator.example.com"),
+        x509.IPAddress(ipaddress.ip_address("10.0.0.1")),
+    ]
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(pki.cluster_subject("cluster-a"))
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
         .sign(key, hashes.SHA256())
     )
-    csr = agent_csr(request=base64.b64encode(pki.csr_to_pem(req)).decode())
-    decision = decide_csr(csr, KNOWN)
-    assert isinstance(decision, Deny) and decision.reason == "BadSubject"
+    decision = decide_csr(with_request(agent_csr(), request), known())
+    assert isinstance(decision, Deny) and decision.reason == "UnexpectedSANs"
+    assert "DNS:fl-aggregator.example.com" in decision.message and "IP:10.0.0.1" in decision.message
+
+
+def test_signing_copies_nothing_of_the_request_but_its_key() -> None:
+    """pki.sign_csr sets the subject from the cluster name and adds no SAN or extension of
+    the request (a CA:TRUE basic constraint asked for here)."""
+    ca = pki.create_ca(key_kind="ec")
+    key = pki.generate_key()
+    request = (
+        x509.CertificateSigningRequestBuilder()
+        .subject_name(pki.cluster_subject("cluster-a"))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("evil")]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert = pki.sign_csr(request, ca)
+    with pytest.raises(x509.ExtensionNotFound):
+        cert.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    assert pki.subject_of(cert) == pki.cluster_subject("cluster-a")
 
 
 def test_decided_csrs_are_left_alone() -> None:
     csr = agent_csr()
     csr["status"] = {"conditions": [{"type": "Denied", "status": "True"}]}
-    assert isinstance(decide_csr(csr, KNOWN), Ignore)
+    assert isinstance(decide_csr(csr, known()), Ignore)
     csr["status"] = {"certificate": "abc", "conditions": [{"type": "Approved"}]}
-    assert isinstance(decide_csr(csr, KNOWN), Ignore)
+    assert isinstance(decide_csr(csr, known()), Ignore)
     csr["status"] = {"conditions": [{"type": "Approved", "status": "True"}]}
-    decision = decide_csr(csr, KNOWN)
+    decision = decide_csr(csr, known())
     assert isinstance(decision, Approve) and decision.already_approved
 
 
 def test_signed_certificate_names_the_cluster_and_is_short_lived() -> None:
     ca = pki.create_ca()
     csr = agent_csr(expirationSeconds=7200)
-    decision = decide_csr(csr, KNOWN)
+    decision = decide_csr(csr, known())
     assert isinstance(decision, Approve)
     csr["status"] = {"certificate": sign_request(csr, decision, ca)}
     pem = outcome(csr)
@@ -124,6 +207,154 @@ def test_signed_certificate_names_the_cluster_and_is_short_lived() -> None:
     assert pki.verify_issued_by(cert, ca.cert)
     life = cert.not_valid_after_utc - cert.not_valid_before_utc
     assert life <= dt.timedelta(hours=2) + pki.CLOCK_SKEW
+
+
+# --- the requester: the exact hub credential OCM issued through the cluster's own agent -------
+
+
+def test_a_credential_forged_through_a_prefix_cluster_is_never_trusted() -> None:
+    """cluster10's registration agent passes OCM's HasPrefix check for cluster1 and gets a hub
+    credential with cluster1's addon identity. It is classified forged, and an agent CSR sent
+    with it is denied although user and groups are exactly cluster1's addon agent."""
+    legit = issue_hub_credential("cluster1")
+    forged = issue_hub_credential("cluster1", registration_agent("cluster10"))
+    assert isinstance(classify(forged.csr), Forged)
+    members = StaticMembers(["cluster1", "cluster10"])
+    members.trust(legit.identity)
+    assert isinstance(decide_csr(agent_csr("cluster1", legit), members), Approve)
+    decision = decide_csr(agent_csr("cluster1", forged), members)
+    assert isinstance(decision, Deny) and decision.reason == "UnverifiedRequester"
+    assert f"X509SHA256={forged.fingerprint}" in decision.message
+    assert legit.fingerprint in decision.message  # what the hub did see issued for cluster1
+    assert "the agent retries" in decision.message
+
+
+@pytest.mark.parametrize(
+    "requester",
+    [
+        ("system:serviceaccount:open-cluster-management:cluster-bootstrap", []),
+        ("system:bootstrap:abcdef", ["system:bootstrappers"]),
+        registration_agent("cluster-a"),  # the registration agent itself, not the addon agent
+    ],
+)
+def test_a_requester_that_is_not_the_addon_agent_is_denied(
+    requester: tuple[str, list[str]],
+) -> None:
+    csr = agent_csr(username=requester[0], groups=requester[1])
+    decision = decide_csr(csr, known())
+    assert isinstance(decision, Deny) and decision.reason == "RequesterMismatch"
+    assert default_agent_subject("cluster-a")["user"] in decision.message
+
+
+def test_a_requester_without_a_client_certificate_credential_is_denied() -> None:
+    csr = agent_csr()
+    del csr["spec"]["extra"]
+    decision = decide_csr(csr, known())
+    assert isinstance(decision, Deny) and decision.reason == "UnverifiedRequester"
+    assert CREDENTIAL_ID in decision.message
+    csr["spec"]["extra"] = {CREDENTIAL_ID: ["X509SHA256=" + "a" * 64, "X509SHA256=" + "b" * 64]}
+    assert isinstance(decide_csr(csr, known()), Deny)  # two credentials: none
+
+
+def test_an_expired_ledger_entry_trusts_nothing() -> None:
+    cred = CREDS["cluster-a"]
+    members = StaticMembers(["cluster-a"])
+    members.trust(
+        HubIdentity("cluster-a", cred.fingerprint, pki.utcnow() - dt.timedelta(seconds=1), "old")
+    )
+    decision = decide_csr(agent_csr(), members)
+    assert isinstance(decision, Deny) and decision.reason == "UnverifiedRequester"
+    assert "expired" in decision.message
+
+
+def test_a_credential_trusted_for_another_cluster_does_not_count() -> None:
+    members = StaticMembers(["cluster-a", "cluster-b"])
+    b = CREDS["cluster-b"].identity
+    members.trust(HubIdentity("cluster-a", b.fingerprint, b.not_after, b.csr))  # misfiled
+    decision = decide_csr(agent_csr(), members)
+    assert isinstance(decision, Deny) and decision.reason == "UnverifiedRequester"
+
+
+# --- the signer's kopf edge ---------------------------------------------------------------------
+
+
+class _Kube:
+    """What the signer writes: approvals (PUT) and certificates (PATCH)."""
+
+    def __init__(self) -> None:
+        self.writes: list[tuple[str, dict[str, Any]]] = []
+
+    def put(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.writes.append((path, body))
+        return body
+
+    def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.writes.append((path, body))
+        return body
+
+
+def _stamp(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_the_signer_signs_with_the_agent_ca_only(tmp_path: Path) -> None:
+    agent_ca, hub_ca = pki.create_ca("agent", key_kind="ec"), pki.create_ca("hub", key_kind="ec")
+    pki.save_tls_dir(tmp_path / "agent-ca", agent_ca, None)
+    kube = _Kube()
+    signer = Signer(kube, CADir.agent(tmp_path / "agent-ca"))  # type: ignore[arg-type]
+    decision = signer.handle(agent_csr(), known())
+    assert isinstance(decision, Approve)
+    (approval, _), (status, patch) = kube.writes
+    assert approval.endswith("/approval") and status.endswith("/status")
+    cert = pki.load_cert_pem(base64.b64decode(patch["status"]["certificate"]))
+    assert pki.verify_issued_by(cert, agent_ca.cert)
+    assert not pki.verify_issued_by(cert, hub_ca.cert)
+
+
+def test_an_unverified_requester_is_waited_for_briefly_then_denied(tmp_path: Path) -> None:
+    pki.save_tls_dir(tmp_path, pki.create_ca(key_kind="ec"), None)
+    now = pki.utcnow()
+    kube = _Kube()
+    signer = Signer(kube, CADir.agent(tmp_path), clock=lambda: now)  # type: ignore[arg-type]
+    csr = agent_csr()
+    untrusted = known(trusted=False)
+    csr["metadata"]["creationTimestamp"] = _stamp(now - dt.timedelta(seconds=1))
+    assert signer.handle(csr, untrusted) == Ignore(WAITING_FOR_LEDGER)
+    assert not kube.writes
+    # The credential's CSR reached the hub's index meanwhile: approved.
+    assert isinstance(signer.handle(csr, known()), Approve)
+    late = agent_csr()
+    late["metadata"]["creationTimestamp"] = _stamp(now - UNVERIFIED_GRACE)
+    decision = signer.handle(late, untrusted)
+    assert isinstance(decision, Deny) and decision.reason == "UnverifiedRequester"
+    assert kube.writes[-1][1]["status"]["conditions"][-1]["reason"] == "UnverifiedRequester"
+
+
+def test_without_the_agent_ca_a_csr_is_left_pending(tmp_path: Path) -> None:
+    kube = _Kube()
+    signer = Signer(kube, CADir.agent(tmp_path / "missing"))  # type: ignore[arg-type]
+    decision = signer.handle(agent_csr(), known())
+    assert isinstance(decision, Ignore) and "OCMFL_AGENT_CA_DIR" in decision.why
+    assert not kube.writes
+
+
+# --- the AddOnTemplate side ---------------------------------------------------------------------
+
+
+def test_the_addon_registers_only_a_kube_client_hub_kubeconfig() -> None:
+    assert addon_registrations() == [{"type": "KubeClient"}]
+    assert HUB_KUBECONFIG_PATH == "/managed/hub-kubeconfig/kubeconfig"
+    assert constants.HUB_KUBECONFIG_SECRET == "federated-learning-hub-kubeconfig"
+
+
+def test_ocm_default_subject_is_no_agent_identity() -> None:
+    subject = default_agent_subject("cluster-a")
+    name = x509.Name(
+        [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"]]
+        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])]
+    )
+    with pytest.raises(pki.IdentityError):
+        pki.cluster_from_subject(name)
 
 
 def test_denied_csr_is_a_renewal_error() -> None:
@@ -140,41 +371,19 @@ def test_renewal_is_due_with_a_fifth_of_the_lifetime_left() -> None:
     assert needs_renewal(cert, now + dt.timedelta(hours=9))
 
 
-def test_addon_template_registration_has_no_shared_subject() -> None:
-    [reg] = custom_signer_registration("ocm-fl-ca", "ocm-fl")
-    assert reg == {
-        "type": "CustomSigner",
-        "customSigner": {
-            "signerName": constants.SIGNER_NAME,
-            "signingCA": {"name": "ocm-fl-ca", "namespace": "ocm-fl"},
-        },
-    }
-    assert agent_cert_dir() == constants.AGENT_CERT_DIR
-    assert agent_cert_dir() == "/managed/federated-learning.open-cluster-management.io-agent"
-    assert agent_cert_secret_name().endswith("-client-cert")
-
-
-def test_ocm_default_subject_maps_to_its_cluster() -> None:
-    subject = default_agent_subject("cluster-a")
-    name = x509.Name(
-        [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"]]
-        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])]
-    )
-    assert pki.cluster_from_subject(name) == "cluster-a"
-
-
 class FakeHub:
-    """The agent's hub client (ocmfl.kube.Kube) whose CSRs the signer's policy decides at once."""
+    """The agent's hub client (ocmfl.kube.Kube) whose CSRs the signer's policy decides at once;
+    each cluster's agent asks with its own hub credential."""
 
-    def __init__(self, ca: pki.CertAndKey, known: set[str]) -> None:
+    def __init__(self, ca: pki.CertAndKey, known: StaticMembers) -> None:
         self.ca, self.known = ca, known
         self.csrs: dict[str, dict[str, Any]] = {}
 
     def create(self, path: str, body: dict[str, Any], exist_ok: bool = True) -> dict[str, Any]:
         name = f"csr-{len(self.csrs)}"
         cluster = body["metadata"]["labels"]["open-cluster-management.io/cluster-name"]
-        csr = {**body, "metadata": {**body["metadata"], "name": name}}
-        csr["spec"] = {**body["spec"], "groups": [agent_group(cluster)]}
+        credential = CREDS.get(cluster) or issue_hub_credential(cluster)
+        csr = requested_with({**body, "metadata": {**body["metadata"], "name": name}}, credential)
         decision = decide_csr(csr, self.known)
         if isinstance(decision, Approve):
             csr["status"] = {"certificate": sign_request(csr, decision, self.ca)}
@@ -191,7 +400,7 @@ async def test_agent_renews_its_certificate_when_due(tmp_path: Any) -> None:
     from agent_addon.csr import renew_if_due
 
     ca = pki.create_ca(key_kind="ec")
-    api: Any = FakeHub(ca, KNOWN)
+    api: Any = FakeHub(ca, known())
     old = pki.issue_client_cert(
         "cluster-a", ca, lifetime=dt.timedelta(hours=1), now=pki.utcnow() - dt.timedelta(minutes=55)
     )
@@ -275,7 +484,7 @@ def test_a_lasting_failure_or_wait_is_logged_once_and_left_to_the_next_event(
 class SlowHub(FakeHub):
     """FakeHub whose signer answers only after `delay` reads of a CSR."""
 
-    def __init__(self, ca: pki.CertAndKey, known: set[str], delay: int) -> None:
+    def __init__(self, ca: pki.CertAndKey, known: StaticMembers, delay: int) -> None:
         super().__init__(ca, known)
         self.delay, self.reads, self.decided = delay, 0, {}  # type: ignore[var-annotated]
 
@@ -297,7 +506,7 @@ async def test_a_csr_not_signed_in_time_is_waited_for_again_not_replaced() -> No
     from agent_addon.csr import PendingCSR, request_certificate
 
     ca = pki.create_ca(key_kind="ec")
-    hub: Any = SlowHub(ca, KNOWN, delay=3)
+    hub: Any = SlowHub(ca, known(), delay=3)
     pending: dict[str, PendingCSR] = {}
     with pytest.raises(RenewalError, match=r"not signed within 0s .*same CSR"):
         await request_certificate(hub, "cluster-a", timeout_s=0, poll_s=0, pending=pending)
@@ -309,7 +518,7 @@ async def test_a_csr_not_signed_in_time_is_waited_for_again_not_replaced() -> No
     assert pki.key_to_pem(pair.key) == pki.key_to_pem(kept.key)
 
     # A denied one is final: it is not kept, the next attempt asks anew.
-    denied: Any = SlowHub(ca, KNOWN, delay=1)
+    denied: Any = SlowHub(ca, known(), delay=1)
     with pytest.raises(RenewalError, match="not signed"):
         await request_certificate(denied, "cluster-z", timeout_s=0, poll_s=0, pending=pending)
     with pytest.raises(RenewalError, match="UnknownCluster"):

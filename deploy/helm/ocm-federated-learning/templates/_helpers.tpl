@@ -40,9 +40,14 @@ app.kubernetes.io/part-of: ocm-federated-learning
 {{- default (include "ocmfl.image" .) .Values.addon.agentImage -}}
 {{- end -}}
 
-{{/* Name of the CA Secret the hub uses and OCM's addon manager signs with. */}}
+{{/* Name of the hub CA Secret (the aggregator's server certificate). */}}
 {{- define "ocmfl.caSecretName" -}}
 {{- default .Values.ca.secretName .Values.ca.existingSecret -}}
+{{- end -}}
+
+{{/* Name of the agent CA Secret (agent client certificates, through the hub's CSR signer). */}}
+{{- define "ocmfl.agentCASecretName" -}}
+{{- default .Values.agentCA.secretName .Values.agentCA.existingSecret -}}
 {{- end -}}
 
 {{- define "ocmfl.caInitName" -}}
