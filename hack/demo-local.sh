@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # examples/kind/demo.sh's steps after the clusters exist (after_clusters: chart, addon, data and
 # claims, training, the model), run by the same functions against the local control plane's
-# real kubelet nodes (`python -m hack.controlplane up --kubelet --addon-manager`), whose
+# real kubelet nodes (`python -m hack.controlplane up --kubelet`), whose
 # containerd already holds the images hack/images built. Only what differs from kind is set
 # here: contexts, how to reach a node and where its directories are.
 #   OCMFL_CP_DIR=... bash hack/demo-local.sh

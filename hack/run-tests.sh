@@ -4,8 +4,6 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
-# The shared test plane also runs OCM's addon manager, so the AddOnTemplate tests run, not skip.
-export OCMFL_CP_ADDON_MANAGER="${OCMFL_CP_ADDON_MANAGER:-1}"
 # The 30 slowest tests are listed at the end: CI must stay under 45 min warm.
 .venv/bin/pytest -p no:cacheprovider --timeout=900 --durations=30 "$@" tests
 rc=$?

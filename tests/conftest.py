@@ -4,9 +4,8 @@ Local control plane (hack/controlplane, test infrastructure):
 - `control_plane` (session): brings the plane up once per test session with 2 managed clusters
   (env OCMFL_CP_CLUSTERS overrides) or reuses a healthy running one. A plane started by a test
   session is torn down when the last session using it ends; one started with
-  `python -m hack.controlplane up` is left running. OCMFL_CP_ADDON_MANAGER=1 also runs OCM's
-  addon manager on the hub. Only tests marked `integration` or `e2e` may use it; nothing starts
-  unless a test asks for it.
+  `python -m hack.controlplane up` is left running. Only tests marked `integration` or `e2e`
+  may use it; nothing starts unless a test asks for it.
 - `namespace` (function): a fresh hub namespace, deleted after the test.
 Add further fixtures below; keep each one small and documented.
 """
@@ -30,8 +29,7 @@ def control_plane() -> Iterator[ControlPlane]:
     from hack.controlplane import plane
 
     n = int(os.environ.get("OCMFL_CP_CLUSTERS", "2"))
-    addons = os.environ.get("OCMFL_CP_ADDON_MANAGER") == "1"
-    with plane.session(n, addon_manager=addons) as state:
+    with plane.session(n) as state:
         yield plane.ControlPlane.from_state(state)
 
 

@@ -31,10 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument(
         "--no-ocm",
         action="store_true",
-        help="Kubernetes and local nodes only (no placement, no work agents)",
-    )
-    p_up.add_argument(
-        "--addon-manager", action="store_true", help="also run OCM's addon manager on the hub"
+        help="Kubernetes and local nodes only (no OCM controllers or agents, no clusters)",
     )
     p_up.add_argument(
         "--kubelet",
@@ -66,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
                 args.clusters,
                 echo=True,
                 ocm=not args.no_ocm,
-                addon_manager=args.addon_manager,
                 kubelet=args.kubelet,
             )
             print(plane.status_report()[1])

@@ -1,9 +1,11 @@
 """Bring the local control plane up and down; report what runs (TEST INFRASTRUCTURE harness).
 
 Real components: one etcd, a hub kube-apiserver and one kube-apiserver per managed cluster (all
-on that etcd, distinct --etcd-prefix), a kube-controller-manager per apiserver, the OCM
-placement controller on the hub and one OCM work agent per managed cluster. Stand-ins: the
-supervisor's local nodes (kubelet) and ClusterClaim mirror (registration agent).
+on that etcd, distinct --etcd-prefix), a kube-controller-manager per apiserver, OCM's
+registration controller, placement controller and addon manager on the hub, and on every
+managed cluster OCM's registration agent (started from a bootstrap kubeconfig, accepted as
+`clusteradm accept` does) and work agent (with the hub kubeconfig its registration agent got).
+Stand-in: the supervisor's local nodes (kubelet), unless `kubelet=True`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -25,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from hack.controlplane import bootstrap, build, certs, podnet, processes
+from hack.controlplane import bootstrap, build, certs, clusteradm, podnet, processes
 from hack.controlplane import kubelet as kubelet_node
 from hack.controlplane.localnode import CREATED_MOUNTPOINTS
 from hack.controlplane.processes import ComponentFailed, Proc, State
@@ -33,7 +36,7 @@ from hack.controlplane.supervisor import READY_FILE
 from ocmfl.constants import HUB_NAMESPACE
 from ocmfl.kube import Kube
 
-AGENT_NAMESPACE = "open-cluster-management-agent"
+AGENT_NAMESPACE = bootstrap.AGENT_NAMESPACE
 # The PV binder binds pre-bound claims (client data volumes: a hostPath PV named by the claim);
 # the protection controllers lift the pvc/pv-protection finalizers admission adds, without
 # which a deleted claim, PV or client namespace would wait forever.
@@ -54,7 +57,9 @@ class ControlPlane:
 
     hub_kubeconfig: str
     cluster_kubeconfigs: dict[str, str]  # cluster name -> admin kubeconfig of its apiserver
-    hub_access: dict[str, str]  # cluster name -> the work agent's hub kubeconfig
+    # cluster name -> the hub kubeconfig its registration agent got (the klusterlet's identity,
+    # also the work agent's; what root on that cluster holds)
+    hub_access: dict[str, str]
     clusters: list[str]  # ["cluster1", "cluster2", ...]
     state_dir: str
     slot: int = 0  # address slot: podnet gives this plane's pod, Service and host addresses
@@ -193,17 +198,16 @@ def up(
     echo: bool = False,
     timeout: float = 120.0,
     ocm: bool = True,
-    addon_manager: bool = False,
     kubelet: bool = False,
 ) -> State:
     """Start the plane (or reuse a healthy one with the same clusters); return its state.
 
-    `ocm=False` leaves out the OCM controllers (Kubernetes + local nodes only);
-    `addon_manager=True` also runs OCM's addon manager on the hub (v1alpha1 addon APIs);
-    `kubelet=True` gives every apiserver a real kubelet + containerd node (kubelet.py).
+    `ocm=False` leaves out the OCM controllers and agents (Kubernetes + local nodes only, no
+    ManagedClusters); `kubelet=True` gives every apiserver a real kubelet + containerd node
+    (kubelet.py).
     """
     d = state_dir or processes.state_dir()
-    return _up(clusters, d, echo, timeout, ocm, addon_manager, user=None, kubelet=kubelet)
+    return _up(clusters, d, echo, timeout, ocm, user=None, kubelet=kubelet)
 
 
 @contextlib.contextmanager
@@ -211,7 +215,6 @@ def session(
     clusters: int = 2,
     state_dir: Path | None = None,
     ocm: bool = True,
-    addon_manager: bool = False,
     kubelet: bool = False,
 ) -> Iterator[State]:
     """Use the plane for the life of the context (e.g. a pytest session).
@@ -220,7 +223,7 @@ def session(
     that some session started (not `up` from the CLI) is stopped once no live user remains.
     """
     d = state_dir or processes.state_dir()
-    state = _up(clusters, d, False, 120.0, ocm, addon_manager, os.getpid(), kubelet)
+    state = _up(clusters, d, False, 120.0, ocm, os.getpid(), kubelet)
     try:
         yield state
     finally:
@@ -247,16 +250,13 @@ def _up(
     echo: bool,
     timeout: float,
     ocm: bool,
-    addon_manager: bool,
     user: int | None,
     kubelet: bool = False,
 ) -> State:
     if not 1 <= clusters <= MAX_CLUSTERS:
         raise PlaneError(f"--clusters must be 1..{MAX_CLUSTERS}")
     with _locked(d):
-        state = _reuse_or_start(
-            clusters, d, echo, timeout, ocm, addon_manager, user is not None, kubelet
-        )
+        state = _reuse_or_start(clusters, d, echo, timeout, ocm, user is not None, kubelet)
         if user is None and state.auto_stop:  # `up` by hand: keep it running after tests
             state.auto_stop = False
             state.save()
@@ -272,7 +272,6 @@ def _reuse_or_start(
     echo: bool,
     timeout: float,
     ocm: bool,
-    addon_manager: bool,
     auto_stop: bool,
     kubelet: bool = False,
 ) -> State:
@@ -282,7 +281,6 @@ def _reuse_or_start(
             if (
                 existing.clusters == cluster_names(clusters)
                 and existing.ocm == ocm
-                and (existing.addon_manager or not addon_manager)
                 and existing.kubelet == kubelet
             ):
                 return existing
@@ -300,7 +298,7 @@ def _reuse_or_start(
             print(f"building missing binaries {missing}", flush=True)
         build.build_all(echo=echo)
     try:
-        state = _start(d, cluster_names(clusters), echo, timeout, ocm, addon_manager, kubelet)
+        state = _start(d, cluster_names(clusters), echo, timeout, ocm, kubelet)
     except BaseException:
         _down_locked(d)
         raise
@@ -320,7 +318,6 @@ def _start(
     echo: bool,
     timeout: float,
     ocm: bool,
-    addon_manager: bool,
     kubelet: bool = False,
 ) -> State:
     t0 = time.monotonic()
@@ -337,7 +334,7 @@ def _start(
         etcd_data=str(etcd_data_dir(d)),
         started_at=time.time(),
         ocm=ocm,
-        addon_manager=ocm and addon_manager,
+        addon_manager=ocm,
         kubelet=kubelet,
     )
     state.save()
@@ -472,22 +469,16 @@ def _start(
         processes.wait_until(p, lambda u=url: processes.http_ok(u, admin_ctx), timeout)  # type: ignore[misc]
     _say(echo, f"{len(apis)} apiservers ready ({time.monotonic() - t0:.1f}s)")
 
-    # --- hub access for each work agent -----------------------------------------------------------
-    for c in clusters:
-        kp = certs.issue(ca, bootstrap.work_agent_user(c), client=True)
-        path = kcfg / f"{c}-hub-access.kubeconfig"
-        write_kubeconfig(path, state.apiservers["hub"], ca.cert_pem, kp, f"{c}-work-agent")
-        state.hub_access[c] = str(path)
-
     # --- controller managers and OCM controllers ------------------------------------------------
     waits: list[tuple[Proc, str]] = []
 
-    def serve(name: str, argv: Callable[[int], list[str]]) -> None:
+    def serve(name: str, argv: Callable[[int], list[str]]) -> Proc:
         """Spawn a component whose argv (given its port) serves /healthz there over TLS."""
         port = processes.free_port()
         p = track(processes.spawn(name, argv(port), logs / f"{name}.log"))
         p.port = port
         waits.append((p, f"https://127.0.0.1:{port}/healthz"))
+        return p
 
     def ocm_controller(
         binary: str, command: str, namespace: str, *flags: str
@@ -510,12 +501,12 @@ def _start(
             f"--authorization-kubeconfig={kc}",
             f"--controllers={KCM_CONTROLLERS}"
             + (",endpointslice-controller,node-lifecycle-controller" if kubelet else "")
-            + (",certificatesigningrequest-signing-controller" if kubelet and n == "hub" else ""),
-            # Kubelet nodes: addon agents get hub kubeconfigs (OCM KubeClient registration,
-            # addon_registration.py), whose CSRs the hub's own signer signs, as on a real hub.
+            # The hub signs kubernetes.io/kube-apiserver-client CSRs, as a real hub does: the
+            # registration agents' hub identities and the addons' KubeClient registrations.
+            + (",certificatesigningrequest-signing-controller" if n == "hub" else ""),
             *(
                 [f"--cluster-signing-cert-file={ca_crt}", f"--cluster-signing-key-file={ca_key}"]
-                if kubelet and n == "hub"
+                if n == "hub"
                 else []
             ),
             "--leader-elect=false",
@@ -533,10 +524,9 @@ def _start(
         ]
 
     # The supervisor needs no CRDs: its start (a Python interpreter's imports) overlaps the
-    # bootstrap below; its claim mirrors retry until the ClusterClaim CRD is served. The
-    # controller managers come after it, so their garbage collector discovers the CRDs at
-    # start instead of at its next 30 s discovery resync.
-    # --- supervisor: local nodes + claim mirrors ------------------------------------------------
+    # bootstrap below. The controller managers come after it, so their garbage collector
+    # discovers the CRDs at start instead of at its next 30 s discovery resync.
+    # --- supervisor: local nodes (or the kubelet nodes' host side) ----------------------------
     if kubelet:
         kubelet_node.create_bridge(state.slot)
     (d / READY_FILE).unlink(missing_ok=True)
@@ -554,44 +544,24 @@ def _start(
             env={"PYTHONPATH": str(Path(__file__).resolve().parents[2])},
         )
     )
-    # --- CRDs, namespaces, ManagedClusters --------------------------------------------------------
+    # --- CRDs, namespaces, bootstrap identity -----------------------------------------------------
     hub_crds, cluster_crds = build.crd_files(hub=True), build.crd_files(hub=False)
     kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
     with ThreadPoolExecutor(len(names)) as pool:
-        futs = [
-            pool.submit(
-                bootstrap.bootstrap_hub, kubes["hub"], hub_crds, clusters, build.KUBERNETES_VERSION
-            )
-        ]
+        futs = [pool.submit(bootstrap.bootstrap_hub, kubes["hub"], hub_crds)]
         futs += [pool.submit(bootstrap.bootstrap_cluster, kubes[c], cluster_crds) for c in clusters]
         for f in futs:
             f.result()
     for k in kubes.values():
         k.close()
-    _say(echo, f"CRDs and ManagedClusters in place ({time.monotonic() - t0:.1f}s)")
+    _say(echo, f"CRDs and namespaces in place ({time.monotonic() - t0:.1f}s)")
 
     for n in names:
         serve(f"kube-controller-manager-{n}", functools.partial(kube_controller_manager, n))
-    for c in clusters if ocm else []:
-        serve(
-            f"work-agent-{c}",
-            ocm_controller(
-                "work",
-                "agent",
-                AGENT_NAMESPACE,
-                f"--spoke-cluster-name={c}",
-                f"--agent-id={c}",
-                "--workload-source-driver=kube",
-                f"--workload-source-config={state.hub_access[c]}",
-                f"--spoke-kubeconfig={state.kubeconfigs[c]}",
-                f"--kubeconfig={state.kubeconfigs[c]}",
-                "--status-sync-interval=2s",
-            ),
-        )
     hub_kc = f"--kubeconfig={state.kubeconfigs['hub']}"
     if ocm:
+        serve("registration", ocm_controller("registration", "controller", HUB_NAMESPACE, hub_kc))
         serve("placement", ocm_controller("placement", "controller", HUB_NAMESPACE, hub_kc))
-    if state.addon_manager:
         serve("addon-manager", ocm_controller("addon", "manager", HUB_NAMESPACE, hub_kc))
     state.save()
 
@@ -603,13 +573,207 @@ def _start(
             timeout,
             "did not answer /healthz",
         )
+    waits.clear()
     processes.wait_until(sup, lambda: (d / READY_FILE).exists(), timeout)
+    registered_from = time.monotonic()
+    if ocm:
+        registered_from = _register_clusters(state, serve, echo, timeout)
+    for p, url in waits:
+        processes.wait_until(
+            p,
+            functools.partial(processes.http_ok, url, insecure),
+            timeout,
+            "did not answer /healthz",
+        )
+    if ocm:
+        hub = Kube(state.kubeconfigs["hub"])
+        try:
+            for c in clusters:
+                wait_joined(hub, state, c, timeout)
+                # From its registration agent's start to Joined and Available.
+                state.joined_seconds[c] = round(time.monotonic() - registered_from, 2)
+        finally:
+            hub.close()
+        _say(echo, f"{len(clusters)} clusters joined ({time.monotonic() - t0:.1f}s)")
     if kubelet:
         kubelet_node.start_all(state, track, ca, echo=echo, timeout=timeout)
     state.startup_seconds = round(time.monotonic() - t0, 2)
     state.save()
     _say(echo, f"control plane up in {state.startup_seconds:.1f}s ({d / processes.STATE_FILE})")
     return state
+
+
+def klusterlet_dir(d: Path, cluster: str) -> Path:
+    """Where a cluster's registration agent keeps its bootstrap and hub kubeconfigs (its
+    `--hub-kubeconfig-dir`: the files of the `hub-kubeconfig-secret` it writes, as a
+    klusterlet pod has them mounted)."""
+    return d / "klusterlet" / cluster
+
+
+def hub_url_for_agents(state: State) -> str:
+    """The hub apiserver as the clusters' agents and pods reach it: the hub's `kubernetes`
+    Service address (local nodes) or the bridge address the supervisor forwards (kubelet
+    nodes). It goes into the bootstrap kubeconfig, and OCM copies it into every hub kubeconfig
+    it makes from there (the registration agent's, the addons')."""
+    port = state.apiservers["hub"].rsplit(":", 1)[1]
+    if state.kubelet:
+        return f"https://{kubelet_node.bridge_ip(state.slot)}:{port}"
+    return f"https://{podnet.kubernetes_service_ip(state.slot, 0)}:443"
+
+
+def log_errors(path: str | Path, most: int = 3) -> str:
+    """The distinct errors (klog `err="..."`) an OCM component logged last, newest last; its
+    last log line when there is none (for error messages)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as e:
+        return f"(log {path} unreadable: {e})"
+    errors = list(dict.fromkeys(re.findall(r'err="([^"]*)"', text)))
+    if errors:
+        return "; ".join(errors[-most:]) + f" (log {path})"
+    lines = text.splitlines()
+    return f"{lines[-1] if lines else '(empty log)'} (log {path})"
+
+
+def _register_clusters(
+    state: State,
+    serve: Callable[[str, Callable[[int], list[str]]], Proc],
+    echo: bool,
+    timeout: float,
+) -> float:
+    """OCM registration, for real: a registration agent per cluster from a bootstrap
+    kubeconfig (`clusteradm join`), the hub admin's `clusteradm accept`, then the cluster's
+    work agent with the hub kubeconfig its registration agent got. Returns when the
+    registration agents started (time.monotonic)."""
+    d = Path(state.dir)
+    config = bootstrap_kubeconfig(state)
+    t0 = time.monotonic()
+    agents = {
+        c: start_registration_agent(state, c, bootstrap=config, serve=serve) for c in state.clusters
+    }
+    state.save()
+
+    def accept(c: str) -> None:
+        kube = Kube(state.kubeconfigs["hub"])
+        try:
+            clusteradm.accept(kube, c, timeout, why_not=lambda: log_errors(agents[c].log))
+        finally:
+            kube.close()
+
+    with ThreadPoolExecutor(len(state.clusters)) as pool:
+        list(pool.map(accept, state.clusters))
+    _say(echo, f"clusters accepted ({time.monotonic() - t0:.1f}s after their agents started)")
+    for c in state.clusters:
+        hub_kubeconfig = klusterlet_dir(d, c) / "hub-kubeconfig" / "kubeconfig"
+        processes.wait_until(
+            agents[c],
+            lambda f=hub_kubeconfig: f.is_file() and (f.parent / "tls.crt").is_file(),  # type: ignore[misc]
+            timeout,
+            "wrote no hub kubeconfig after `clusteradm accept`",
+        )
+        state.hub_access[c] = str(hub_kubeconfig)
+        serve(
+            f"work-agent-{c}",
+            _ocm_agent(
+                "work",
+                f"--spoke-cluster-name={c}",
+                f"--agent-id={c}",
+                "--workload-source-driver=kube",
+                f"--workload-source-config={hub_kubeconfig}",
+                f"--spoke-kubeconfig={state.kubeconfigs[c]}",
+                f"--kubeconfig={state.kubeconfigs[c]}",
+                "--status-sync-interval=2s",
+            ),
+        )
+    state.save()
+    return t0
+
+
+def start_registration_agent(
+    state: State,
+    cluster: str,
+    *,
+    bootstrap: str,
+    spoke: str | None = None,
+    hub_kubeconfig_secret: str = "hub-kubeconfig-secret",
+    serve: Callable[[str, Callable[[int], list[str]]], Proc] | None = None,
+) -> Proc:
+    """Start OCM's registration agent for `cluster` from the bootstrap kubeconfig text
+    `bootstrap` (`clusteradm join`), on the apiserver of `spoke` (default: the cluster's own),
+    keeping its hub kubeconfig in `klusterlet_dir` and in the Secret `hub_kubeconfig_secret`
+    (another name lets a second agent share a spoke: tests). Recorded in the plane's state."""
+    d = Path(state.dir)
+    kd = klusterlet_dir(d, cluster)
+    kd.mkdir(parents=True, exist_ok=True)
+    (kd / "bootstrap.kubeconfig").write_text(bootstrap)
+    (kd / "bootstrap.kubeconfig").chmod(0o600)
+    spoke_kc = state.kubeconfigs[spoke or cluster]
+    argv = _ocm_agent(
+        "registration",
+        f"--cluster-name={cluster}",
+        f"--bootstrap-kubeconfig={kd / 'bootstrap.kubeconfig'}",
+        f"--hub-kubeconfig-dir={kd / 'hub-kubeconfig'}",
+        f"--hub-kubeconfig-secret={hub_kubeconfig_secret}",
+        f"--kubeconfig={spoke_kc}",
+        f"--spoke-kubeconfig={spoke_kc}",
+        "--cluster-healthcheck-period=10s",
+    )
+    name = f"registration-agent-{cluster}"
+    if serve is not None:
+        return serve(name, argv)
+    port = processes.free_port()
+    proc = processes.spawn(name, argv(port), Path(state.dir) / "logs" / f"{name}.log")
+    proc.port = port
+    state.procs.append(proc)
+    state.save()
+    return proc
+
+
+def bootstrap_kubeconfig(state: State) -> str:
+    """A fresh bootstrap kubeconfig for a cluster joining this plane's hub."""
+    hub = Kube(state.kubeconfigs["hub"])
+    try:
+        return clusteradm.bootstrap_kubeconfig(
+            hub, hub_url_for_agents(state), (Path(state.dir) / "pki" / "ca.crt").read_bytes()
+        )
+    finally:
+        hub.close()
+
+
+def _ocm_agent(binary: str, *flags: str) -> Callable[[int], list[str]]:
+    """argv (given its health port) of an OCM agent on a managed cluster."""
+    return lambda port: [
+        str(build.binary(binary)),
+        "agent",
+        *flags,
+        f"--listen=127.0.0.1:{port}",
+        "--disable-leader-election",
+        f"--namespace={AGENT_NAMESPACE}",
+    ]
+
+
+JOINED = ("HubAcceptedManagedCluster", "ManagedClusterJoined", "ManagedClusterConditionAvailable")
+
+
+def wait_joined(hub: Kube, state: State, cluster: str, timeout: float) -> None:
+    """Until the registration agent has the cluster Joined and Available (its lease and its
+    status), with a ComponentFailed naming the agent, its log and the conditions so far."""
+    deadline = time.monotonic() + timeout
+    agent = next(p for p in state.procs if p.name == f"registration-agent-{cluster}")
+    conds: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        mc = hub.get(f"{clusteradm.MANAGED_CLUSTERS}/{cluster}") or {}
+        conds = {
+            str(c.get("type")): str(c.get("status"))
+            for c in (mc.get("status") or {}).get("conditions") or []
+        }
+        if all(conds.get(t) == "True" for t in JOINED):
+            return
+        if not processes.alive(agent.pid):
+            break
+        time.sleep(0.2)
+    why = f"did not join {cluster} (conditions {conds})"
+    raise ComponentFailed(agent.name, Path(agent.log), why)
 
 
 def down(state_dir: Path | None = None) -> bool:
@@ -652,7 +816,8 @@ def _down_locked(d: Path) -> bool:
         created.unlink()
     if state is not None and state.etcd_data:
         shutil.rmtree(state.etcd_data, ignore_errors=True)
-    for sub in ("pods", "pod-pids", "certs", "pki", "kubeconfig", "etcd-data", "users"):
+    subs = ("pods", "pod-pids", "certs", "pki", "kubeconfig", "klusterlet", "etcd-data", "users")
+    for sub in subs:
         shutil.rmtree(d / sub, ignore_errors=True)
     for fname in (processes.STATE_FILE, READY_FILE):
         (d / fname).unlink(missing_ok=True)
@@ -693,6 +858,9 @@ def status_report(state_dir: Path | None = None) -> tuple[bool, str]:
     lines = [
         f"state dir {d}; clusters {', '.join(state.clusters)}; startup {state.startup_seconds:.1f}s"
     ]
+    if state.joined_seconds:
+        joined = ", ".join(f"{c} {s:.1f}s" for c, s in state.joined_seconds.items())
+        lines.append(f"registration agent start -> Joined: {joined}")
     total = 0
     for p in state.procs:
         rss = processes.rss_bytes(p.pid) if processes.alive(p.pid) else 0

@@ -67,13 +67,16 @@ class State:
     clusters: list[str]
     procs: list[Proc] = field(default_factory=list)
     kubeconfigs: dict[str, str] = field(default_factory=dict)  # "hub" / cluster name -> path
-    hub_access: dict[str, str] = field(default_factory=dict)  # cluster -> work agent hub kcfg
+    # cluster -> the hub kubeconfig its registration agent got (also its work agent's)
+    hub_access: dict[str, str] = field(default_factory=dict)
+    # cluster -> seconds from its registration agent's start to Joined and Available
+    joined_seconds: dict[str, float] = field(default_factory=dict)
     apiservers: dict[str, str] = field(default_factory=dict)  # "hub" / cluster -> https URL
     etcd_data: str = ""
     started_at: float = 0.0
     startup_seconds: float = 0.0
     ocm: bool = True  # OCM placement controller and work agents running
-    addon_manager: bool = False  # OCM addon manager running on the hub
+    addon_manager: bool = False  # OCM addon manager running on the hub (with `ocm`)
     slot: int = 0  # address slot: planes running at once get disjoint loopback ranges
     auto_stop: bool = False  # started by a test session: the last session to leave stops it
     kubelet: bool = False  # real kubelet + containerd nodes (hack/controlplane/kubelet.py)

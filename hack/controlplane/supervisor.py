@@ -1,4 +1,4 @@
-"""The supervisor process: local nodes (one per apiserver) and the ClusterClaim mirrors.
+"""The supervisor process: local nodes (one per apiserver), or the host side of kubelet nodes.
 
 Started detached by `up` (``python -m hack.controlplane supervise``); reads the state file,
 writes ``supervisor.ready`` once every node has synced, runs until SIGTERM, then kills its pods.
@@ -13,8 +13,6 @@ from pathlib import Path
 from types import FrameType
 
 from hack.controlplane import kubelet, podnet
-from hack.controlplane.addon_registration import AddonRegistration
-from hack.controlplane.claims_mirror import ClaimsMirror
 from hack.controlplane.localnode import LocalNode
 from hack.controlplane.processes import State
 from ocmfl.kube import Kube
@@ -49,36 +47,14 @@ def run(state_dir: Path) -> int:
             nodes.append(kubelet.HostSide(kubelet.specs(state)[i], kubes[n], stop))
         else:
             nodes.append(LocalNode(n, state.slot, i, kubes[n], port, state_dir, stop))
-    mirrors: list[ClaimsMirror | AddonRegistration] = [
-        ClaimsMirror(c, Kube(state.kubeconfigs[c]), Kube(state.kubeconfigs["hub"]), stop)
-        for c in state.clusters
-    ]
-    if state.kubelet:  # OCM's registration agent does this on a real managed cluster
-        hub_server = (
-            f"https://{kubelet.bridge_ip(state.slot)}:{state.apiservers['hub'].rsplit(':', 1)[1]}"
-        )
-        hub_ca = (state_dir / "pki" / "ca.crt").read_bytes()
-        mirrors += [
-            AddonRegistration(
-                c,
-                Kube(state.kubeconfigs[c]),
-                Kube(state.kubeconfigs["hub"]),
-                stop,
-                hub_server,
-                hub_ca,
-            )
-            for c in state.clusters
-        ]
     for node in nodes:
         node.start()
-    for m in mirrors:
-        m.start()
     for node in nodes:
         while not node.ready.wait(0.5):
             if stop.is_set():
                 return 1
     (state_dir / READY_FILE).write_text("ok\n")
-    logging.info("supervisor ready: %d local nodes, %d claim mirrors", len(nodes), len(mirrors))
+    logging.info("supervisor ready: %d nodes", len(nodes))
     stop.wait()
     logging.info("stopping: terminating pods")
     for node in nodes:

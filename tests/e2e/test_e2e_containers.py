@@ -46,7 +46,7 @@ def plane() -> Iterator[cp.State]:
     base = os.environ.get("OCMFL_CP_DIR") or "/dev/shm/ocm-fl-cp"
     d = Path(f"{base}-kubelet")
     start = time.monotonic()
-    state = cp.up(2, state_dir=d, addon_manager=True, kubelet=True, timeout=300.0)
+    state = cp.up(2, state_dir=d, kubelet=True, timeout=300.0)
     print(f"kubelet plane up in {time.monotonic() - start:.0f}s")
     try:
         yield state

@@ -662,11 +662,6 @@ def test_manifestwork_deployment_becomes_ready_and_reports_replicas(
 def test_addon_template_agent_runs_on_the_cluster_and_becomes_available(
     hub: Kube, spokes: dict[str, Kube], namespace: str, control_plane: ControlPlane
 ) -> None:
-    from hack.controlplane.processes import State
-
-    state = State.load(Path(control_plane.state_dir))
-    if state is None or not state.addon_manager:
-        pytest.skip("addon manager not running (set OCMFL_CP_ADDON_MANAGER=1)")
     group = "addon.open-cluster-management.io"
     addon, cluster = f"demo-{namespace}", sorted(spokes)[0]
     agent = {

@@ -12,7 +12,6 @@ import pytest
 from cryptography import x509
 
 from hack.controlplane import certs, podplan
-from hack.controlplane.claims_mirror import claims_for_status
 from ocmfl.constants import ADDON_IMAGE, APPS_DIR, WORKLOAD_IMAGE
 
 
@@ -192,22 +191,6 @@ def test_a_claim_mounts_the_hostpath_of_its_bound_volume(tmp_path: Path) -> None
     claims["d"] = (bound, {"spec": {"csi": {"driver": "x"}}})
     with pytest.raises(podplan.NotRunnable, match="mounts only hostPath"):
         podplan.materialise_volumes(pod, tmp_path, lookup, "ip", "host", claims=claim)
-
-
-def test_claims_mirror_orders_reserved_first_and_hides_spoke_only() -> None:
-    def claim(name: str, value: str, spoke_only: bool = False) -> dict[str, Any]:
-        labels = {"open-cluster-management.io/spoke-only": ""} if spoke_only else {}
-        return {"metadata": {"name": name, "labels": labels}, "spec": {"value": value}}
-
-    claims = {n: claim(n, v) for n, v in [("zone", "a"), ("id.k8s.io", "c1"), ("gpu", "1")]}
-    claims["secret"] = claim("secret", "x", spoke_only=True)
-    assert claims_for_status(claims) == [
-        {"name": "id.k8s.io", "value": "c1"},
-        {"name": "gpu", "value": "1"},
-        {"name": "zone", "value": "a"},
-    ]
-    many = {f"c{i:02}": claim(f"c{i:02}", "v") for i in range(30)}
-    assert len(claims_for_status(many)) == 20
 
 
 @pytest.mark.skipif(

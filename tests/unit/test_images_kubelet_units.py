@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hack.controlplane import addon_registration, kubelet
+from hack.controlplane import kubelet
 from hack.images import deploy, podman
 from ocmfl import constants
 
@@ -108,22 +108,6 @@ def test_cni_config_gives_pods_the_nodes_range() -> None:
     conf = yaml.safe_load(kubelet._cni_config(spec))
     ipam = conf["plugins"][0]["ipam"]
     assert ipam["ranges"][0][0]["subnet"] == kubelet.pod_cidr(spec.slot, spec.i)
-
-
-def test_addon_certificate_secret_is_named_as_ocm_names_it() -> None:
-    assert (
-        addon_registration.secret_name("federated-learning", constants.SIGNER_NAME)
-        == "federated-learning-federated-learning.open-cluster-management.io-agent-client-cert"
-    )
-
-
-def test_hub_kubeconfig_points_at_the_certificate_files_beside_it() -> None:
-    assert addon_registration.hub_kubeconfig_secret_name("fl") == "fl-hub-kubeconfig"
-    cfg = yaml.safe_load(addon_registration.hub_kubeconfig("https://10.215.0.1:6443", b"CA"))
-    assert cfg["clusters"][0]["cluster"]["server"] == "https://10.215.0.1:6443"
-    assert cfg["clusters"][0]["cluster"]["certificate-authority-data"] == "Q0E="
-    # Relative paths: resolved against the kubeconfig's directory (the mounted Secret).
-    assert cfg["users"][0]["user"] == {"client-certificate": "tls.crt", "client-key": "tls.key"}
 
 
 def test_image_store_key_follows_the_image_ids() -> None:
