@@ -140,7 +140,9 @@ class Sampler(threading.Thread):
         for pid, (start, cpu, mem) in stats.items():
             group = None
             ino = _netns_inode(pid)
-            if ino in pods:
+            if pid in self.roots and ino in pods:  # an agent: a pod, but its own group
+                group = self.roots[pid]
+            elif ino in pods:
                 group = pods[ino]
                 # Pods run many Python processes mapping the same libraries (torch): their
                 # RSS would count those pages once per process.
@@ -192,8 +194,9 @@ def phase(
     root: Path,
     timeout: float,
 ) -> dict[str, Any]:
-    roots = {p.popen.pid: ("hub (controller + aggregator)" if p.name == "hub" else "agents")
-             for p in fed.procs}  # fmt: skip
+    roots = {p.popen.pid: "hub (controller + aggregator)" for p in fed.procs if p.name == "hub"}
+    # The agents are pods of the local nodes (deployed by OCM): their container processes.
+    roots.update({pid: "agents" for c in fed.clusters if (pid := fed.agent_pid(c)) is not None})
     state = processes.State.load(Path(fed.plane.state_dir))
     assert state is not None
     roots.update({p.pid: "supervisor (local nodes)" for p in state.procs if p.name == "supervisor"})

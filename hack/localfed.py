@@ -1,28 +1,26 @@
 """A whole federation on the local control plane (DEMO AND TEST INFRASTRUCTURE).
 
-On a real hub the controller, aggregator and CSR signer run in the Helm chart's Deployment and
-each cluster's agent is deployed by OCM's addon manager; here they run as local processes
-against the real local apiservers (hack.controlplane), with what the chart and OCM would do
-done by this module instead:
+On a real hub the controller, aggregator and CSR signers run in the Helm chart's Deployment;
+here they run as one local process (`ocm-fl-hub`) against the real local apiservers
+(hack.controlplane), on the plane's first host address, which pods reach. Everything on the
+clusters' side is what a hub admin's install does, for real:
 
-* the hub CA (what `hub_controller.bootstrap.ca_init` creates on a real hub) is written to a
-  directory;
-* "clusteradm addon enable": a ManagedClusterAddOn per cluster;
-* OCM's KubeClient registration: each agent gets a hub kubeconfig with the addon agent's
-  default identity (user/groups of `default_agent_subject`), allowed to create CSRs;
-* each agent then obtains its mTLS client certificate through the project's own CSR signer
-  (`ocm-fl-agent --csr-hub-kubeconfig`): no certificate is made by hand for it.
+* the chart's addon objects (ClusterManagementAddOn, AddOnTemplate, AddOnDeploymentConfig, the
+  addon agents' hub RBAC), rendered by helm from deploy/helm and applied as they are;
+* `clusteradm addon enable` per cluster (hack.controlplane.clusteradm);
+* then OCM's addon manager deploys the agent (a pod of the addon image) on every cluster, OCM's
+  registration agent gives it its hub kubeconfig (KubeClient registration), and the agent gets
+  its aggregator identity from the hub's own CSR signer; the addon turns Available by OCM's
+  health check.
 
-Every process listens on its own host address of the plane (`ControlPlane.host_address`: the
-hub on the first, cluster i's agent on the i-th), which pods in their own network namespaces
-reach and which no other plane on the machine uses.
+The two CAs the chart's hook would make (the hub CA for the aggregator's server certificate,
+the agent CA for agent identities) live in the plane's state directory, so that successive
+federations on one plane agree with the agents' CA bundle.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -33,18 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
 import yaml
-from cryptography import x509
-from cryptography.x509.oid import NameOID
 
+from hack.controlplane import clusteradm
 from hack.controlplane.plane import ControlPlane
+from hack.helm import helm_binary
 from hack.testing import WaitTimeout, wait_for
 from hub_controller import policy
 from hub_controller.api import FLRef, PlacementSpec, exists_claim_keys, run_finished
-from hub_controller.bootstrap.addon_template import default_agent_subject
 from hub_controller.operator.desired.server import hostpath_store_dir
+from hub_controller.operator.desired.works import DEFAULT_AGENT_ENDPOINT
 from ocmfl import constants, pki
-from ocmfl.kube import Kube, KubeError
+from ocmfl.kube import Kube, KubeError, Obj
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -59,13 +58,24 @@ ADMISSION_PATHS = {
 ADMISSION_PREFIX = "ocm-fl-local"
 POLICY_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{policy.PLURAL}"
 MCA_PATH = f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{{ns}}/managedclusteraddons"
+PODS_PATH = f"/api/v1/namespaces/{constants.AGENT_NAMESPACE}/pods"
 CLAIMS_PATH = f"/apis/{constants.CLUSTER_GROUP}/v1alpha1/clusterclaims"
 BINDINGS_PATH = (
     f"/apis/{constants.CLUSTER_GROUP}/v1beta2/namespaces/{{ns}}/managedclustersetbindings"
 )
 FL_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{constants.PLURAL}"
-CSR_RBAC_NAME = "ocm-fl-local-addon-agents"
+CHART = REPO / "deploy" / "helm" / "ocm-federated-learning"
+ADDON_AGENTS_GROUP = f"system:open-cluster-management:addon:{constants.ADDON_NAME}"
 ADDON_AVAILABLE_LABEL = f"feature.open-cluster-management.io/addon-{constants.ADDON_NAME}"
+# kind -> (plural, namespaced) of what install_addon applies.
+ADDON_PATHS = {
+    "ClusterManagementAddOn": ("clustermanagementaddons", False),
+    "AddOnTemplate": ("addontemplates", False),
+    "AddOnDeploymentConfig": ("addondeploymentconfigs", True),
+    "ClusterRole": ("clusterroles", False),
+    "ClusterRoleBinding": ("clusterrolebindings", False),
+}
+AGENT_APP_LABEL = f"app.kubernetes.io/name={constants.ADDON_NAME}-agent"
 T = TypeVar("T")
 
 
@@ -180,96 +190,57 @@ def grant_for(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def enable_addon(hub: Kube, cluster: str) -> bool:
-    """What `clusteradm addon enable --names federated-learning --clusters C` creates; True
-    when this call created it (False: it was there already)."""
-    created = hub.create(
-        MCA_PATH.format(ns=cluster),
-        {
-            "apiVersion": f"{constants.ADDON_GROUP}/v1alpha1",
-            "kind": "ManagedClusterAddOn",
-            "metadata": {"name": constants.ADDON_NAME, "namespace": cluster},
-            "spec": {},
-        },
+def render_chart(values: Mapping[str, str], files: Mapping[str, str] | None = None) -> list[Obj]:
+    """The chart's objects as `helm template` renders them with `values` (`--set-string`) and
+    `files` (`--set-file`, for multi-line values)."""
+    helm = helm_binary()
+    if helm is None:
+        raise FederationError("helm is needed to render the chart: run `make setup`")
+    cmd = [helm, "template", "ocm-fl", str(CHART), "--namespace", constants.HUB_NAMESPACE]
+    for key, value in values.items():
+        cmd += ["--set-string", f"{key}={value}"]
+    for key, path in (files or {}).items():
+        cmd += ["--set-file", f"{key}={path}"]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise FederationError(f"helm template failed: {out.stderr.strip()}")
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def addon_objects(docs: Sequence[Obj]) -> list[Obj]:
+    """What OCM needs of the chart to run the addon on the clusters: the
+    ClusterManagementAddOn, AddOnTemplate and AddOnDeploymentConfig, and the hub RBAC of the
+    addon agents' group (the ClusterRoleBindings naming it and the ClusterRoles they bind)."""
+    bindings = [
+        d
+        for d in docs
+        if d["kind"] == "ClusterRoleBinding"
+        and any(s.get("name") == ADDON_AGENTS_GROUP for s in d.get("subjects") or [])
+    ]
+    roles = {b["roleRef"]["name"] for b in bindings}
+    return [
+        d
+        for d in docs
+        if (d["kind"] in ADDON_PATHS and d["kind"] not in ("ClusterRole", "ClusterRoleBinding"))
+        or (d["kind"] == "ClusterRole" and d["metadata"]["name"] in roles)
+    ] + bindings
+
+
+def install_addon(hub: Kube, aggregator_address: str, hub_ca_pem: bytes, workdir: Path) -> None:
+    """Apply the chart's addon objects (addon_objects) for agents that dial the aggregator at
+    `aggregator_address` and trust `hub_ca_pem` for it, as `helm install` would."""
+    bundle = workdir / "hub-ca-bundle.pem"
+    bundle.write_bytes(hub_ca_pem)
+    docs = render_chart(
+        {"aggregator.externalAddress": aggregator_address}, {"ca.bundle": str(bundle)}
     )
-    return created is not None
-
-
-def ensure_agent_csr_rbac(hub: Kube) -> None:
-    """Addon agents may create and read CSRs (the agent's hub permissions on a real hub)."""
-    hub.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-        {
-            "metadata": {"name": CSR_RBAC_NAME},
-            "rules": [
-                {
-                    "apiGroups": ["certificates.k8s.io"],
-                    "resources": ["certificatesigningrequests"],
-                    "verbs": ["create", "get", "list", "watch"],
-                }
-            ],
-        },
-    )
-    hub.create(
-        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-        {
-            "metadata": {"name": CSR_RBAC_NAME},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": CSR_RBAC_NAME,
-            },
-            "subjects": [
-                {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Group",
-                    "name": f"system:open-cluster-management:addon:{constants.ADDON_NAME}",
-                }
-            ],
-        },
-    )
-
-
-def addon_agent_kubeconfig(plane: ControlPlane, cluster: str, path: Path) -> str:
-    """A hub kubeconfig for `cluster`'s addon agent identity (as OCM's KubeClient gives it)."""
-    state = Path(plane.state_dir) / "pki"
-    ca = pki.load_cert_and_key((state / "ca.crt").read_bytes(), (state / "ca.key").read_bytes())
-    subject = default_agent_subject(cluster)
-    name = x509.Name(
-        [pki.name_attribute(NameOID.ORGANIZATION_NAME, g) for g in subject["groups"][:2]]
-        + [pki.name_attribute(NameOID.COMMON_NAME, subject["user"])]
-    )
-    pair = pki.issue_cert_for_subject(name, ca)
-    hub_cfg = yaml.safe_load(Path(plane.hub_kubeconfig).read_text())
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": "agent",
-        "clusters": [{"name": "hub", "cluster": hub_cfg["clusters"][0]["cluster"]}],
-        "users": [
-            {
-                "name": "agent",
-                "user": {
-                    "client-certificate-data": base64.b64encode(pair.cert_pem).decode(),
-                    "client-key-data": base64.b64encode(pair.key_pem).decode(),
-                },
-            }
-        ],
-        "contexts": [{"name": "agent", "context": {"cluster": "hub", "user": "agent"}}],
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(cfg))
-    path.chmod(0o600)
-    return str(path)
-
-
-def mark_addon_available(hub: Kube, cluster: str) -> None:
-    """The label OCM's registration hub sets once the addon's agent is healthy (Placements
-    select on it); set here when the local agent is up."""
-    hub.patch(
-        f"/apis/{constants.CLUSTER_GROUP}/v1/managedclusters/{cluster}",
-        {"metadata": {"labels": {ADDON_AVAILABLE_LABEL: "available"}}},
-    )
+    for obj in addon_objects(docs):
+        plural, namespaced = ADDON_PATHS[obj["kind"]]
+        meta = obj["metadata"]
+        base = f"/apis/{obj['apiVersion']}"
+        if namespaced:
+            base += f"/namespaces/{meta['namespace']}"
+        hub.apply(obj, f"{base}/{plural}/{meta['name']}")
 
 
 # --- what the admin does -------------------------------------------------------------------
@@ -292,16 +263,9 @@ def set_cluster_claim(plane: ControlPlane, cluster: str, name: str, value: str |
 
 
 def bind_global_cluster_set(hub: Kube, namespace: str) -> None:
-    """The ManagedClusterSetBinding an admin creates so Placements in `namespace` see clusters."""
-    hub.create(
-        BINDINGS_PATH.format(ns=namespace),
-        {
-            "apiVersion": f"{constants.CLUSTER_GROUP}/v1beta2",
-            "kind": "ManagedClusterSetBinding",
-            "metadata": {"name": "global", "namespace": namespace},
-            "spec": {"clusterSet": "global"},
-        },
-    )
+    """`clusteradm clusterset bind global --namespace <namespace>`, so Placements there see
+    every cluster."""
+    clusteradm.clusterset_bind(hub, "global", namespace)
 
 
 # --- processes -----------------------------------------------------------------------------
@@ -314,24 +278,28 @@ class _Proc:
 
 @dataclass
 class LocalFederation:
-    """The hub controller (+ aggregator + CSR signer) and one agent per cluster, as processes."""
+    """The hub controller (+ aggregator + CSR signers) as a local process, and on every
+    cluster the addon agent OCM deploys from the chart (see the module docstring)."""
 
     plane: ControlPlane
     workdir: Path
     clusters: list[str] = field(default_factory=list)
     procs: list[_Proc] = field(default_factory=list)
-    # Clusters whose ManagedClusterAddOn `start` created: `stop` deletes them again, so a
-    # shared plane does not keep the addon enabled where the next test expects it absent.
+    # Clusters whose ManagedClusterAddOn `start` created: `stop` deletes them again (OCM then
+    # removes their agents), so a shared plane does not keep the addon enabled where the next
+    # test expects it absent.
     enabled: list[str] = field(default_factory=list)
     # The admin's root for HostPath model stores (the hub's $OCMFL_HOSTPATH_ROOT); default:
     # <workdir>/models.
     hostpath_root: Path | None = None
-    # How long to wait for each agent's port and its certificate from the hub's CSR signer:
-    # the signer runs once the hub has listed everything it watches (ManagedClusters included),
-    # which takes longer on a hub with thousands of clusters (bench_fanout).
-    agent_wait_s: float = 60.0
+    # How long to wait for each agent: deployed by OCM, registered (its hub kubeconfig), its
+    # certificate from the hub's signer, which runs once the hub has listed everything it
+    # watches (longer on a hub with thousands of clusters: bench_fanout).
+    agent_wait_s: float = 90.0
     # Extra env of the hub process from its next start (e.g. OCMFL_CERT_LIFETIME_SECONDS).
     hub_env: dict[str, str] = field(default_factory=dict)
+    # Agent containers `kill` stopped, by cluster: `start_agent` waits for another one.
+    _killed: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -348,16 +316,19 @@ class LocalFederation:
 
     @property
     def ca_dir(self) -> Path:
-        return self.workdir / "hub-ca"
+        """The hub CA (the aggregator's server certificate): one per plane, like the chart's
+        Secret, so agents deployed for an earlier federation on this plane still trust it."""
+        return Path(self.plane.state_dir) / "ocm-fl" / "hub-ca"
+
+    @property
+    def agent_ca_dir(self) -> Path:
+        """The agent CA (the hub's CSR signer issues agent identities from it), per plane."""
+        return Path(self.plane.state_dir) / "ocm-fl" / "agent-ca"
 
     @property
     def hub_host(self) -> str:
         """Where the hub controller, aggregator and metrics listen."""
         return self.plane.host_address(0)
-
-    def agent_host(self, cluster: str) -> str:
-        """Where `cluster`'s agent listens (reached by that cluster's FL client pods)."""
-        return self.plane.host_address(self.plane.clusters.index(cluster) + 1)
 
     @property
     def aggregator_address(self) -> str:
@@ -368,42 +339,80 @@ class LocalFederation:
         return f"http://{self.hub_host}:{constants.HUB_METRICS_PORT}/metrics"
 
     def agent_endpoints(self) -> dict[str, str]:
-        """Where each cluster's FL client posts its metrics (the cluster's agent)."""
-        return {
-            c: f"http://{self.agent_host(c)}:{constants.AGENT_LOCAL_PORT}" for c in self.clusters
-        }
+        """Where each cluster's FL client posts its metrics: the agent's Service (the
+        controller's default endpoint)."""
+        return dict.fromkeys(self.clusters, DEFAULT_AGENT_ENDPOINT)
+
+    def agent_pod(self, cluster: str) -> Obj | None:
+        """The cluster's current agent pod (not being deleted), or None."""
+        spoke = Kube(self.plane.cluster_kubeconfigs[cluster])
+        try:
+            pods = spoke.list_objects(PODS_PATH, AGENT_APP_LABEL)
+        finally:
+            spoke.close()
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        live.sort(key=lambda p: p["metadata"]["creationTimestamp"])
+        return live[-1] if live else None
+
+    def agent_host(self, cluster: str) -> str:
+        """The address of `cluster`'s agent pod (its local API and /healthz listen there)."""
+        pod = self.agent_pod(cluster)
+        ip = ((pod or {}).get("status") or {}).get("podIP")
+        if not ip:
+            raise FederationError(f"cluster {cluster} has no running agent pod")
+        return str(ip)
+
+    def agent_pid(self, cluster: str) -> int | None:
+        """The process (group) of the agent container now running on `cluster`, or None."""
+        for c in ((self.agent_pod(cluster) or {}).get("status") or {}).get(
+            "containerStatuses"
+        ) or []:
+            if "running" in (c.get("state") or {}) and c.get("containerID", "").startswith(
+                "local://"
+            ):
+                return int(c["containerID"].removeprefix("local://"))
+        return None
 
     def log_file(self, name: str) -> Path:
+        """A component's log: `hub`, or `agent-<cluster>` (the current agent pod's container
+        log on the local node)."""
+        if name.startswith("agent-"):
+            cluster = name.removeprefix("agent-")
+            pod = self.agent_pod(cluster)
+            if pod is None:
+                raise FederationError(f"cluster {cluster} has no agent pod")
+            meta = pod["metadata"]
+            pod_dir = f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+            return Path(self.plane.state_dir) / "pods" / cluster / pod_dir / "logs" / "agent.log"
         return self.workdir / "logs" / f"{name}.log"
 
     # --- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
-        """Bring up the hub side, enable the addon and start an agent on every cluster."""
+        """Bring up the hub side, install and enable the addon; return once every cluster's
+        agent, deployed and registered by OCM, holds its certificate from the hub's signer."""
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._ensure_cas()
         hub = Kube(self.plane.hub_kubeconfig)
         try:
             install_crd(hub)
-            ensure_agent_csr_rbac(hub)
-            self._ensure_ca()
+            install_addon(
+                hub,
+                self.aggregator_address,
+                (self.ca_dir / pki.CERT_FILE).read_bytes(),
+                self.workdir,
+            )
             for cluster in self.clusters:
-                if enable_addon(hub, cluster):
+                if clusteradm.addon_enable(
+                    hub, constants.ADDON_NAME, cluster, constants.AGENT_NAMESPACE
+                ):
                     self.enabled.append(cluster)
         finally:
             hub.close()
         try:
-            # All at once: each agent's CSR waits for the hub's signer, and the hub's start
-            # (imports, informers) overlaps the agents' own.
-            hub_proc = self._spawn_hub()
-            agents = {cluster: self._spawn_agent(cluster) for cluster in self.clusters}
-            self._wait_port(hub_proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
-            for cluster, proc in agents.items():
-                self._wait_agent(cluster, proc)
-            hub = Kube(self.plane.hub_kubeconfig)
-            try:
-                for cluster in self.clusters:
-                    mark_addon_available(hub, cluster)
-            finally:
-                hub.close()
+            # The hub's start (imports, informers) overlaps OCM deploying the agents.
+            self._start_hub()
+            for cluster in self.clusters:
+                self._wait_agent(cluster)
         except BaseException:
             self.stop()
             raise
@@ -415,10 +424,14 @@ class LocalFederation:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _ensure_ca(self) -> None:
-        if (self.ca_dir / pki.KEY_FILE).exists():
-            return
-        pki.save_tls_dir(self.ca_dir, pki.create_ca("ocm-fl-local-hub-ca"), None)
+    def _ensure_cas(self) -> None:
+        """What the chart's ca-init hook does: both CAs, made once and never overwritten."""
+        for directory, name in (
+            (self.ca_dir, "ocm-fl-local-hub-ca"),
+            (self.agent_ca_dir, "ocm-fl-local-agent-ca"),
+        ):
+            if not (directory / pki.KEY_FILE).exists():
+                pki.save_tls_dir(directory, pki.create_ca(name), None)
 
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str]) -> _Proc:
         log = self.log_file(name)
@@ -458,18 +471,14 @@ class LocalFederation:
         wait_for(up, timeout, what, error=FederationError)
 
     def _start_hub(self) -> None:
-        proc = self._spawn_hub()
-        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
-
-    def _spawn_hub(self) -> _Proc:
         env = {
             "KUBECONFIG": self.plane.hub_kubeconfig,
             constants.ENV_CA_DIR: str(self.ca_dir),
+            constants.ENV_AGENT_CA_DIR: str(self.agent_ca_dir),
             constants.ENV_HUB_AGGREGATOR_ADDRESS: self.aggregator_address,
             constants.ENV_AGGREGATOR_LISTEN: self.aggregator_address,
             constants.ENV_METRICS_LISTEN: f"{self.hub_host}:{constants.HUB_METRICS_PORT}",
             constants.ENV_RUN_CSR_SIGNER: "true",
-            constants.ENV_AGENT_ENDPOINTS: json.dumps(self.agent_endpoints()),
             constants.ENV_HOSTPATH_ROOT: str(self.hostpath_root),
             **self.hub_env,
         }
@@ -478,44 +487,63 @@ class LocalFederation:
             "--liveness",
             f"http://{self.hub_host}:{constants.HUB_HEALTH_PORT}/healthz",
         ]
-        return self._spawn("hub", argv, env)
+        proc = self._spawn("hub", argv, env)
+        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
 
-    def _start_agent(self, cluster: str) -> None:
-        self._wait_agent(cluster, self._spawn_agent(cluster))
+    def agent_health(self, cluster: str) -> dict[str, Any] | None:
+        """The agent's /healthz answer (hubConnected, pending, ...), None when it does not
+        answer."""
+        try:
+            host = self.agent_host(cluster)
+            got = httpx.get(f"http://{host}:{constants.AGENT_HEALTH_PORT}/healthz", timeout=2)
+            answer: dict[str, Any] = got.json()
+        except (FederationError, httpx.HTTPError, ValueError):
+            return None
+        return answer
 
-    def _spawn_agent(self, cluster: str) -> _Proc:
-        host = self.agent_host(cluster)
-        cdir = self.workdir / "agents" / cluster
-        bootstrap = addon_agent_kubeconfig(self.plane, cluster, cdir / "hub-bootstrap.kubeconfig")
-        (cdir / "state").mkdir(parents=True, exist_ok=True)
-        argv = [
-            str(VENV_BIN / "ocm-fl-agent"),
-            "--cluster", cluster,
-            "--hub-address", self.aggregator_address,
-            "--cert-dir", str(cdir / "tls"),
-            "--ca-file", str(self.ca_dir / pki.CERT_FILE),
-            "--kubeconfig", self.plane.cluster_kubeconfigs[cluster],
-            "--csr-hub-kubeconfig", bootstrap,
-            "--listen-host", host,
-            "--state-dir", str(cdir / "state"),
-        ]  # fmt: skip
-        return self._spawn(f"agent-{cluster}", argv, {})
+    def _wait_agent(self, cluster: str, identity: bool = True) -> None:
+        """Until `cluster`'s agent (another container than one `kill` stopped) answers, and
+        with `identity` also holds its certificate from the hub's signer; FederationError
+        naming what is missing."""
 
-    def _wait_agent(self, cluster: str, proc: _Proc) -> None:
-        cdir = self.workdir / "agents" / cluster
-        self._wait_port(
-            proc, self.agent_host(cluster), constants.AGENT_LOCAL_PORT, self.agent_wait_s
-        )
-        # The agent's identity comes from the hub CSR signer: wait until it holds it.
-        wait_for(
-            lambda: (cdir / "tls" / pki.CERT_FILE).exists(),
-            self.agent_wait_s,
-            f"agent {cluster}'s certificate from the hub CSR signer (log {proc.log})",
-            error=FederationError,
+        def ready() -> bool:
+            killed = self._killed.get(cluster)
+            if killed is not None and str(self.agent_pid(cluster)) == killed:
+                return False
+            health = self.agent_health(cluster)
+            return health is not None and (bool(health.get("certificateNotAfter")) or not identity)
+
+        try:
+            wait_for(ready, self.agent_wait_s, f"the agent on {cluster}", interval=0.3)
+        except WaitTimeout:
+            raise FederationError(self._agent_problem(cluster)) from None
+        self._killed.pop(cluster, None)
+
+    def _agent_problem(self, cluster: str) -> str:
+        """Why `cluster`'s agent is not ready: its addon's conditions, its pod, its health."""
+        hub = Kube(self.plane.hub_kubeconfig)
+        try:
+            mca = hub.get(f"{MCA_PATH.format(ns=cluster)}/{constants.ADDON_NAME}") or {}
+        finally:
+            hub.close()
+        conds = [
+            f"{c.get('type')}={c.get('status')} ({c.get('reason')}: {c.get('message')})"
+            for c in (mca.get("status") or {}).get("conditions") or []
+        ]
+        pod = self.agent_pod(cluster)
+        phase = ((pod or {}).get("status") or {}).get("phase", "no pod")
+        log = ""
+        with contextlib.suppress(FederationError, OSError):
+            log = self.log_file(f"agent-{cluster}").read_text(errors="replace")[-2000:]
+        return (
+            f"the agent on {cluster} got no identity from the hub in {self.agent_wait_s:.0f} s: "
+            f"addon conditions {conds or 'none'}; agent pod {phase}; health "
+            f"{self.agent_health(cluster)}; log tail:\n{log}"
         )
 
     def stop(self) -> None:
-        """Stop every process this federation started (SIGTERM, then SIGKILL)."""
+        """Stop the hub process (SIGTERM, then SIGKILL) and disable the addon where `start`
+        enabled it (OCM removes those agents)."""
         for proc in reversed(self.procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.popen.pid, signal.SIGTERM)
@@ -540,21 +568,55 @@ class LocalFederation:
             self.enabled.clear()
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` to a component's process group ("hub", "agent-<cluster>") and forget it
-        once it has exited (fault drills: a crash, not a shutdown)."""
+        """Send `sig` to a component ("hub": its process group, forgotten once it has exited;
+        "agent-<cluster>": the agent container's, which the node restarts as kubelet would):
+        fault drills, a crash rather than a shutdown."""
+        if name.startswith("agent-"):
+            cluster = name.removeprefix("agent-")
+            pid = self.agent_pid(cluster)
+            if pid is None:
+                raise FederationError(f"cluster {cluster} has no running agent container")
+            self._killed[cluster] = str(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)
+            return
         [proc] = [p for p in self.procs if p.name == name]
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.popen.pid, sig)
         proc.popen.wait(30)
         self.procs.remove(proc)
 
+    def replace_agent(self, cluster: str) -> None:
+        """Delete `cluster`'s agent pod and wait for the one its Deployment makes instead
+        (fresh volumes: a new key and a new certificate)."""
+        pod = self.agent_pod(cluster)
+        if pod is not None:
+            self._killed[cluster] = str(self.agent_pid(cluster))
+            spoke = Kube(self.plane.cluster_kubeconfigs[cluster])
+            try:
+                spoke.delete(f"{PODS_PATH}/{pod['metadata']['name']}")
+            finally:
+                spoke.close()
+            wait_for(
+                lambda: (
+                    (self.agent_pod(cluster) or {}).get("metadata", {}).get("uid")
+                    != pod["metadata"]["uid"]
+                ),
+                60,
+                f"a new agent pod on {cluster}",
+                error=FederationError,
+            )
+        self._wait_agent(cluster)
+
     def start_hub(self) -> None:
         """(Re)start the hub process, e.g. after `kill("hub")`; returns once it listens."""
         self._start_hub()
 
     def start_agent(self, cluster: str) -> None:
-        """(Re)start a cluster's agent with its state directory, e.g. after a kill."""
-        self._start_agent(cluster)
+        """Wait for `cluster`'s agent to be back (its container restarted by the node after a
+        `kill`, with the pod's volumes: its key, certificate and unsent reports) and
+        answering; it reconnects to the hub by itself once the hub is there."""
+        self._wait_agent(cluster, identity=False)
 
     def check_alive(self) -> None:
         """FederationError naming the component (and its log) if a process has died."""

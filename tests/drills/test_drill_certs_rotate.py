@@ -185,9 +185,7 @@ def test_drill_certificates_rotate_mid_run(
         log_from = hub_log.stat().st_size
         fed.start_hub()
         for c in clusters:
-            fed.kill(f"agent-{c}", signal.SIGTERM)
-            (fed.workdir / "agents" / c / "tls" / pki.CERT_FILE).unlink()
-            fed.start_agent(c)
+            fed.replace_agent(c)
         with Observer(plane, fed, hub) as seen:
             create_fl(hub, NS, body)
             started, run_from = time.monotonic(), dt.datetime.now().replace(microsecond=0)
