@@ -20,6 +20,7 @@ federations on one plane agree with the agents' CA bundle.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import signal
@@ -241,6 +242,31 @@ def install_addon(hub: Kube, aggregator_address: str, hub_ca_pem: bytes, workdir
         if namespaced:
             base += f"/namespaces/{meta['namespace']}"
         hub.apply(obj, f"{base}/{plural}/{meta['name']}")
+
+
+def addon_hub_kubeconfig(plane: ControlPlane, cluster: str, dest: Path, timeout: float = 90) -> str:
+    """The addon agent's hub kubeconfig on `cluster` as OCM's registration agent wrote it
+    (Secret `constants.HUB_KUBECONFIG_SECRET` in the agent namespace there: what root on that
+    cluster holds), copied into `dest` as the agent pod's Secret volume holds it; waits for
+    it. Returns the kubeconfig's path."""
+    spoke = Kube(plane.cluster_kubeconfigs[cluster])
+    path = (
+        f"/api/v1/namespaces/{constants.AGENT_NAMESPACE}/secrets/{constants.HUB_KUBECONFIG_SECRET}"
+    )
+    try:
+        secret = wait_for(
+            lambda: (spoke.get(path) or {}).get("data", {}).get("tls.crt") and spoke.get(path),
+            timeout,
+            f"OCM's registration agent to write {path} on {cluster}",
+            error=FederationError,
+        )
+    finally:
+        spoke.close()
+    dest.mkdir(parents=True, exist_ok=True)
+    for key, value in secret["data"].items():
+        (dest / key).write_bytes(base64.b64decode(value))
+        (dest / key).chmod(0o600)
+    return str(dest / "kubeconfig")
 
 
 # --- what the admin does -------------------------------------------------------------------

@@ -1,15 +1,13 @@
-"""OCM's real addon manager renders the chart's AddOnTemplate and signs agent CSRs with our CA.
+"""OCM's real addon manager and registration agent run the chart's AddOnTemplate.
 
 With the chart's addon objects on the hub and a ManagedClusterAddOn for cluster1 (what
 `clusteradm addon enable` creates), OCM's addon manager (v1.2.0, built from the module
 registry) must write a ManifestWork whose agent manifests have every {{VARIABLE}} filled from
-the AddOnDeploymentConfig, the CA bundle joined back together and the CustomSigner client
-certificate mounted at constants.AGENT_CERT_DIR. A CSR made the way OCM's registration agent
-makes it is then approved and signed with the CA Secret that `hub_controller.bootstrap.ca_init`
-created, and the certificate names cluster1 (ocmfl.pki).
-
-Uses the plane's addon manager when it runs one (OCMFL_CP_ADDON_MANAGER=1), else starts one
-for this module and stops it afterwards.
+the AddOnDeploymentConfig and the CA bundle that `hub_controller.bootstrap.ca_init` published.
+Its only registration is KubeClient: cluster1's real registration agent makes the key on the
+cluster, OCM approves and the hub's kube signer signs the CSR with OCM's default subject for
+cluster1, and the result lands in the Secret the agent pod mounts. The agent then runs and the
+addon turns Available by OCM's own health check.
 """
 
 from __future__ import annotations
@@ -21,17 +19,19 @@ import subprocess
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 import yaml
+from cryptography.x509.oid import NameOID
 
-from hack.controlplane import addon_registration
 from hack.controlplane.plane import ControlPlane
 from hack.helm import helm_binary
 from hack.testing import wait_for
+from hub_controller.bootstrap.addon_template import default_agent_subject
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
 
@@ -41,44 +41,6 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ocm-federated-learning"
 ADDON_API = f"/apis/{constants.ADDON_GROUP}/v1alpha1"
 T = TypeVar("T")
-
-
-@pytest.fixture(scope="module")
-def addon_manager(
-    control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[None]:
-    from hack.controlplane import build, processes
-
-    state = processes.State.load()
-    if state is not None and state.addon_manager:
-        yield
-        return
-    log = tmp_path_factory.mktemp("addon-manager") / "addon-manager.log"
-    port = processes.free_port()
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(build.binary("addon")),
-                "manager",
-                f"--kubeconfig={control_plane.hub_kubeconfig}",
-                f"--listen=127.0.0.1:{port}",
-                "--disable-leader-election",
-                f"--namespace={constants.HUB_NAMESPACE}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        time.sleep(2)
-        assert proc.poll() is None, log.read_text()[-3000:]
-        yield
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
@@ -99,12 +61,10 @@ def _path(obj: dict[str, Any]) -> str:
     return f"{ADDON_API}{ns}/{plural}"
 
 
-def test_addon_manager_renders_agent_and_signs_its_csr_with_our_ca(
+def test_addon_manager_renders_the_agent_and_registration_gives_it_a_hub_kubeconfig(
     control_plane: ControlPlane,
-    addon_manager: None,
     hub: Kube,
     namespace: str,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     helm = helm_binary()
     if helm is None:
@@ -169,6 +129,7 @@ def test_addon_manager_renders_agent_and_signs_its_csr_with_our_ca(
             "spec": {"installNamespace": constants.AGENT_NAMESPACE},
         }
         hub.create(f"{ADDON_API}/namespaces/{cluster}/managedclusteraddons", mca, exist_ok=False)
+        enabled_at = time.monotonic()
         created.append(f"{ADDON_API}/namespaces/{cluster}/managedclusteraddons/{addon}")
 
         work = wait_for(
@@ -183,53 +144,79 @@ def test_addon_manager_renders_agent_and_signs_its_csr_with_our_ca(
         assert env_vars[constants.ENV_HUB_AGGREGATOR_ADDRESS] == "hub.example:30443"
         assert env_vars[constants.ENV_CLUSTER_NAME] == cluster
         assert env_vars[constants.ENV_LOG_LEVEL] == "DEBUG"
+        assert env_vars[constants.ENV_HUB_KUBECONFIG] == "/managed/hub-kubeconfig/kubeconfig"
         mounts = {m["mountPath"] for m in container["volumeMounts"]}
-        assert constants.AGENT_CERT_DIR in mounts  # injected by OCM for the CustomSigner
+        # OCM mounts the KubeClient registration's Secret; the agent's own key and certificate
+        # live in a memory emptyDir (nothing of OCM's there).
+        assert {"/managed/hub-kubeconfig", constants.AGENT_CERT_DIR} <= mounts
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        cert_mount = next(
+            m for m in container["volumeMounts"] if m["mountPath"] == constants.AGENT_CERT_DIR
+        )
+        assert volumes[cert_mount["name"]]["emptyDir"]["medium"] == "Memory"
         secret = next(m for m in manifests if m["kind"] == "Secret")
         assert base64.b64decode(secret["data"]["ca.crt"]) == ca_pem
         assert "{{" not in json.dumps(manifests)
 
-        # The registration config OCM hands to the cluster's registration agent ...
-        mca_live = wait_for(
+        # The registration OCM hands to the cluster's registration agent: KubeClient only.
+        (reg,) = wait_for(
             lambda: _registrations(hub, cluster, addon), 60, "ManagedClusterAddOn registrations"
         )
-        (reg,) = [r for r in mca_live if r["signerName"] == constants.SIGNER_NAME]
-        subject = reg["subject"]
-        # ... and the CSR that agent would create from it.
-        csr_pem, _ = addon_registration.make_csr(subject["user"], subject.get("groups", []))
-        csr = {
-            "apiVersion": "certificates.k8s.io/v1",
-            "kind": "CertificateSigningRequest",
-            "metadata": {
-                "generateName": f"addon-{cluster}-{addon}-",
-                "labels": {
-                    "open-cluster-management.io/cluster-name": cluster,
-                    "open-cluster-management.io/addon-name": addon,
-                },
-            },
-            "spec": {
-                "request": base64.b64encode(csr_pem).decode(),
-                "signerName": constants.SIGNER_NAME,
-                "usages": ["digital signature", "key encipherment", "client auth"],
-            },
-        }
-        made = hub.request("POST", "/apis/certificates.k8s.io/v1/certificatesigningrequests", csr)
-        csr_path = (
-            f"/apis/certificates.k8s.io/v1/certificatesigningrequests/{made['metadata']['name']}"
+        subject = default_agent_subject(cluster, addon)
+        assert reg["signerName"] == constants.KUBE_APISERVER_CLIENT_SIGNER
+        assert reg["subject"]["user"] == subject["user"]
+        assert set(reg["subject"]["groups"]) == set(subject["groups"])
+        # OCM's registration agent on the cluster makes the key there, sends the CSR, the addon
+        # manager approves it and the hub's kube-controller-manager signs it; the agent stores
+        # the result where the addon manager mounts it into the agent pod.
+        spoke = Kube(control_plane.cluster_kubeconfigs[cluster])
+        secret_path = (
+            f"/api/v1/namespaces/{constants.AGENT_NAMESPACE}/secrets/{addon}-hub-kubeconfig"
         )
-        created.append(csr_path)
-        signed = wait_for(
-            lambda: (hub.get(csr_path) or {}).get("status", {}).get("certificate"),
-            90,
-            "OCM to approve and sign the agent CSR",
+        try:
+            stored = wait_for(
+                lambda: (spoke.get(secret_path) or {}).get("data"),
+                90,
+                f"the registration agent to write {secret_path}",
+            )
+        finally:
+            spoke.close()
+        cert = pki.load_cert_pem(base64.b64decode(stored["tls.crt"]))
+        plane_ca = pki.load_cert_pem(
+            (Path(control_plane.state_dir) / "pki" / "ca.crt").read_bytes()
         )
-        cert = pki.load_cert_pem(base64.b64decode(signed))
-        assert pki.verify_issued_by(cert, pki.load_cert_pem(ca_pem))
-        # Bound to this addon: a certificate of another addon names no cluster for us.
-        with pytest.raises(pki.IdentityError, match="belongs to addon"):
-            pki.cluster_from_certificate(cert)
-        monkeypatch.setattr(constants, "ADDON_NAME", addon)
-        assert pki.cluster_from_certificate(cert) == cluster
+        assert pki.verify_issued_by(cert, plane_ca)  # the hub's own kube signer
+        with warnings.catch_warnings():  # OCM's user is longer than X.509's 64-char CN bound
+            warnings.simplefilter("ignore", UserWarning)
+            names = {a.oid: a.value for a in cert.subject}
+        assert names[NameOID.COMMON_NAME] == subject["user"]
+        kubeconfig = yaml.safe_load(base64.b64decode(stored["kubeconfig"]))
+        user = kubeconfig["users"][0]["user"]
+        assert (user["client-certificate"], user["client-key"]) == ("tls.crt", "tls.key")
+        # Nothing for our own signers came from OCM: no CustomSigner CSR exists.
+        csrs = hub.get(
+            "/apis/certificates.k8s.io/v1/certificatesigningrequests",
+            query={"labelSelector": f"open-cluster-management.io/addon-name={addon}"},
+        )
+        signers = {c["spec"]["signerName"] for c in (csrs or {}).get("items") or []}
+        assert signers == {constants.KUBE_APISERVER_CLIENT_SIGNER}, signers
+
+        # The agent pod runs; OCM's health check (WorkloadAvailability) makes the addon
+        # Available and the registration controller labels the cluster.
+        def available() -> bool:
+            mca = hub.get(f"{ADDON_API}/namespaces/{cluster}/managedclusteraddons/{addon}") or {}
+            conds = (mca.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Available" and c["status"] == "True" for c in conds)
+
+        wait_for(available, 120, f"{addon} Available on {cluster}")
+        print(f"\naddon enabled -> Available: {time.monotonic() - enabled_at:.1f}s")
+        label = f"feature.open-cluster-management.io/addon-{addon}"
+
+        def labelled() -> bool:
+            mc = hub.get(f"/apis/{constants.CLUSTER_GROUP}/v1/managedclusters/{cluster}") or {}
+            return (mc.get("metadata", {}).get("labels") or {}).get(label) == "available"
+
+        wait_for(labelled, 60, f"the label {label}=available on {cluster}")
     finally:
         for path in reversed(created):
             hub.delete(path)

@@ -157,9 +157,9 @@ def test_rendered_chart_passes_server_side_dry_run_and_installs(
     template_name = next(d for d in docs if d["kind"] == "AddOnTemplate")["metadata"]["name"]
     template = hub.get(f"/apis/{constants.ADDON_GROUP}/v1alpha1/addontemplates/{template_name}")
     assert template is not None
-    reg, kube_client = template["spec"]["registration"]
-    assert reg["customSigner"]["signerName"] == constants.SIGNER_NAME
-    assert kube_client["type"] == "KubeClient"
+    # Only KubeClient: OCM's addon manager signs nothing for the project (no CustomSigner,
+    # whose CSRs it would approve from anyone; docs/security.md).
+    assert template["spec"]["registration"] == [{"type": "KubeClient"}]
     assert len(template["spec"]["agentSpec"]["workload"]["manifests"]) >= 5
     # Hook objects are valid too.
     for hook in [d for d in docs if "helm.sh/hook" in d["metadata"].get("annotations", {})]:
@@ -250,12 +250,19 @@ def test_ca_hook_creates_the_ca_once_and_publishes_it_to_the_deployment_config(
         assert res.returncode == 0, res.stderr
         return res.stdout
 
-    assert "created" in hook("ensure-secret", "--secret", "ocm-fl-ca")
+    made = hook("ensure-secret", "--secret", "ocm-fl-ca", "--agent-secret", "ocm-fl-agent-ca")
+    assert "created" in made
     secret = hub.get(f"/api/v1/namespaces/{namespace}/secrets/ocm-fl-ca")
+    agent_ca = hub.get(f"/api/v1/namespaces/{namespace}/secrets/ocm-fl-agent-ca")
     assert secret is not None and secret["type"] == "kubernetes.io/tls"
-    assert "exists" in hook("ensure-secret", "--secret", "ocm-fl-ca")
+    assert agent_ca is not None and agent_ca["type"] == "kubernetes.io/tls"
+    assert agent_ca["data"]["tls.crt"] != secret["data"]["tls.crt"]  # two CAs
+    again_out = hook("ensure-secret", "--secret", "ocm-fl-ca", "--agent-secret", "ocm-fl-agent-ca")
+    assert "exists" in again_out
     again = hub.get(f"/api/v1/namespaces/{namespace}/secrets/ocm-fl-ca")
     assert again is not None and again["data"] == secret["data"]  # never overwritten
+    again_agent = hub.get(f"/api/v1/namespaces/{namespace}/secrets/ocm-fl-agent-ca")
+    assert again_agent is not None and again_agent["data"] == agent_ca["data"]
 
     hook("publish", "--secret", "ocm-fl-ca", "--adc", adc["metadata"]["name"])
     live = hub.get(
@@ -264,6 +271,7 @@ def test_ca_hook_creates_the_ca_once_and_publishes_it_to_the_deployment_config(
     )
     assert live is not None
     variables = live["spec"]["customizedVariables"]
+    # Agents get the hub CA (the aggregator's server certificate) and never the agent CA.
     assert ca_init.join_bundle(variables) == base64.b64decode(secret["data"]["tls.crt"])
     names = [v["name"] for v in variables]
     assert constants.ADDON_VAR_IMAGE in names and constants.ADDON_VAR_LOG_LEVEL in names

@@ -24,12 +24,12 @@ from kopf.testing import KopfRunner
 
 from agent_addon.agent import Agent, AgentConfig
 from agent_addon.csr import RenewalError, request_certificate
+from hack.controlplane import clusteradm
 from hack.localfed import (
-    CSR_RBAC_NAME,
-    addon_agent_kubeconfig,
-    ensure_agent_csr_rbac,
+    addon_hub_kubeconfig,
     grant_for,
     grant_namespace,
+    install_addon,
     install_crd,
 )
 from hack.testing import TestPKI, await_for, free_port, kopf_registry, wait_for
@@ -51,6 +51,7 @@ HUB_PARTS = (
     "hub_controller.operator.handlers",
     "hub_controller.aggregator.handlers",
     "hub_controller.signer.handlers",
+    "hub_controller.signer.ledger",
 )
 
 
@@ -63,18 +64,16 @@ def hub(control_plane: ControlPlane) -> Iterator[Kube]:
 
 
 @pytest.fixture
-def addon_on_cluster1(hub: Kube, control_plane: ControlPlane) -> Iterator[str]:
-    """The addon enabled on the first cluster only (its ManagedClusterAddOn exists)."""
+def addon_on_cluster1(
+    hub: Kube, control_plane: ControlPlane, tpki: TestPKI, tmp_path: Path
+) -> Iterator[str]:
+    """The chart's addon installed and enabled on the first cluster only (`clusteradm addon
+    enable`): OCM deploys its agent there and its registration agent gives it a hub
+    kubeconfig. The deployed agent dials an address where no aggregator listens; the tests
+    act as the agent with its credentials."""
     cluster = control_plane.clusters[0]
-    hub.create(
-        MCA_PATH.format(ns=cluster),
-        {
-            "apiVersion": f"{constants.ADDON_GROUP}/v1alpha1",
-            "kind": "ManagedClusterAddOn",
-            "metadata": {"name": constants.ADDON_NAME, "namespace": cluster},
-            "spec": {},
-        },
-    )
+    install_addon(hub, "127.0.0.1:9", pki.cert_to_pem(tpki.ca.cert), tmp_path)
+    clusteradm.addon_enable(hub, constants.ADDON_NAME, cluster, constants.AGENT_NAMESPACE)
     yield cluster
     hub.delete(f"{MCA_PATH.format(ns=cluster)}/{constants.ADDON_NAME}")
 
@@ -121,7 +120,11 @@ def hub_process(
     ca_dir = pki.save_tls_dir(tmp_path / "hub-ca", tpki.ca, None)
     process = HubProcess(free_port(), free_port())
     monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
+    # One CA for both roles here (the server certificate and the agents' identities), so the
+    # test's agents trust the aggregator with the directory their certificate comes in; the
+    # split is the attack tests' subject (tests/attack/test_attack_registration.py).
     monkeypatch.setenv(constants.ENV_CA_DIR, str(ca_dir))
+    monkeypatch.setenv(constants.ENV_AGENT_CA_DIR, str(ca_dir))
     monkeypatch.setenv(constants.ENV_AGGREGATOR_LISTEN, f"127.0.0.1:{process.aggregator_port}")
     monkeypatch.setenv(constants.ENV_METRICS_LISTEN, f"127.0.0.1:{process.metrics_port}")
     watched = [f"--namespace={n}" for n in (namespace, *control_plane.clusters)]
@@ -277,20 +280,10 @@ async def test_report_reaches_federatedlearning_status(
 # --- the CSR signer ----------------------------------------------------------------------
 
 
-@pytest.fixture
-def csr_rbac(hub: Kube, control_plane: ControlPlane) -> Iterator[None]:
-    """Addon agents may create and read CSRs (what the agent's hub permissions would grant)."""
-    ensure_agent_csr_rbac(hub)
-    yield
-    hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{CSR_RBAC_NAME}")
-    hub.delete(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{CSR_RBAC_NAME}")
-
-
 async def test_csr_signer_issues_identities_only_to_registered_clusters(
     hub: Kube,
     control_plane: ControlPlane,
     addon_on_cluster1: str,
-    csr_rbac: None,
     tmp_path: Path,
     tpki: TestPKI,
     hub_process: HubProcess,
@@ -311,14 +304,26 @@ async def test_csr_signer_issues_identities_only_to_registered_clusters(
         },
     )
     try:
-        as_agent1 = Kube(addon_agent_kubeconfig(control_plane, cluster1, tmp_path / "a1"))
+        # cluster1's agent credentials, as OCM's registration agent wrote them on cluster1
+        as_agent1 = Kube(addon_hub_kubeconfig(control_plane, cluster1, tmp_path / "a1"))
         pair = await request_certificate(as_agent1, cluster1, expiration_seconds=3600, timeout_s=30)
         assert pki.cluster_from_certificate(pair.cert) == cluster1
         assert pki.verify_issued_by(pair.cert, tpki.ca.cert)
         life = pair.cert.not_valid_after_utc - pair.cert.not_valid_before_utc
         assert life <= pki.CLOCK_SKEW + dt.timedelta(hours=1)
 
-        as_agent2 = Kube(addon_agent_kubeconfig(control_plane, cluster2, tmp_path / "a2"))
+        # cluster2's real agent credentials, from while the addon was enabled there: once it
+        # is disabled, they get no agent identity
+        clusteradm.addon_enable(hub, constants.ADDON_NAME, cluster2, constants.AGENT_NAMESPACE)
+        try:
+            as_agent2 = Kube(addon_hub_kubeconfig(control_plane, cluster2, tmp_path / "a2"))
+        finally:
+            hub.delete(f"{MCA_PATH.format(ns=cluster2)}/{constants.ADDON_NAME}")
+        await await_for(
+            lambda: hub.get(f"{MCA_PATH.format(ns=cluster2)}/{constants.ADDON_NAME}") is None,
+            60,
+            "cluster2's addon disabled",
+        )
         with pytest.raises(RenewalError, match="UnknownCluster"):
             await request_certificate(as_agent2, cluster2, timeout_s=30)
 
