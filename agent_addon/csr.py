@@ -75,10 +75,10 @@ def csr_object(
         "kind": "CertificateSigningRequest",
         "metadata": {
             "generateName": f"{constants.ADDON_NAME}-{cluster}-",
-            "labels": {
-                constants.LABEL_OCM_CLUSTER_NAME: cluster,
-                constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME,
-            },
+            # Not OCM's cluster-name/addon-name labels: OCM's registration agent counts every
+            # CSR carrying both toward its limit of 10 per addon and cluster, past which it
+            # stops renewing the addon's hub kubeconfig (register/csr/options.go).
+            "labels": {constants.LABEL_CLUSTER: cluster},
         },
         "spec": spec,
     }

@@ -72,9 +72,9 @@ def fleet_csr_object(
         "kind": "CertificateSigningRequest",
         "metadata": {
             "generateName": f"{constants.ADDON_NAME}-fleet-{cluster}-",
+            # Our labels, not OCM's (see agent_addon.csr.csr_object).
             "labels": {
-                constants.LABEL_OCM_CLUSTER_NAME: cluster,
-                constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME,
+                constants.LABEL_CLUSTER: cluster,
                 constants.LABEL_OWNER_UID: federation_uid,
             },
         },

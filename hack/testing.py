@@ -9,7 +9,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import importlib
+import ssl
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -120,3 +122,34 @@ class TestPKI:
         pair = pki.issue_server_cert(self.ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
         pki.save_tls_dir(directory, pair, self.ca.cert)
         return pair
+
+
+def agent_accepts(server_cert: bytes, server_key: bytes, trust: bytes, host: str) -> bool:
+    """Whether a TLS client trusting `trust` (as an agent trusts the hub CA) completes a
+    handshake with a server presenting `server_cert` for `host` (in memory, no sockets)."""
+    d = Path(tempfile.mkdtemp())
+    (d / "s.crt").write_bytes(server_cert)
+    (d / "s.key").write_bytes(server_key)
+    sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    sctx.load_cert_chain(d / "s.crt", d / "s.key")
+    cctx = ssl.create_default_context(cadata=trust.decode())
+    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
+    client = cctx.wrap_bio(c_in, c_out, server_hostname=host)
+    server = sctx.wrap_bio(s_in, s_out, server_side=True)
+    for _ in range(10):
+        for end, out, peer_in in ((client, c_out, s_in), (server, s_out, c_in)):
+            try:
+                end.do_handshake()
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLError:
+                return False
+            peer_in.write(out.read())
+        try:
+            client.do_handshake()
+            return True
+        except ssl.SSLWantReadError:
+            continue
+        except ssl.SSLError:
+            return False
+    return False

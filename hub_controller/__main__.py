@@ -56,6 +56,7 @@ def main(argv: list[str] | None = None) -> None:
         import hub_controller.signer.handlers
     # Always: client Fleet identities come only through this signer (keys made on clusters),
     # and both signers trust requesters only through the ledger.
+    import hub_controller.signer.addon_status
     import hub_controller.signer.fleet
     import hub_controller.signer.ledger  # noqa: F401
 

@@ -729,6 +729,15 @@ def start_registration_agent(
     return proc
 
 
+def stop_component(state: State, name: str) -> None:
+    """Stop one recorded process of the plane (e.g. a registration agent a test started) and
+    forget it, so the plane stays healthy."""
+    for proc in [p for p in state.procs if p.name == name]:
+        processes.kill_group(proc.pid, grace=5.0)
+        state.procs.remove(proc)
+    state.save()
+
+
 def bootstrap_kubeconfig(state: State) -> str:
     """A fresh bootstrap kubeconfig for a cluster joining this plane's hub."""
     hub = Kube(state.kubeconfigs["hub"])

@@ -1,4 +1,5 @@
-"""The supervisor process: local nodes (one per apiserver), or the host side of kubelet nodes.
+"""The supervisor process: local nodes (one per apiserver), or the host side of kubelet nodes,
+and the hub's csrcleaner on a short clock.
 
 Started detached by `up` (``python -m hack.controlplane supervise``); reads the state file,
 writes ``supervisor.ready`` once every node has synced, runs until SIGTERM, then kills its pods.
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 from hack.controlplane import kubelet, podnet
+from hack.controlplane.csrcleaner import CSRCleaner
 from hack.controlplane.localnode import LocalNode
 from hack.controlplane.processes import State
 from ocmfl.kube import Kube
@@ -49,6 +51,8 @@ def run(state_dir: Path) -> int:
             nodes.append(LocalNode(n, state.slot, i, kubes[n], port, state_dir, stop))
     for node in nodes:
         node.start()
+    if state.ocm:  # the hub's csrcleaner, on a short clock (csrcleaner.py)
+        CSRCleaner(Kube(state.kubeconfigs["hub"]), stop).start()
     for node in nodes:
         while not node.ready.wait(0.5):
             if stop.is_set():

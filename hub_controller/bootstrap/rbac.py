@@ -67,6 +67,8 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     # The hub-identity ledger annotation (hub_controller/signer/ledger.py); only the hub
     # writes it (registration agents may patch only managedclusteraddons/status).
     Rule(constants.ADDON_GROUP, "managedclusteraddons", ("patch",), why="hub-identity ledger"),
+    # Its own condition on each (why the agent has no identity: signer/addon_status.py).
+    Rule(constants.ADDON_GROUP, "managedclusteraddons/status", ("patch",), why="agent condition"),
     # The FL server side on the hub, next to the FederatedLearning resource. kopf indexes
     # watch Jobs, Services and Pods cluster-wide (by label); writes stay in FL namespaces.
     Rule("batch", "jobs", READ, why="kopf index of server Jobs"),

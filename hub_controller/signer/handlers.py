@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +22,7 @@ import kopf
 from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
 from hub_controller.operator.indexes import Indexes
+from hub_controller.signer.addon_status import Outcome
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
@@ -30,6 +31,7 @@ from hub_controller.signer.policy import (
     Deny,
     Ignore,
     approval_condition,
+    check_requester,
     decide_csr,
     defer_unverified,
     sign_request,
@@ -50,6 +52,8 @@ class Signer:
     # UIDs signed by this process: the watch still shows them approved-but-unsigned for one
     # more event, and a certificate can be set only once.
     signed: set[str] = field(default_factory=set)
+    # Told each decision on a cluster's CSR (its ManagedClusterAddOn's condition).
+    report: Callable[[str, Outcome], None] | None = None
 
     def handle(self, csr: dict[str, Any], members: Registry) -> Decision:
         """Decide on one CSR (as the API returns it) and write the outcome."""
@@ -86,13 +90,45 @@ class Signer:
             self.signed.add(uid)
             self.kube.patch(f"{path}/status", {"status": {"certificate": cert}})
             log.info("CSR %s signed for cluster %s (%s)", name, decision.cluster, decision.lifetime)
+        self._report(csr, decision, members, now)
         return decision
+
+    def _report(
+        self, csr: Mapping[str, Any], decision: Approve | Deny, members: Registry, now: dt.datetime
+    ) -> None:
+        """Tell the cluster's addon condition what became of its agent's CSR: only of a CSR its
+        genuine agent sent (anyone else's refused request says nothing about that cluster)."""
+        labels = (csr.get("metadata") or {}).get("labels") or {}
+        cluster = labels.get(constants.LABEL_CLUSTER)
+        if self.report is None or not cluster:
+            return
+        identities = members.hub_identities(str(cluster))
+        if check_requester(csr, str(cluster), identities, now) is not None:
+            return
+        if isinstance(decision, Approve):
+            until = (self.clock() + decision.lifetime).strftime("%Y-%m-%dT%H:%M:%SZ")
+            outcome = Outcome(
+                "AgentIdentityIssued", f"agent identity issued, valid until {until}", ok=True
+            )
+        else:
+            outcome = Outcome(
+                f"AgentIdentity{decision.reason}",
+                f"CSR {csr['metadata']['name']}: {decision.reason}: {decision.message}",
+            )
+        self.report(str(cluster), outcome)
 
 
 @kopf.on.startup()
 def start_signer(memo: kopf.Memo, **_: Any) -> None:
+    def report(cluster: str, outcome: Outcome) -> None:
+        status = memo.get("addon_status")  # hub_controller.signer.addon_status, when loaded
+        if status is not None:
+            status.agent(cluster, outcome)
+
     memo.signer = Signer(
-        Kube(field_manager="ocm-fl-signer"), memo.setdefault("agent_ca", CADir.agent())
+        Kube(field_manager="ocm-fl-signer"),
+        memo.setdefault("agent_ca", CADir.agent()),
+        report=report,
     )
 
 

@@ -27,11 +27,13 @@ from typing import Any, Final
 
 import kopf
 
+from hub_controller.signer.addon_status import Outcome
 from hub_controller.signer.csr_events import handle_with_retries
 from hub_controller.signer.hub_identity import (
     ANNOTATION,
     Forged,
     HubIdentity,
+    addon_csr_cluster,
     classify,
     ledger_of,
     merge_ledger,
@@ -67,6 +69,9 @@ class Ledger:
     # (CSR uid, issued) already warned about; (cluster, fingerprint) already recorded.
     warned: set[tuple[str, bool]] = field(default_factory=set)
     recorded: set[tuple[str, str]] = field(default_factory=set)
+    # Told what became of a cluster's own addon credential (its ManagedClusterAddOn's
+    # condition): issued, or denied by whoever denied it.
+    report: Callable[[str, Outcome], None] | None = None
 
     def observe(self, csr: Mapping[str, Any]) -> HubIdentity | Forged | None:
         """One event of an addon hub-credential CSR: record or warn; what it was."""
@@ -82,7 +87,28 @@ class Ledger:
             isinstance(found, HubIdentity)
             and (found.cluster, found.fingerprint) not in self.recorded
         ):
-            self.record(found)
+            if self.record(found) and self.report is not None:
+                self.report(found.cluster, Outcome("HubCredentialIssued", "issued", ok=True))
+        elif found is None and self.report is not None:
+            denied = next(
+                (
+                    c
+                    for c in (csr.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Denied"
+                ),
+                None,
+            )
+            cluster = addon_csr_cluster(csr)
+            if denied is not None and cluster is not None:
+                name = (csr.get("metadata") or {}).get("name")
+                self.report(
+                    cluster,
+                    Outcome(
+                        "HubCredentialDenied",
+                        f"OCM's KubeClient CSR {name} for the addon's hub kubeconfig was denied "
+                        f"({denied.get('reason')}: {denied.get('message')})",
+                    ),
+                )
         return found
 
     def record(self, identity: HubIdentity) -> bool:
@@ -131,7 +157,12 @@ def _post_warning(csr: Mapping[str, Any], reason: str, message: str) -> None:
 
 @kopf.on.startup()
 def start_ledger(memo: kopf.Memo, **_: Any) -> None:
-    memo.ledger = Ledger(Kube(field_manager="ocm-fl-ledger"), _post_warning)
+    def report(cluster: str, outcome: Outcome) -> None:
+        status = memo.get("addon_status")  # hub_controller.signer.addon_status, when loaded
+        if status is not None:
+            status.credential(cluster, outcome)
+
+    memo.ledger = Ledger(Kube(field_manager="ocm-fl-ledger"), _post_warning, report=report)
 
 
 @kopf.on.event(

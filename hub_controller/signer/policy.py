@@ -198,7 +198,7 @@ def decide_csr(
             f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
         )
     labels = (csr.get("metadata") or {}).get("labels") or {}
-    label = constants.LABEL_OCM_CLUSTER_NAME
+    label = constants.LABEL_CLUSTER
     if labels.get(label) != cluster:
         return Deny("ClusterMismatch", f"label {label} must be {cluster!r}")
     requester = check_requester(csr, cluster, members.hub_identities(cluster), now or pki.utcnow())

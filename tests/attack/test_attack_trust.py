@@ -10,8 +10,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
-import ssl
-import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from kopf.testing import KopfRunner
 
 from hack import keyscan
 from hack.localfed import grant_namespace
-from hack.testing import TestPKI, wait_for
+from hack.testing import TestPKI, agent_accepts, wait_for
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import ClusterResolution, StaticMembers
@@ -66,37 +64,6 @@ def tenant_fleet_identity(data: dict[str, bytes], cluster: str) -> pki.CertAndKe
     """A Fleet client identity as the federation's Fleet CA issues them."""
     fleet_ca = pki.load_cert_and_key(data[cr.CA], data[cr.FLEET_CA_KEY])
     return pki.issue_fleet_client_cert(fleet_ca, FL_UID, cluster)
-
-
-def agent_accepts(server_cert: bytes, server_key: bytes, trust: bytes, host: str) -> bool:
-    """Whether a TLS client trusting `trust` (as an agent trusts the hub CA) completes a
-    handshake with a server presenting `server_cert` for `host` (in memory, no sockets)."""
-    d = Path(tempfile.mkdtemp())
-    (d / "s.crt").write_bytes(server_cert)
-    (d / "s.key").write_bytes(server_key)
-    sctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    sctx.load_cert_chain(d / "s.crt", d / "s.key")
-    cctx = ssl.create_default_context(cadata=trust.decode())
-    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    client = cctx.wrap_bio(c_in, c_out, server_hostname=host)
-    server = sctx.wrap_bio(s_in, s_out, server_side=True)
-    for _ in range(10):
-        for end, out, peer_in in ((client, c_out, s_in), (server, s_out, c_in)):
-            try:
-                end.do_handshake()
-            except ssl.SSLWantReadError:
-                pass
-            except ssl.SSLError:
-                return False
-            peer_in.write(out.read())
-        try:
-            client.do_handshake()
-            return True
-        except ssl.SSLWantReadError:
-            continue
-        except ssl.SSLError:
-            return False
-    return False
 
 
 # --- the aggregator refuses Fleet certificates ----------------------------------------------

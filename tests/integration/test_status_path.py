@@ -50,6 +50,7 @@ CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 HUB_PARTS = (
     "hub_controller.operator.handlers",
     "hub_controller.aggregator.handlers",
+    "hub_controller.signer.addon_status",
     "hub_controller.signer.handlers",
     "hub_controller.signer.ledger",
 )

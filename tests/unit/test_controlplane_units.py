@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import shutil
 import subprocess
 from pathlib import Path
@@ -225,3 +226,26 @@ def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> 
         pytest.skip("mount namespaces not permitted here")
     assert outs == ["one", "two"]
     assert list(target.iterdir()) == []  # nothing leaked into the host mount table
+
+
+def test_csrcleaner_deletes_only_decided_requests_past_their_age() -> None:
+    from hack.controlplane.csrcleaner import expired
+
+    now = dt.datetime(2026, 12, 3, 12, 0, tzinfo=dt.UTC)
+    old, fresh = "2026-12-03T11:58:00Z", "2026-12-03T11:59:30Z"
+
+    def csr(conditions: list[tuple[str, str]], certificate: bool) -> dict[str, Any]:
+        status: dict[str, Any] = {
+            "conditions": [
+                {"type": t, "status": "True", "lastUpdateTime": at} for t, at in conditions
+            ]
+        }
+        if certificate:
+            status["certificate"] = "Y2VydA=="
+        return {"metadata": {"creationTimestamp": old}, "status": status}
+
+    assert expired(csr([("Approved", old)], certificate=True), now)  # issued a while ago
+    assert expired(csr([("Denied", old)], certificate=False), now)
+    assert not expired(csr([("Approved", fresh)], certificate=True), now)  # just issued
+    assert not expired(csr([("Approved", old)], certificate=False), now)  # not signed yet
+    assert not expired(csr([], certificate=False), now)  # pending: OCM's or an admin's to decide

@@ -109,7 +109,7 @@ def test_mismatched_requests_are_denied(change: dict[str, Any], reason: str) -> 
 
 def test_cluster_label_must_match_the_subject() -> None:
     csr = agent_csr()
-    csr["metadata"]["labels"]["open-cluster-management.io/cluster-name"] = "cluster-b"
+    csr["metadata"]["labels"][constants.LABEL_CLUSTER] = "cluster-b"
     decision = decide_csr(csr, known())
     assert isinstance(decision, Deny) and decision.reason == "ClusterMismatch"
 
@@ -381,7 +381,7 @@ class FakeHub:
 
     def create(self, path: str, body: dict[str, Any], exist_ok: bool = True) -> dict[str, Any]:
         name = f"csr-{len(self.csrs)}"
-        cluster = body["metadata"]["labels"]["open-cluster-management.io/cluster-name"]
+        cluster = body["metadata"]["labels"][constants.LABEL_CLUSTER]
         credential = CREDS.get(cluster) or issue_hub_credential(cluster)
         csr = requested_with({**body, "metadata": {**body["metadata"], "name": name}}, credential)
         decision = decide_csr(csr, self.known)
