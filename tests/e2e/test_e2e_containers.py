@@ -1,12 +1,15 @@
 """The federation in real containers: real kubelets, the Helm chart, the images hack/images built.
 
 A private local control plane whose hub and clusters each have a real kubelet + containerd node
-(`up(kubelet=True)`, hack/controlplane/kubelet.py), with OCM's addon manager. Then
+(`up(kubelet=True)`, hack/controlplane/kubelet.py), with OCM's registration, addon manager and
+work agents: every cluster joined from a bootstrap kubeconfig and was accepted. Then
 examples/kind/demo.sh's own steps after the clusters exist, through hack/demo-local.sh: helm
 installs the chart (the hub Deployment and the CA hook Jobs run from the addon image), the
-addon is enabled and OCM deploys the agent from the chart's AddOnTemplate, each cluster gets a
-data partition and its ClusterClaim, examples/federatedlearning.yaml is applied and the server
-and client Jobs run from the workload image until the resource is Completed.
+addon is enabled and OCM deploys the agent from the chart's AddOnTemplate, its registration
+agent gives the agent its hub kubeconfig (KubeClient), the agent gets its identity from the
+hub's signer, each cluster gets a data partition and its ClusterClaim,
+examples/federatedlearning.yaml is applied and the server and client Jobs run from the workload
+image until the resource is Completed, with the clusters' reports in its status.
 
 The images go into one containerd image store, once per set of image ids, and every node gets
 a hard-linked copy of it (kubelet.image_store): no import per node.
@@ -25,6 +28,7 @@ import pytest
 from hack import controlplane as cp
 from hack.controlplane import kubelet
 from hack.images import deploy, podman
+from hub_controller.signer.addon_status import CONDITION
 from ocmfl import constants
 from ocmfl.kube import Kube
 
@@ -94,3 +98,29 @@ def test_demo_steps_run_the_federation_in_containers_to_completed(plane: cp.Stat
         assert any(c["image"] == constants.ADDON_IMAGE and c.get("ready") for c in statuses), (
             statuses
         )
+        # The agent's hub kubeconfig is what OCM's registration agent wrote (no stand-in), and
+        # the hub says the agent holds its identity.
+        kube = Kube(plane.kubeconfigs[cluster])
+        secret = kube.get(
+            f"/api/v1/namespaces/{constants.AGENT_NAMESPACE}/secrets/{constants.HUB_KUBECONFIG_SECRET}"
+        )
+        kube.close()
+        assert secret is not None and {"kubeconfig", "tls.crt", "tls.key"} <= set(secret["data"])
+        hub = Kube(plane.kubeconfigs["hub"])
+        mca = hub.get(
+            f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{cluster}/managedclusteraddons/"
+            f"{constants.ADDON_NAME}"
+        )
+        hub.close()
+        assert mca is not None
+        conds = {c["type"]: c for c in (mca.get("status") or {}).get("conditions") or []}
+        assert conds["Available"]["status"] == "True", conds
+        assert conds[CONDITION]["reason"] == "AgentIdentityIssued", conds
+    # Reports reached the aggregator: every cluster's row carries its metrics.
+    hub = Kube(plane.kubeconfigs["hub"])
+    fls = hub.get(f"/apis/{constants.API_VERSION}/{constants.PLURAL}") or {}
+    hub.close()
+    (fl,) = fls.get("items") or []
+    rows = {r["name"]: r for r in fl["status"].get("clusters") or []}
+    assert set(rows) == set(plane.clusters), rows
+    assert all(r.get("accuracy") is not None and r.get("lastReportTime") for r in rows.values())
