@@ -1,8 +1,10 @@
 """The local demo federation: `make demo` (or `.venv/bin/python -m examples.demo`).
 
-A real local OCM control plane (hub + 3 managed clusters: real kube-apiservers, OCM placement
-controller and work agents; hack/controlplane), the hub controller with its aggregator and CSR
-signer, one addon agent per cluster, digits partitions on two clusters with ClusterClaims
+A real local OCM control plane (hub + 3 managed clusters: real kube-apiservers; OCM's
+registration, placement and addon controllers; on each cluster OCM's registration agent, joined
+from a bootstrap kubeconfig and accepted, and its work agent; hack/controlplane), the hub
+controller with its aggregator and CSR signers, the chart's addon enabled on every cluster (OCM
+deploys and registers the agent), digits partitions on two clusters with ClusterClaims
 pointing at them (the third has no data and is not chosen), and examples/federatedlearning.yaml
 (the digits example app, examples/apps/digits) applied. Progress is shown live; at the end
 the model path, accuracy before/after on held-out data (scored by the app's ServerApp) and a
@@ -120,11 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     hub = Kube(plane.hub_kubeconfig)
     ok = False
     try:
-        console.rule("[bold]2/5 hub controller, aggregator, CSR signer; one agent per cluster")
+        console.rule("[bold]2/5 hub controller, aggregator, signers; the addon on every cluster")
         fed.start()
         console.print(f"aggregator (mTLS gRPC) on {fed.aggregator_address}; logs in {workdir}")
         for cluster in fed.clusters:
-            console.print(f"  agent {cluster}: certificate issued by the hub CSR signer")
+            console.print(
+                f"  agent {cluster}: deployed by OCM, hub kubeconfig from its registration agent, "
+                "identity from the hub's signer"
+            )
 
         console.rule("[bold]3/5 data stays on its cluster: partitions + ClusterClaims")
         paths = partitions.result()
