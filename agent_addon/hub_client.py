@@ -134,6 +134,8 @@ class HubStreamer:
                 )
                 attempt += 1
                 continue
+            if self.last_error and self.last_error.startswith("client certificate unusable"):
+                self.last_error = None  # it has one now (e.g. just issued by the hub's signer)
             options: list[tuple[str, str | int]] = [
                 ("grpc.keepalive_time_ms", 30_000),
                 ("grpc.keepalive_timeout_ms", 10_000),

@@ -399,6 +399,22 @@ class LocalFederation:
                 return int(c["containerID"].removeprefix("local://"))
         return None
 
+    def agent_cert_dir(self, cluster: str) -> Path:
+        """The agent's own key and certificate: its pod's memory volume on the local node
+        (what root on that cluster reads)."""
+        pod = self.agent_pod(cluster)
+        if pod is None:
+            raise FederationError(f"cluster {cluster} has no agent pod")
+        (container,) = pod["spec"]["containers"]
+        volume = next(
+            m["name"]
+            for m in container["volumeMounts"]
+            if m["mountPath"] == constants.AGENT_CERT_DIR
+        )
+        meta = pod["metadata"]
+        pod_dir = f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
+        return Path(self.plane.state_dir, "pods", cluster, pod_dir, "volumes", str(volume))
+
     def log_file(self, name: str) -> Path:
         """A component's log: `hub`, or `agent-<cluster>` (the current agent pod's container
         log on the local node)."""
@@ -583,6 +599,7 @@ class LocalFederation:
                     os.killpg(proc.popen.pid, signal.SIGKILL)
                 proc.popen.wait(5)
         self.procs.clear()
+        self._keep_agent_logs()
         if self.enabled:
             hub = Kube(self.plane.hub_kubeconfig)
             try:
@@ -592,6 +609,20 @@ class LocalFederation:
             finally:
                 hub.close()
             self.enabled.clear()
+
+    def _keep_agent_logs(self) -> None:
+        """Copy every agent pod's log of this plane to workdir/logs/agent-<cluster>.log (the
+        plane's pod directories go with it)."""
+        for cluster in self.clusters:
+            pods = Path(self.plane.state_dir, "pods", cluster)
+            logs = sorted(pods.glob(f"{constants.AGENT_NAMESPACE}_*/logs/agent.log"))
+            if logs:
+                out = self.workdir / "logs" / f"agent-{cluster}.log"
+                out.parent.mkdir(parents=True, exist_ok=True)
+                with out.open("ab") as fh:
+                    for log in logs:
+                        with contextlib.suppress(OSError):
+                            fh.write(f"--- {log.parent.parent.name}\n".encode() + log.read_bytes())
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to a component ("hub": its process group, forgotten once it has exited;

@@ -153,3 +153,37 @@ def agent_accepts(server_cert: bytes, server_key: bytes, trust: bytes, host: str
         except ssl.SSLError:
             return False
     return False
+
+
+async def report_probe(address: str, cert_dir: Path, ca: bytes, cluster: str, seq: int) -> str:
+    """One report on one stream to the aggregator at `address`, with the client certificate
+    in `cert_dir` and `ca` trusted for the server: "accepted" when the aggregator took the
+    stream (it answers the made-up federation with a not_in_scope refusal in the ack), else
+    the gRPC error's code and details."""
+    import grpc
+    import grpc.aio
+    from google.protobuf.timestamp_pb2 import Timestamp
+
+    from ocmfl.status.v1 import report_pb2, report_pb2_grpc
+
+    ts = Timestamp()
+    ts.FromDatetime(dt.datetime.now(dt.UTC))
+    report = report_pb2.Report(
+        cluster=cluster, fl_namespace="probe", fl_name="probe", fl_uid="probe-uid",
+        client_phase=report_pb2.CLIENT_PHASE_RUNNING, round=1, timestamp=ts, sequence=seq,
+    )  # fmt: skip
+    creds = grpc.ssl_channel_credentials(
+        root_certificates=ca,
+        private_key=(cert_dir / pki.KEY_FILE).read_bytes(),
+        certificate_chain=(cert_dir / pki.CERT_FILE).read_bytes(),
+    )
+    async with grpc.aio.secure_channel(address, creds) as ch:
+        call = report_pb2_grpc.StatusServiceStub(ch).StreamReports()
+        try:
+            await call.write(report)
+            ack = await call.read()
+            await call.done_writing()
+        except grpc.aio.AioRpcError as e:
+            return f"{e.code().name}: {e.details()}"
+        in_scope = isinstance(ack, report_pb2.Ack) and ack.refused.startswith("not_in_scope")
+        return "accepted" if in_scope else str(ack)

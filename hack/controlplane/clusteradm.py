@@ -145,17 +145,26 @@ def _approved_or_denied(csr: Obj) -> tuple[bool, bool]:
     return "Approved" in types, "Denied" in types
 
 
-def approve_csr(kube: Kube, cluster: str) -> str | None:
+def approve_csr(kube: Kube, cluster: str, since: str = "") -> str | None:
     """Approve the cluster's pending registration CSR from the bootstrap identity, as
     `clusteradm accept` does; the CSR's name (approved now or before), or None when there is
-    none yet."""
+    none yet. Unlike clusteradm, which stops at the first such CSR it lists, CSRs created
+    before `since` (the ManagedCluster's creationTimestamp: an earlier registration's) are left
+    alone and a pending one is preferred to one approved earlier: a cluster that registers
+    again within the hour before the csrcleaner removes its old CSR is accepted, not
+    skipped."""
     got = kube.get(CSRS, query={"labelSelector": f"{CLUSTER_LABEL}={cluster}"}) or {}
-    for csr in got.get("items") or []:
-        spec = csr.get("spec") or {}
-        if spec.get("username") != BOOTSTRAP_USER and not str(spec.get("username")).startswith(
-            "system:bootstrap:"
-        ):
-            continue  # not a registration request (an addon's, a renewal, ...)
+    mine = [
+        csr
+        for csr in got.get("items") or []
+        if (
+            (csr.get("spec") or {}).get("username") == BOOTSTRAP_USER
+            or str((csr.get("spec") or {}).get("username")).startswith("system:bootstrap:")
+        )  # the others are not registration requests (an addon's, a renewal, ...)
+        and str(csr["metadata"].get("creationTimestamp", "")) >= since
+    ]
+    mine.sort(key=lambda csr: _approved_or_denied(csr) != (False, False))  # pending first
+    for csr in mine:
         approved, denied = _approved_or_denied(csr)
         if denied:
             name = csr["metadata"]["name"]
@@ -201,8 +210,9 @@ def accept(
     csr: str | None = None
     accepted = False
     while True:
-        if csr is None:
-            csr = approve_csr(kube, cluster)
+        mc = kube.get(f"{MANAGED_CLUSTERS}/{cluster}")
+        if csr is None and mc is not None:  # its CSR comes with (after) it
+            csr = approve_csr(kube, cluster, str(mc["metadata"].get("creationTimestamp", "")))
         if not accepted:
             accepted = set_hub_accepts(kube, cluster)
         if csr is not None and accepted:

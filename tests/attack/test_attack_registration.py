@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import datetime as dt
 import ipaddress
 import json
 import time
@@ -25,26 +24,22 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
-import grpc.aio
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from agent_addon.csr import csr_object
 from agent_addon.fleet_identity import fleet_csr_object
 from hack.controlplane import clusteradm, plane
 from hack.controlplane.processes import State
 from hack.localfed import LocalFederation, addon_hub_kubeconfig, create_fl, set_cluster_claim
-from hack.testing import agent_accepts, wait_for
+from hack.testing import agent_accepts, report_probe, wait_for
 from hub_controller.api import claim_placement
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import Kube, KubeError
-from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -418,62 +413,17 @@ def test_a_hub_credential_ocm_issues_to_another_cluster_gets_nothing_from_our_si
 
 
 # --- revocation -------------------------------------------------------------------------
-def report(cluster: str, seq: int) -> report_pb2.Report:
-    ts = Timestamp()
-    ts.FromDatetime(dt.datetime.now(dt.UTC))
-    return report_pb2.Report(
-        cluster=cluster, fl_namespace="probe", fl_name="probe", fl_uid="probe-uid",
-        client_phase=report_pb2.CLIENT_PHASE_RUNNING, round=1, timestamp=ts, sequence=seq,
-    )  # fmt: skip
-
-
-async def probe(address: str, cert_dir: Path, ca: bytes, cluster: str, seq: int) -> str:
-    """One report on one stream with the agent's own credentials: "accepted" when the
-    aggregator took the stream (it answers the unknown federation with a refusal in the ack),
-    else the gRPC error's details."""
-    creds = grpc.ssl_channel_credentials(
-        root_certificates=ca,
-        private_key=(cert_dir / pki.KEY_FILE).read_bytes(),
-        certificate_chain=(cert_dir / pki.CERT_FILE).read_bytes(),
-    )
-    async with grpc.aio.secure_channel(address, creds) as ch:
-        call = report_pb2_grpc.StatusServiceStub(ch).StreamReports()
-        try:
-            await call.write(report(cluster, seq))
-            ack = await call.read()
-            await call.done_writing()
-        except grpc.aio.AioRpcError as e:
-            return f"{e.code().name}: {e.details()}"
-        return (
-            "accepted" if ack is not None and ack.refused.startswith("not_in_scope") else str(ack)
-        )
-
-
-def agent_cert_dir(control_plane: plane.ControlPlane, fed: LocalFederation, cluster: str) -> Path:
-    """The agent's own key and certificate, in its pod's memory volume on the node (what root
-    on that cluster reads)."""
-    pod = fed.agent_pod(cluster)
-    assert pod is not None
-    (container,) = pod["spec"]["containers"]
-    volume = next(
-        m["name"] for m in container["volumeMounts"] if m["mountPath"] == constants.AGENT_CERT_DIR
-    )
-    meta = pod["metadata"]
-    pod_dir = f"{meta['namespace']}_{meta['name']}_{meta['uid'][:8]}"
-    return Path(control_plane.state_dir, "pods", cluster, pod_dir, "volumes", str(volume))
-
-
 def test_a_denied_cluster_loses_its_addon_identity_at_once(
     control_plane: plane.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
 ) -> None:
     c2 = control_plane.clusters[1]
-    cert_dir = agent_cert_dir(control_plane, fed, c2)
+    cert_dir = fed.agent_cert_dir(c2)
     ca = (fed.ca_dir / pki.CERT_FILE).read_bytes()
     creds = as_kube(addon_hub_kubeconfig(control_plane, c2, tmp_path / "addon"))
     seq = iter(range(1, 10_000))
 
     def ask() -> str:
-        return asyncio.run(probe(fed.aggregator_address, cert_dir, ca, c2, next(seq)))
+        return asyncio.run(report_probe(fed.aggregator_address, cert_dir, ca, c2, next(seq)))
 
     assert ask() == "accepted"
     try:

@@ -38,7 +38,7 @@ from hack.localfed import (
 from hack.testing import wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired import security
-from hub_controller.operator.desired.works import client_namespace, work_name
+from hub_controller.operator.desired.works import CLIENT_TOKEN_FILE, client_namespace, work_name
 from ocmfl import constants
 from ocmfl.kube import Kube
 
@@ -128,9 +128,14 @@ def _client_pods(spoke: Kube, run: Run) -> dict[str, tuple[str, int]]:
 # did not attribute (400) changes nothing; an attributed one is refused with 403.
 SPOOF = """
 import json, sys, time, urllib.error, urllib.request
-body = {"phase": "fit", "round": 0, "samples": 1, "fl_namespace": "tenant-a", "fl_name": "digits"}
+body = {"phase": "fit", "round": 1, "samples": 1, "fl_namespace": "tenant-a", "fl_name": "digits",
+        "fl_uid": "spoofed"}
+token = open(sys.argv[2]).read().strip()  # its own federation's token, there in its namespace
 for _ in range(120):
-    req = urllib.request.Request(sys.argv[1] + "/v1/metrics", data=json.dumps(body).encode())
+    req = urllib.request.Request(
+        sys.argv[1] + "/v1/metrics", data=json.dumps(body).encode(),
+        headers={"Authorization": "Bearer " + token},
+    )
     try:
         urllib.request.urlopen(req, timeout=5)
         code = 202
@@ -139,6 +144,7 @@ for _ in range(120):
         if code == 403:
             print(403, json.load(e)["error"])
             sys.exit(0)
+        print(code, e.read()[:300])
     except OSError:
         code = 0
     time.sleep(1)
@@ -155,9 +161,13 @@ def _spoof_pod(run: Run, agent: str) -> dict[str, Any]:
             {
                 "name": "c",
                 "image": constants.WORKLOAD_IMAGE,
-                "command": ["python", "-c", SPOOF, agent],
+                "command": ["python", "-c", SPOOF, agent, CLIENT_TOKEN_FILE],
+                "volumeMounts": [
+                    {"name": "token", "mountPath": constants.CLIENT_TOKEN_DIR, "readOnly": True}
+                ],
             }
         ],
+        "volumes": [{"name": "token", "secret": {"secretName": constants.CLIENT_TOKEN_SECRET}}],
     }
     # Client namespaces enforce the restricted Pod Security level: a pod there runs as one.
     security.harden(spec)
@@ -219,13 +229,23 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
             phase = (pod.get("status") or {}).get("phase")
             return phase if phase in ("Succeeded", "Failed") else None
 
-        assert wait_for(spoof_done, 180, "the spoofing pod") == "Succeeded"
+        spoof_logs = Path(plane.state_dir, "pods", c3).glob(
+            f"{client_namespace(keep_c.ref)}_spoof_*/logs/c.log"
+        )
+        outcome = wait_for(spoof_done, 180, "the spoofing pod")
+        assert outcome == "Succeeded", [log.read_text()[-2000:] for log in spoof_logs]
         [log] = Path(plane.state_dir, "pods", c3).glob(
             f"{client_namespace(keep_c.ref)}_spoof_*/logs/c.log"
         )
-        assert "403 fl_namespace, fl_name: this client pod belongs to tenant-b/private" in (
-            log.read_text()
-        )
+        # Refused 403 for tenant-a's federation, with tenant-b's token from the pod's own
+        # namespace: by the pod's address when the agent sees it, else by the token (through a
+        # Service the local node proxies, the agent sees the node's address).
+        refusal = log.read_text()
+        assert refusal.startswith("403 fl_namespace, fl_name: "), refusal
+        assert (
+            "this client pod belongs to tenant-b/private" in refusal
+            or "tenant-a/digits has no client here" in refusal
+        ), refusal
         spokes[c3].delete(f"{spoof_ns}/pods/spoof")
 
         # Three distinct servers behind three distinct LoadBalancer addresses.

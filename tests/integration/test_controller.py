@@ -327,22 +327,34 @@ def test_invalid_resource_fails_with_a_useful_message_and_applies_nothing(
 
 
 def test_selected_cluster_without_the_claim_is_reported_and_gets_no_work(
-    hub: Kube, spokes: dict[str, Kube], bound: str, claim: str, operator: KopfRunner
+    hub: Kube,
+    spokes: dict[str, Kube],
+    bound: str,
+    claim: str,
+    operator: KopfRunner,
+    request: pytest.FixtureRequest,
 ) -> None:
     namespace = bound
     first, second = sorted(spokes)[:2]
     set_claim(spokes[first], claim, "/srv/data/only-here")
+    # The hub admin labels the two clusters (OCM sets no `name` label on ManagedClusters).
+    label = f"{namespace}.test.ocmfl.io/selected"
+    for c in (first, second):
+        hub.patch(f"/apis/{CLUSTER}/v1/managedclusters/{c}", {"metadata": {"labels": {label: "y"}}})
+
+    def unlabel() -> None:
+        for c in (first, second):
+            patch = {"metadata": {"labels": {label: None}}}
+            hub.patch(f"/apis/{CLUSTER}/v1/managedclusters/{c}", patch)
+
+    request.addfinalizer(unlabel)
     body = fl_body(namespace, claim)
     body["spec"]["client"]["placement"] = {
         "clusterSets": ["global"],
         "predicates": [
             {
                 "requiredClusterSelector": {
-                    "labelSelector": {
-                        "matchExpressions": [
-                            {"key": "name", "operator": "In", "values": [first, second]}
-                        ]
-                    }
+                    "labelSelector": {"matchExpressions": [{"key": label, "operator": "Exists"}]}
                 }
             }
         ],
