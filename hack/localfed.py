@@ -40,7 +40,13 @@ from hack.controlplane.plane import ControlPlane
 from hack.helm import helm_binary
 from hack.testing import WaitTimeout, wait_for
 from hub_controller import policy
-from hub_controller.api import FLRef, PlacementSpec, exists_claim_keys, run_finished
+from hub_controller.api import (
+    FLRef,
+    PlacementSpec,
+    claim_placement,
+    exists_claim_keys,
+    run_finished,
+)
 from hub_controller.operator.desired.server import hostpath_store_dir
 from hub_controller.operator.desired.works import DEFAULT_AGENT_ENDPOINT
 from ocmfl import constants, pki
@@ -725,6 +731,29 @@ def claim_data(plane: ControlPlane, paths: Mapping[str, Path], claim: str) -> No
     """Point each cluster's ClusterClaim `claim` at its data directory in `paths`."""
     for cluster, path in paths.items():
         set_cluster_claim(plane, cluster, claim, str(path))
+
+
+def inert_fl_body(namespace: str, claim: str, name: str = "digits") -> dict[str, Any]:
+    """A FederatedLearning on the clusters that carry the data claim `claim`, whose clients
+    never run (an image no node has) and whose server never starts (minAvailableClients out
+    of reach): for tests about what the hub does with it (works, reports, identities)."""
+    return {
+        "apiVersion": constants.API_VERSION,
+        "kind": constants.KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "server": {
+                "rounds": 1,
+                "minAvailableClients": 9,
+                "app": {"path": f"{constants.APPS_DIR}/digits"},
+            },
+            "client": {
+                "image": "example.invalid/not-run:0",
+                "dataClaim": claim,
+                "placement": claim_placement(claim),
+            },
+        },
+    }
 
 
 def create_fl(

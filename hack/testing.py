@@ -187,3 +187,29 @@ async def report_probe(address: str, cert_dir: Path, ca: bytes, cluster: str, se
             return f"{e.code().name}: {e.details()}"
         in_scope = isinstance(ack, report_pb2.Ack) and ack.refused.startswith("not_in_scope")
         return "accepted" if in_scope else str(ack)
+
+
+class ReportProbe:
+    """Asks the aggregator, report by report on fresh streams, whether it takes a cluster's
+    agent certificate (`report_probe`)."""
+
+    def __init__(self, address: str, cert_dir: Path, ca: bytes, cluster: str) -> None:
+        self.address, self.cert_dir, self.ca, self.cluster = address, cert_dir, ca, cluster
+        self.seq = 0
+
+    def ask(self) -> str:
+        self.seq += 1
+        return asyncio.run(
+            report_probe(self.address, self.cert_dir, self.ca, self.cluster, self.seq)
+        )
+
+    def until_refused(self, timeout: float) -> tuple[str, float]:
+        """Ask until refused: the refusal and the seconds it took from this call."""
+        start = time.monotonic()
+
+        def refused() -> str | None:
+            got = self.ask()
+            return None if got == "accepted" else got
+
+        refusal = wait_for(refused, timeout, f"{self.cluster}'s reports refused")
+        return refusal, time.monotonic() - start

@@ -13,12 +13,10 @@ subject and SANs with the hub CA, which both the aggregator and the agents trust
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import ipaddress
 import json
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,9 +32,14 @@ from agent_addon.csr import csr_object
 from agent_addon.fleet_identity import fleet_csr_object
 from hack.controlplane import clusteradm, plane
 from hack.controlplane.processes import State
-from hack.localfed import LocalFederation, addon_hub_kubeconfig, create_fl, set_cluster_claim
-from hack.testing import agent_accepts, report_probe, wait_for
-from hub_controller.api import claim_placement
+from hack.localfed import (
+    LocalFederation,
+    addon_hub_kubeconfig,
+    create_fl,
+    inert_fl_body,
+    set_cluster_claim,
+)
+from hack.testing import ReportProbe, agent_accepts, wait_for
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import Kube, KubeError
@@ -171,23 +174,7 @@ def federation_on(
     there. Its clients never run (an image no node has): the works are what matters."""
     claim = f"{namespace}.data.ocmfl.io"
     set_cluster_claim(control_plane, cluster, claim, f"/srv/data/{cluster}")
-    body = {
-        "apiVersion": constants.API_VERSION,
-        "kind": constants.KIND,
-        "metadata": {"name": "digits", "namespace": namespace},
-        "spec": {
-            "server": {
-                "rounds": 1,
-                "minAvailableClients": 9,
-                "app": {"path": f"{constants.APPS_DIR}/digits"},
-            },
-            "client": {
-                "image": "example.invalid/not-run:0",
-                "dataClaim": claim,
-                "placement": claim_placement(claim),
-            },
-        },
-    }
+    body = inert_fl_body(namespace, claim)
     created = create_fl(hub, namespace, body)
     uid = created["metadata"]["uid"]
     works = f"/apis/{constants.WORK_GROUP}/v1/namespaces/{cluster}/manifestworks"
@@ -420,22 +407,11 @@ def test_a_denied_cluster_loses_its_addon_identity_at_once(
     cert_dir = fed.agent_cert_dir(c2)
     ca = (fed.ca_dir / pki.CERT_FILE).read_bytes()
     creds = as_kube(addon_hub_kubeconfig(control_plane, c2, tmp_path / "addon"))
-    seq = iter(range(1, 10_000))
-
-    def ask() -> str:
-        return asyncio.run(report_probe(fed.aggregator_address, cert_dir, ca, c2, next(seq)))
-
-    assert ask() == "accepted"
+    probe = ReportProbe(fed.aggregator_address, cert_dir, ca, c2)
+    assert probe.ask() == "accepted"
     try:
         clusteradm.set_hub_accepts(hub, c2, False)  # the hub admin denies the cluster
-        denied_at = time.monotonic()
-
-        def refused() -> str | None:
-            got = ask()
-            return None if got == "accepted" else got
-
-        refusal = wait_for(refused, 60, f"{c2}'s reports refused")
-        took = time.monotonic() - denied_at
+        refusal, took = probe.until_refused(60)
         assert refusal.startswith("PERMISSION_DENIED") and "not an accepted" in refusal, refusal
         # Its credentials get no new identity either, and its addon says why.
         assert denial(hub, submit(creds, csr_object(c2, pki.generate_key()))) == "UnknownCluster"
@@ -452,4 +428,4 @@ def test_a_denied_cluster_loses_its_addon_identity_at_once(
         print(f"\nDENIED: {c2}'s agent reports refused {took:.2f}s after hubAcceptsClient=false")
     finally:
         clusteradm.set_hub_accepts(hub, c2, True)
-    wait_for(lambda: ask() == "accepted", 60, f"{c2} accepted again")
+    wait_for(lambda: probe.ask() == "accepted", 60, f"{c2} accepted again")

@@ -10,7 +10,6 @@ enables the addon: its agent gets a new identity and reports again.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import shutil
 import time
@@ -24,7 +23,7 @@ from hack.controlplane import clusteradm
 from hack.controlplane import plane as planes
 from hack.controlplane.processes import State
 from hack.localfed import MCA_PATH, LocalFederation, addon_hub_kubeconfig
-from hack.testing import report_probe, wait_for
+from hack.testing import ReportProbe, wait_for
 from ocmfl import constants, pki
 from ocmfl.kube import Kube, KubeError
 
@@ -44,21 +43,10 @@ def test_a_deleted_cluster_loses_its_addon_identity_and_can_join_again(
     shutil.copytree(fed.agent_cert_dir(victim), cert_dir, symlinks=False)
     ca = (fed.ca_dir / pki.CERT_FILE).read_bytes()
     creds = Kube(addon_hub_kubeconfig(plane, victim, tmp_path / "addon"))
-    seq = iter(range(1, 10_000))
-
-    def ask() -> str:
-        return asyncio.run(report_probe(fed.aggregator_address, cert_dir, ca, victim, next(seq)))
-
-    assert ask() == "accepted"
+    probe = ReportProbe(fed.aggregator_address, cert_dir, ca, victim)
+    assert probe.ask() == "accepted"
     hub.delete(f"{MCS}/{victim}")  # the hub admin removes the cluster
-    deleted_at = time.monotonic()
-
-    def refused() -> str | None:
-        got = ask()
-        return None if got == "accepted" else got
-
-    refusal = wait_for(refused, 60, f"{victim}'s reports refused")
-    took = time.monotonic() - deleted_at
+    refusal, took = probe.until_refused(60)
     assert refusal.startswith("PERMISSION_DENIED"), refusal
     made = creds.create(CSRS, csr_object(victim, pki.generate_key()), exist_ok=False)
     assert made is not None
@@ -101,18 +89,8 @@ def test_a_deleted_cluster_loses_its_addon_identity_and_can_join_again(
         return bool(health.get("certificateNotAfter"))
 
     wait_for(identity, 180, f"{victim}'s new agent with its identity")
-    assert wait_for(
-        lambda: (
-            asyncio.run(
-                report_probe(
-                    fed.aggregator_address, fed.agent_cert_dir(victim), ca, victim, next(seq)
-                )
-            )
-            == "accepted"
-        ),
-        60,
-        f"{victim} reporting again",
-    )
+    again = ReportProbe(fed.aggregator_address, fed.agent_cert_dir(victim), ca, victim)
+    wait_for(lambda: again.ask() == "accepted", 60, f"{victim} reporting again")
     mca = hub.get(f"{MCA_PATH.format(ns=victim)}/{constants.ADDON_NAME}")
     assert mca is not None
     print(f"REJOINED: {victim} Joined {rejoined:.1f}s after its registration agent restarted")

@@ -29,11 +29,11 @@ from hack.localfed import (
     addon_hub_kubeconfig,
     grant_for,
     grant_namespace,
+    inert_fl_body,
     install_addon,
     install_crd,
 )
 from hack.testing import TestPKI, await_for, free_port, kopf_registry, wait_for
-from hub_controller.api import claim_placement
 from ocmfl import constants, pki, reports
 from ocmfl.kube import Kube
 from ocmfl.names import cluster_side_name
@@ -168,23 +168,7 @@ def fl(
             "spec": {"clusterSet": "global"},
         },
     )
-    body = {
-        "apiVersion": constants.API_VERSION,
-        "kind": constants.KIND,
-        "metadata": {"name": "digits", "namespace": namespace},
-        "spec": {
-            "server": {
-                "rounds": 1,
-                "minAvailableClients": 9,
-                "app": {"path": f"{constants.APPS_DIR}/digits"},
-            },
-            "client": {
-                "image": "example.invalid/not-run:0",
-                "dataClaim": claim,
-                "placement": claim_placement(claim),
-            },
-        },
-    }
+    body = inert_fl_body(namespace, claim)
     grant_namespace(hub, namespace, **grant_for(body))
     yield hub.request("POST", fl_path(namespace), body)
     spoke.delete(f"{CLAIMS}/{claim}")
