@@ -589,11 +589,23 @@ def launcher_argv(
         join = ["nsenter", f"--net={netns}", "--"]
         handles = shlex.quote(str(Path(netns).parent))
         lines.append(f"umount -l {handles} 2>/dev/null || true")
+    # A volume mounted over a parent of the repository (an emptyDir at /tmp, with the repo in
+    # /tmp/<clone>) would hide the project venv the image maps to: keep a handle on the repo
+    # from before the mounts and bind it back in place after them.
+    repo = str(REPO_ROOT)
+    shadowed = any(repo.startswith(m.target.rstrip("/") + "/") for m in plan.mounts)
+    if shadowed:
+        lines.append(f"exec 9<{shlex.quote(repo)}")
     for m in plan.mounts:
         src, dst = shlex.quote(m.source), shlex.quote(m.target)
         lines.append(f"mount --bind {src} {dst}")
         if m.read_only:
             lines.append(f"mount -o remount,bind,ro {dst}")
+    if shadowed:
+        lines.append(f"mkdir -p {shlex.quote(repo)} 2>/dev/null || true")
+        # --no-canonicalize: mount(8) would resolve the fd's link by name, now the shadow.
+        lines.append(f"mount --no-canonicalize --bind /proc/self/fd/9 {shlex.quote(repo)}")
+        lines.append("exec 9<&-")
     if hosts_file:
         lines.append(f"mount --bind {shlex.quote(hosts_file)} /etc/hosts")
     lines.append(f"cd {shlex.quote(plan.workdir)}")

@@ -228,6 +228,34 @@ def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> 
     assert list(target.iterdir()) == []  # nothing leaked into the host mount table
 
 
+@pytest.mark.skipif(
+    shutil.which("unshare") is None or shutil.which("setpriv") is None,
+    reason="needs util-linux unshare/setpriv",
+)
+def test_a_volume_over_a_parent_of_the_repo_does_not_hide_the_project_venv(
+    tmp_path: Path,
+) -> None:
+    """An emptyDir mounted at a parent of the checkout (the agent's /tmp, CI cloning into
+    /tmp/...) must not hide the venv the project's images map to."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    parent = podplan.REPO_ROOT.parent
+    plan = podplan.ContainerPlan(
+        "c",
+        "busybox",
+        ["sh", "-c", f"test -x {podplan.VENV_BIN / 'python'} && ls {parent}"],
+        {"PATH": podplan.SYSTEM_PATH},
+        [podplan.Mount(str(empty), str(parent))],
+    )
+    out = subprocess.run(
+        podplan.launcher_argv(plan), capture_output=True, text=True, env=plan.env, timeout=10
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    # Only the repository is back in the emptied parent; nothing leaked into the host.
+    assert out.stdout.split() == [podplan.REPO_ROOT.name]
+    assert [p.name for p in empty.iterdir()] == [podplan.REPO_ROOT.name]
+
+
 def test_csrcleaner_deletes_only_decided_requests_past_their_age() -> None:
     from hack.controlplane.csrcleaner import expired
 
