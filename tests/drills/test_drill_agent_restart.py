@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drills_support import pending as _pending
-from drills_support import restore, rounds_missing
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
 from hack.localfed import FL_PATH, LocalFederation, create_fl, get_fl, prepare_data, wait_fl
 from hack.testing import wait_for
 from ocmfl.kube import Kube
+from tests.drills.drills_support import pending as _pending
+from tests.drills.drills_support import restore, rounds_missing
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 

@@ -23,13 +23,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drills_support import apiserver_pid, drained, hub_metrics, pending, restore, rounds_missing
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
 from hack.localfed import FL_PATH, LocalFederation, create_fl, get_fl, prepare_data, wait_fl
 from hack.testing import wait_for
 from ocmfl.kube import Kube
+from tests.drills.drills_support import (
+    apiserver_pid,
+    drained,
+    hub_metrics,
+    pending,
+    restore,
+    rounds_missing,
+)
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 

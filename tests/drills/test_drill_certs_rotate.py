@@ -36,7 +36,6 @@ from typing import Any
 
 import pytest
 from cryptography import x509
-from drills_support import drained, hub_metrics, restore
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
@@ -44,6 +43,7 @@ from hack.localfed import FL_PATH, LocalFederation, create_fl, get_fl, prepare_d
 from hack.testing import wait_for
 from ocmfl import certlife, pki
 from ocmfl.kube import Kube
+from tests.drills.drills_support import drained, hub_metrics, restore
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 

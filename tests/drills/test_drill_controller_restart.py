@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drills_support import StatusRecorder, restore
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
@@ -22,6 +21,7 @@ from hack.localfed import FL_PATH, LocalFederation, create_fl, get_fl, prepare_d
 from hack.testing import wait_for
 from ocmfl import constants
 from ocmfl.kube import Kube
+from tests.drills.drills_support import StatusRecorder, restore
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 

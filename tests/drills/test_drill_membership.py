@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drills_support import rounds_missing
 
 from examples.demo import demo_resource
 from hack import controlplane as cp
@@ -40,6 +39,7 @@ from hack.testing import wait_for
 from ocmfl import constants
 from ocmfl.kube import Kube
 from ocmfl.nodekeys import public_key_of
+from tests.drills.drills_support import rounds_missing
 
 pytestmark = [pytest.mark.drill, pytest.mark.timeout(900)]
 

@@ -186,6 +186,21 @@ def _keep_server_logs(plane: cp.ControlPlane) -> None:
                 shutil.copyfile(src, pod / "logs" / log.replace("/", "-"))
 
 
+def _print_diagnosis(plane: cp.ControlPlane, hub: Kube, runs: list[Run]) -> None:
+    """On a failure: each run's status and the tail of every pod log of its namespaces."""
+    for run in runs:
+        st = _status(hub, run)
+        print(f"--- {run.key}: {st.get('phase')} round {st.get('round')}: {st.get('message')}")
+        for row in st.get("clusters") or []:
+            print(f"    {row}")
+    namespaces = {r.namespace for r in runs} | {client_namespace(r.ref) for r in runs if r.uid}
+    for log in sorted(Path(plane.state_dir, "pods").glob("*/*/logs/*.log")):
+        if log.parent.parent.name.split("_")[0] not in namespaces:
+            continue
+        print(f"--- {log.relative_to(plane.state_dir)}")
+        print("\n".join(log.read_text(errors="replace").splitlines()[-15:]))
+
+
 def test_two_tenants_three_federations_at_once_each_on_its_own_data(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube
 ) -> None:
@@ -335,6 +350,9 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
             # Each resource's store is its own directory under the hub's HostPath root.
             assert model.is_file() and str(model).startswith(str(fed.store_dir(run.ref)) + "/")
         print(f"three federations, two tenants: {time.monotonic() - started:.0f}s")
+    except BaseException:
+        _print_diagnosis(plane, hub, runs)
+        raise
     finally:
         _keep_server_logs(plane)  # the pods' volumes go with them; their logs/ dirs stay
         for run in runs:  # also after a failure: nothing keeps training into later tests
