@@ -130,17 +130,22 @@ def grant_namespace(
     advertise_domains: Sequence[str] = (),
     writable_data_mount: bool = False,
     host_path_store: bool = False,
+    app_path_prefixes: Sequence[str] = (constants.APPS_DIR + "/",),
+    **more: Any,
 ) -> dict[str, Any]:
     """What the hub admin does for a tenant namespace: create it (if needed) and its
-    FederationPolicy `default` saying what FederatedLearning resources there may use."""
+    FederationPolicy `default` saying what FederatedLearning resources there may use (`more`:
+    further FederationPolicySpec fields by their Python names)."""
     spec = policy.FederationPolicySpec(
         allowed_image_prefixes=list(image_prefixes),
         allowed_data_claims=list(data_claims),
         allowed_advertise_domains=list(advertise_domains),
         allow_writable_data_mount=writable_data_mount,
         allow_host_path_store=host_path_store,
+        allowed_app_path_prefixes=list(app_path_prefixes),
+        **more,
     )
-    return apply_policy(hub, namespace, spec.model_dump(by_alias=True))
+    return apply_policy(hub, namespace, spec.model_dump(by_alias=True, exclude_none=True))
 
 
 def apply_policy(hub: Kube, namespace: str, spec: Mapping[str, Any]) -> dict[str, Any]:

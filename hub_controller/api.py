@@ -28,9 +28,37 @@ _ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 # Env a tenant may not set on the client: the platform's own variables (the launchers, the SDK
 # and Flower read them), the dynamic loader's and interpreters' hooks (code injection), the TLS
 # trust settings of Python and gRPC, and what the pod spec itself relies on (scratch HOME/TMPDIR).
-RESERVED_ENV_PREFIXES: Final = ("OCMFL_", "FLWR_", "LD_", "PYTHON", "GRPC_", "SSL_CERT_")
+# Also package installers' settings (an index of the tenant's choosing), OpenSSL's and glibc's
+# tunables, proxies (a way out for the data), resolver overrides and shells' start-up files.
+RESERVED_ENV_PREFIXES: Final = (
+    "OCMFL_",
+    "FLWR_",
+    "LD_",
+    "PYTHON",
+    "GRPC_",
+    "SSL_",
+    "PIP_",
+    "UV_",
+    "OPENSSL_",
+    "GLIBC_",
+    "GCONV_",
+    "MALLOC_",
+)
+RESERVED_ENV_SUFFIXES: Final = ("_PROXY",)
 RESERVED_ENV_NAMES: Final = frozenset(
-    {"HOME", "TMPDIR", "PATH", "POD_IP", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"}
+    {
+        "HOME",
+        "TMPDIR",
+        "PATH",
+        "POD_IP",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "HOSTALIASES",
+        "RES_OPTIONS",
+        "LOCALDOMAIN",
+        "BASH_ENV",
+        "ENV",
+    }
 )
 
 CONDITION_VALIDATED: Final = "Validated"
@@ -479,9 +507,11 @@ class ClusterOverride(_Model):
     )
     env: list[EnvVar] = Field(
         default_factory=list,
-        description="Extra client env. Names the platform sets or that hook code into its "
-        "processes are refused: OCMFL_*, FLWR_*, LD_*, PYTHON*, GRPC_*, SSL_CERT_*, HOME, "
-        "TMPDIR, PATH, POD_IP, REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE.",
+        description="Extra client env, names the namespace's FederationPolicy allowedEnv "
+        "lists. Names the platform sets or that hook code into its processes are always "
+        "refused: OCMFL_*, FLWR_*, LD_*, PYTHON*, GRPC_*, SSL_*, PIP_*, UV_*, OPENSSL_*, "
+        "GLIBC_*, GCONV_*, MALLOC_*, *_PROXY, HOME, TMPDIR, PATH, POD_IP, REQUESTS_CA_BUNDLE, "
+        "CURL_CA_BUNDLE, HOSTALIASES, RES_OPTIONS, LOCALDOMAIN, BASH_ENV, ENV.",
     )
     resources: Resources | None = Field(
         default=None, description="Client container resources for these clusters."
@@ -788,7 +818,11 @@ def _refused(spec: FederatedLearningSpec) -> list[str]:
 def reserved_env(name: str) -> bool:
     """True for names the platform sets or that hook code into its processes."""
     upper = name.upper()
-    return upper in RESERVED_ENV_NAMES or upper.startswith(RESERVED_ENV_PREFIXES)
+    return (
+        upper in RESERVED_ENV_NAMES
+        or upper.startswith(RESERVED_ENV_PREFIXES)
+        or upper.endswith(RESERVED_ENV_SUFFIXES)
+    )
 
 
 def _env_problems(client: ClientSpec) -> list[str]:
@@ -800,6 +834,7 @@ def _env_problems(client: ClientSpec) -> list[str]:
                     f"spec.client.overrides[{i}].env[{j}].name ({env.name}) is reserved: the "
                     "platform sets it, or it hooks code into the client's processes (reserved: "
                     f"{', '.join(p + '*' for p in RESERVED_ENV_PREFIXES)}, "
+                    f"{', '.join('*' + x for x in RESERVED_ENV_SUFFIXES)}, "
                     f"{', '.join(sorted(RESERVED_ENV_NAMES))}); use another name"
                 )
     return problems

@@ -21,14 +21,34 @@ into the chart). Each rule names the field and the fix in both.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Annotated, Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from kubernetes.utils.quantity import parse_quantity as _parse_quantity
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 
-from hub_controller.api import FederatedLearningSpec, StorageType, data_claim_of
+from hub_controller.api import (
+    RESERVED_ENV_NAMES,
+    RESERVED_ENV_PREFIXES,
+    RESERVED_ENV_SUFFIXES,
+    FederatedLearningSpec,
+    PodSettings,
+    Quantity,
+    Resources,
+    StorageType,
+    Toleration,
+    data_claim_of,
+)
 from ocmfl import constants
 
 KIND: Final = constants.POLICY_KIND
@@ -44,7 +64,18 @@ _IP_LIKE: Final = r"^[0-9.]+$|:"
 _DOMAIN = r"^([A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?\.)*[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$"
 _DOMAIN_OR_IP = rf"({_DOMAIN})|^[0-9a-fA-F:.]+$"
 _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
+_ENV_PATTERN = r"^([-._a-zA-Z][-._a-zA-Z0-9]*)?\*?$"  # a name, a prefix*, or * (any)
 ImagePrefix = Annotated[str, StringConstraints(min_length=1)]
+Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+AppPath = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern="^/")]
+EnvPattern = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=_ENV_PATTERN)]
+# Label and annotation keys under these domains are the platform's (selectors, ownership):
+# a tenant can never set them, whatever the policy says.
+PLATFORM_DOMAINS: Final = (constants.LABEL_PREFIX, constants.GROUP)
+PLATFORM_DOMAINS_TEXT: Final = " and ".join(f"{d}/" for d in PLATFORM_DOMAINS)
+# Resources a container may request without a cap in the policy; any other needs one.
+UNCAPPED_RESOURCES: Final = ("cpu", "memory", "ephemeral-storage")
+DEFAULT_SCHEDULER: Final = "default-scheduler"
 ClaimName = Annotated[str, StringConstraints(max_length=253, pattern=_DNS_SUBDOMAIN)]
 Domain = Annotated[str, StringConstraints(max_length=253, pattern=_DOMAIN_OR_IP)]
 
@@ -83,6 +114,99 @@ class FederationPolicySpec(BaseModel):
         "one or be a subdomain of one (an IP address entry matches only that address). "
         "Empty: advertiseAddress is refused.",
     )
+    allowed_priority_classes: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="PriorityClasses spec.server.pod and spec.client.pod may name "
+        "(priorityClassName). Empty: none (the cluster's default priority).",
+    )
+    allowed_scheduler_names: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Schedulers the pods may name (schedulerName), besides default-scheduler.",
+    )
+    allowed_toleration_keys: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Taint keys the pods may tolerate (spec.server.pod.tolerations, "
+        "spec.client.pod.tolerations). A toleration without a key tolerates every taint: "
+        "refused unless allowKeylessTolerations.",
+    )
+    allowed_placement_toleration_keys: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="ManagedCluster taint keys spec.client.placement.tolerations may "
+        "tolerate, e.g. cluster.open-cluster-management.io/unreachable.",
+    )
+    allow_keyless_tolerations: bool = Field(
+        default=False,
+        description="Allow tolerations without a key (operator Exists: every taint), on the "
+        "pods and in the placement.",
+    )
+    allowed_node_selector_keys: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Node label keys spec.server.pod.nodeSelector and "
+        "spec.client.pod.nodeSelector may use, e.g. kubernetes.io/arch.",
+    )
+    allowed_label_prefixes: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Pod label keys (spec.*.pod.labels) must start with one of these, e.g. "
+        f"kueue.x-k8s.io/. Keys under {PLATFORM_DOMAINS_TEXT} are always refused.",
+    )
+    allowed_annotation_prefixes: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Pod annotation keys (spec.*.pod.annotations) must start with one of "
+        f"these. Keys under {PLATFORM_DOMAINS_TEXT} are always refused.",
+    )
+    max_pod_resources: dict[Name, Quantity] = Field(
+        default_factory=dict,
+        json_schema_extra={"default": {}},
+        description="Per-container caps on requests and limits (spec.server.resources, "
+        "spec.client.resources, spec.client.overrides[].resources), e.g. {cpu: '4', memory: "
+        "8Gi, nvidia.com/gpu: '1'}. cpu, memory and ephemeral-storage are uncapped unless "
+        "listed; any other resource (GPUs, devices) is refused unless listed.",
+    )
+    max_clusters: int | None = Field(
+        default=None,
+        ge=1,
+        description="Most clusters one federation may use: spec.client.placement."
+        "numberOfClusters must then be set and at most this. Unset: no cap.",
+    )
+    max_rounds: int | None = Field(
+        default=None, ge=1, description="Most rounds (spec.server.rounds). Unset: no cap."
+    )
+    allowed_app_path_prefixes: list[AppPath] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="spec.server.app.path must start with one of these, e.g. "
+        f"{constants.APPS_DIR}/ (the project's example apps). Paths under the platform's own "
+        f"mounts ({', '.join(constants.PLATFORM_MOUNT_DIRS)}) and paths with . or .. "
+        "segments are always refused.",
+    )
+    allow_install_dependencies: bool = Field(
+        default=False,
+        description="Allow spec.server.app.installDependencies: true (Flower installs the "
+        "app's dependencies from a package index at run time, next to the data).",
+    )
+    allowed_env: list[EnvPattern] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Client env names (spec.client.overrides[].env) this namespace may set: "
+        "exact names, or prefixes ending in * (e.g. MYAPP_*). Reserved names stay refused.",
+    )
+
+    @field_validator("max_pod_resources")
+    @classmethod
+    def _quantities(cls, value: dict[str, Quantity]) -> dict[str, Quantity]:
+        for key, qty in value.items():
+            try:
+                parse_quantity(qty)
+            except ValueError:
+                raise ValueError(f"{key}: {qty!r} is not a Kubernetes quantity") from None
+        return value
 
 
 class FederationPolicy(BaseModel):
@@ -205,6 +329,277 @@ def violations(
                     + _fix("allowedAdvertiseDomains"),
                 )
             )
+    out += _pod_violations(spec, policy, namespace)
+    out += _resource_violations(spec, policy, namespace)
+    out += _run_violations(spec, policy, namespace)
+    return out
+
+
+def _ns(namespace: str) -> str:
+    return f"in namespace {namespace}"
+
+
+def _listed(items: Sequence[str]) -> str:
+    return f"[{', '.join(items)}]"
+
+
+def parse_quantity(quantity: Quantity) -> Decimal:
+    """A Kubernetes quantity as a number (ValueError when it is not one)."""
+    return _parse_quantity(quantity)  # type: ignore[no-any-return,no-untyped-call]
+
+
+def platform_key(key: str) -> bool:
+    """Whether a label or annotation key is under one of the platform's own domains."""
+    domain = key.split("/", 1)[0] if "/" in key else ""
+    return any(domain == d or domain.endswith("." + d) for d in PLATFORM_DOMAINS)
+
+
+def _toleration_violations(
+    field: str,
+    tolerations: Sequence[Toleration],
+    allowed: Sequence[str],
+    policy_field: str,
+    policy: FederationPolicySpec,
+    namespace: str,
+) -> list[Violation]:
+    out = []
+    if not policy.allow_keyless_tolerations and any(not t.key for t in tolerations):
+        out.append(
+            Violation(
+                field,
+                f"a toleration without a key tolerates every taint and is not allowed "
+                f"{_ns(namespace)}: name the taint's key, or ask the hub admin to set "
+                f"FederationPolicy {POLICY_NAME}.spec.allowKeylessTolerations: true",
+            )
+        )
+    bad = [t.key for t in tolerations if t.key and t.key not in allowed]
+    if bad:
+        out.append(
+            Violation(
+                field,
+                f"toleration keys {_listed(bad)} are not allowed {_ns(namespace)}: use keys "
+                f"in {_listed(allowed)}, {_fix(policy_field)}",
+            )
+        )
+    return out
+
+
+def _key_violations(
+    field: str, keys: Sequence[str], allowed: Sequence[str], policy_field: str, namespace: str
+) -> list[Violation]:
+    """Label or annotation keys: never the platform's, and starting with an allowed prefix."""
+    out = []
+    ours = [k for k in keys if platform_key(k)]
+    if ours:
+        out.append(
+            Violation(
+                field,
+                f"keys {_listed(ours)} are the platform's own (under {PLATFORM_DOMAINS_TEXT}): "
+                "remove them",
+            )
+        )
+    bad = [k for k in keys if not platform_key(k) and not any(k.startswith(p) for p in allowed)]
+    if bad:
+        out.append(
+            Violation(
+                field,
+                f"keys {_listed(bad)} are not allowed {_ns(namespace)}: use keys starting with "
+                f"one of {_listed(allowed)}, {_fix(policy_field)}",
+            )
+        )
+    return out
+
+
+def _pod_settings_violations(
+    side: str, pod: PodSettings, policy: FederationPolicySpec, namespace: str
+) -> list[Violation]:
+    field = f"spec.{side}.pod"
+    out = []
+    name = pod.priority_class_name
+    if name is not None and name not in policy.allowed_priority_classes:
+        out.append(
+            Violation(
+                f"{field}.priorityClassName",
+                f"PriorityClass {name} is not allowed {_ns(namespace)}: remove it or use one "
+                f"of {_listed(policy.allowed_priority_classes)}, " + _fix("allowedPriorityClasses"),
+            )
+        )
+    scheduler = pod.scheduler_name
+    schedulers = [DEFAULT_SCHEDULER, *policy.allowed_scheduler_names]
+    if scheduler is not None and scheduler not in schedulers:
+        out.append(
+            Violation(
+                f"{field}.schedulerName",
+                f"scheduler {scheduler} is not allowed {_ns(namespace)}: remove it or use one "
+                f"of {_listed(schedulers)}, {_fix('allowedSchedulerNames')}",
+            )
+        )
+    out += _toleration_violations(
+        f"{field}.tolerations",
+        pod.tolerations,
+        policy.allowed_toleration_keys,
+        "allowedTolerationKeys",
+        policy,
+        namespace,
+    )
+    bad = [k for k in pod.node_selector if k not in policy.allowed_node_selector_keys]
+    if bad:
+        out.append(
+            Violation(
+                f"{field}.nodeSelector",
+                f"node label keys {_listed(bad)} are not allowed {_ns(namespace)}: use keys in "
+                f"{_listed(policy.allowed_node_selector_keys)}, " + _fix("allowedNodeSelectorKeys"),
+            )
+        )
+    out += _key_violations(
+        f"{field}.labels",
+        list(pod.labels),
+        policy.allowed_label_prefixes,
+        "allowedLabelPrefixes",
+        namespace,
+    )
+    out += _key_violations(
+        f"{field}.annotations",
+        list(pod.annotations),
+        policy.allowed_annotation_prefixes,
+        "allowedAnnotationPrefixes",
+        namespace,
+    )
+    return out
+
+
+def _pod_violations(
+    spec: FederatedLearningSpec, policy: FederationPolicySpec, namespace: str
+) -> list[Violation]:
+    out = _pod_settings_violations("server", spec.server.pod, policy, namespace)
+    out += _pod_settings_violations("client", spec.client.pod, policy, namespace)
+    out += _toleration_violations(
+        "spec.client.placement.tolerations",
+        spec.client.placement.tolerations,
+        policy.allowed_placement_toleration_keys,
+        "allowedPlacementTolerationKeys",
+        policy,
+        namespace,
+    )
+    return out
+
+
+def over_cap(name: str, quantity: Quantity, caps: Mapping[str, Quantity]) -> bool:
+    """Whether one request or limit breaks the caps: over its cap, or a resource other than
+    cpu, memory and ephemeral-storage that has none."""
+    cap = caps.get(name)
+    if cap is None:
+        return name not in UNCAPPED_RESOURCES
+    return parse_quantity(quantity) > parse_quantity(cap)
+
+
+def _resource_violations(
+    spec: FederatedLearningSpec, policy: FederationPolicySpec, namespace: str
+) -> list[Violation]:
+    def parts(field: str, resources: Sequence[Resources | None]) -> list[tuple[str, list[Any]]]:
+        return [
+            (f"{field}.requests", [r.requests for r in resources if r is not None]),
+            (f"{field}.limits", [r.limits for r in resources if r is not None]),
+        ]
+
+    places = [
+        *parts("spec.server.resources", [spec.server.resources]),
+        *parts("spec.client.resources", [spec.client.resources]),
+        *parts("spec.client.overrides[].resources", [o.resources for o in spec.client.overrides]),
+    ]
+    caps = policy.max_pod_resources
+    out = []
+    for field, maps in places:
+        bad = [f"{k}={v}" for m in maps for k, v in m.items() if over_cap(k, v, caps)]
+        if bad:
+            out.append(
+                Violation(
+                    field,
+                    f"{_listed(bad)} are over the caps {_ns(namespace)} "
+                    f"({_listed([f'{k}={v}' for k, v in caps.items()])}; cpu, memory and "
+                    "ephemeral-storage are uncapped unless listed, any other resource needs a "
+                    f"cap): ask for less, {_fix('maxPodResources')}",
+                )
+            )
+    return out
+
+
+def app_path_problem(path: str) -> str | None:
+    """Why an app path may never be used, whatever the policy says; None if it may."""
+    if any(part in (".", "..") for part in path.split("/")) or "//" in path:
+        return "has . or .. segments or an empty one: write it without them"
+    for d in constants.PLATFORM_MOUNT_DIRS:
+        if path == d or path.startswith(d + "/"):
+            return (
+                f"is under the platform's mount {d} (tenants may have written there, or it "
+                "holds secrets): use a directory inside the server image"
+            )
+    return None
+
+
+def env_allowed(name: str, allowed: Sequence[str]) -> bool:
+    """Whether an env name matches an allowedEnv entry (exact, or a prefix ending in *)."""
+    return any(name.startswith(a[:-1]) if a.endswith("*") else name == a for a in allowed)
+
+
+def _run_violations(
+    spec: FederatedLearningSpec, policy: FederationPolicySpec, namespace: str
+) -> list[Violation]:
+    out = []
+    if policy.max_rounds is not None and spec.server.rounds > policy.max_rounds:
+        out.append(
+            Violation(
+                "spec.server.rounds",
+                f"{spec.server.rounds} is over the cap of {policy.max_rounds} rounds "
+                f"{_ns(namespace)}: ask for fewer, or ask the hub admin to raise "
+                f"FederationPolicy {POLICY_NAME}.spec.maxRounds",
+            )
+        )
+    wanted = spec.client.placement.number_of_clusters
+    if policy.max_clusters is not None and (wanted is None or wanted > policy.max_clusters):
+        out.append(
+            Violation(
+                "spec.client.placement.numberOfClusters",
+                f"{'unset' if wanted is None else wanted} is over the cap of "
+                f"{policy.max_clusters} clusters {_ns(namespace)}: set it to at most "
+                f"{policy.max_clusters}, or ask the hub admin to raise FederationPolicy "
+                f"{POLICY_NAME}.spec.maxClusters",
+            )
+        )
+    app = spec.server.app
+    if app is not None:
+        problem = app_path_problem(app.path)
+        if problem is not None:
+            out.append(Violation("spec.server.app.path", f"{app.path} {problem}"))
+        elif not any(app.path.startswith(p) for p in policy.allowed_app_path_prefixes):
+            out.append(
+                Violation(
+                    "spec.server.app.path",
+                    f"{app.path} is not allowed {_ns(namespace)}: use a path starting with "
+                    f"one of {_listed(policy.allowed_app_path_prefixes)}, "
+                    + _fix("allowedAppPathPrefixes"),
+                )
+            )
+        if app.install_dependencies and not policy.allow_install_dependencies:
+            out.append(
+                Violation(
+                    "spec.server.app.installDependencies",
+                    f"installing dependencies at run time is not allowed {_ns(namespace)}: "
+                    "remove installDependencies: true (the images carry the app's "
+                    f"dependencies), or ask the hub admin to set FederationPolicy "
+                    f"{POLICY_NAME}.spec.allowInstallDependencies: true",
+                )
+            )
+    names = [e.name for o in spec.client.overrides for e in o.env]
+    bad = [n for n in names if not env_allowed(n, policy.allowed_env)]
+    if bad:
+        out.append(
+            Violation(
+                "spec.client.overrides[].env",
+                f"names {_listed(bad)} are not allowed {_ns(namespace)}: use names in "
+                f"{_listed(policy.allowed_env)}, {_fix('allowedEnv')}",
+            )
+        )
     return out
 
 
@@ -295,6 +690,348 @@ _VALIDATIONS: Final = (
 )
 
 
+def _cel_str(text: str) -> str:
+    """A CEL string literal (single quotes; backslashes and quotes escaped)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _cel_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(_cel_str(i) for i in items) + "]"
+
+
+def _cel_ask(policy_field: str) -> str:
+    return _cel_str(f", {_fix(policy_field)}")
+
+
+# CEL for "the object at `path` has `leaf`", one has() per step after object.spec.
+def _has(path: str) -> str:
+    parts = path.split(".")
+    return " && ".join(f"has({'.'.join(parts[: i + 1])})" for i in range(2, len(parts)))
+
+
+def _toleration_rules(
+    field: str, path: str, allowed: str, policy_field: str
+) -> list[tuple[str, str]]:
+    keyed = "has(t.key) && t.key != ''"
+    tols = f"{path}.tolerations"
+    bad = f"{tols}.filter(t, {keyed} && !(t.key in {allowed})).map(t, t.key)"
+    return [
+        (
+            f"params.spec.allowKeylessTolerations || !({_has(tols)}) || {tols}.all(t, {keyed})",
+            _cel_str(
+                f"{field}: a toleration without a key tolerates every taint and is not "
+                "allowed in namespace "
+            )
+            + " + request.namespace + "
+            + _cel_str(
+                ": name the taint's key, or ask the hub admin to set FederationPolicy "
+                f"{POLICY_NAME}.spec.allowKeylessTolerations: true"
+            ),
+        ),
+        (
+            f"!({_has(tols)}) || {bad}.size() == 0",
+            _cel_str(f"{field}: toleration keys [")
+            + f" + {bad}.join(', ') + "
+            + _cel_str("] are not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use keys in [")
+            + f" + {allowed}.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask(policy_field),
+        ),
+    ]
+
+
+_PLATFORM_KEY_RE: Final = "^([^/]*\\.)?(" + "|".join(re.escape(d) for d in PLATFORM_DOMAINS) + ")/"
+
+
+def _key_rules(field: str, keys: str, allowed: str, policy_field: str) -> list[tuple[str, str]]:
+    ours = f"{keys}.filter(k, k.matches({_cel_str(_PLATFORM_KEY_RE)}))"
+    bad = (
+        f"{keys}.filter(k, !k.matches({_cel_str(_PLATFORM_KEY_RE)}) && "
+        f"!{allowed}.exists(p, k.startsWith(p)))"
+    )
+    present = _has(keys)
+    return [
+        (
+            f"!({present}) || {ours}.size() == 0",
+            _cel_str(f"{field}: keys [")
+            + f" + {ours}.join(', ') + "
+            + _cel_str(f"] are the platform's own (under {PLATFORM_DOMAINS_TEXT}): remove them"),
+        ),
+        (
+            f"!({present}) || {bad}.size() == 0",
+            _cel_str(f"{field}: keys [")
+            + f" + {bad}.join(', ') + "
+            + _cel_str("] are not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use keys starting with one of [")
+            + f" + {allowed}.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask(policy_field),
+        ),
+    ]
+
+
+def _pod_rules(side: str) -> list[tuple[str, str]]:
+    field = f"spec.{side}.pod"
+    pod = f"object.spec.{side}.pod"
+    prio = f"{pod}.priorityClassName"
+    sched = f"{pod}.schedulerName"
+    schedulers = f"([{_cel_str(DEFAULT_SCHEDULER)}] + params.spec.allowedSchedulerNames)"
+    node_keys = "params.spec.allowedNodeSelectorKeys"
+    bad_nodes = f"{pod}.nodeSelector.filter(k, !(k in {node_keys}))"
+    return [
+        (
+            f"!({_has(prio)}) || {prio} in params.spec.allowedPriorityClasses",
+            _cel_str(f"{field}.priorityClassName: PriorityClass ")
+            + f" + {prio} + "
+            + _cel_str(" is not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": remove it or use one of [")
+            + " + params.spec.allowedPriorityClasses.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedPriorityClasses"),
+        ),
+        (
+            f"!({_has(sched)}) || {sched} in {schedulers}",
+            _cel_str(f"{field}.schedulerName: scheduler ")
+            + f" + {sched} + "
+            + _cel_str(" is not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": remove it or use one of [")
+            + f" + {schedulers}.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedSchedulerNames"),
+        ),
+        *_toleration_rules(
+            f"{field}.tolerations",
+            pod,
+            "params.spec.allowedTolerationKeys",
+            "allowedTolerationKeys",
+        ),
+        (
+            f"!({_has(pod + '.nodeSelector')}) || {bad_nodes}.size() == 0",
+            _cel_str(f"{field}.nodeSelector: node label keys [")
+            + f" + {bad_nodes}.join(', ') + "
+            + _cel_str("] are not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use keys in [")
+            + f" + {node_keys}.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedNodeSelectorKeys"),
+        ),
+        *_key_rules(
+            f"{field}.labels",
+            f"{pod}.labels",
+            "params.spec.allowedLabelPrefixes",
+            "allowedLabelPrefixes",
+        ),
+        *_key_rules(
+            f"{field}.annotations",
+            f"{pod}.annotations",
+            "params.spec.allowedAnnotationPrefixes",
+            "allowedAnnotationPrefixes",
+        ),
+    ]
+
+
+# A request or limit `m[k]` over the caps (the same rule as `over_cap`).
+_OVER_CAP: Final = (
+    "(k in params.spec.maxPodResources ? quantity(string(m[k])).compareTo("
+    "quantity(string(params.spec.maxPodResources[k]))) > 0 : !(k in "
+    + _cel_list(UNCAPPED_RESOURCES)
+    + "))"
+)
+
+
+def _resource_rules() -> list[tuple[str, str]]:
+    caps = "params.spec.maxPodResources"
+    shown = f"{caps}.map(k, k + '=' + string({caps}[k])).join(', ')"
+    out = []
+    places = [
+        ("spec.server.resources", "object.spec.server.resources", False),
+        ("spec.client.resources", "object.spec.client.resources", False),
+        ("spec.client.overrides[].resources", "object.spec.client.overrides", True),
+    ]
+    for field, path, per_override in places:
+        for part in ("requests", "limits"):
+            if per_override:
+                maps = (
+                    f"({_has(path)} ? {path}.filter(o, has(o.resources) && "
+                    f"has(o.resources.{part})).map(o, o.resources.{part}) : [])"
+                )
+            else:
+                maps = f"({_has(path + '.' + part)} ? [{path}.{part}] : [])"
+            bad = f"{maps}.map(m, m.filter(k, {_OVER_CAP}).map(k, k + '=' + string(m[k])))"
+            out.append(
+                (
+                    f"{maps}.all(m, m.all(k, !{_OVER_CAP}))",
+                    _cel_str(f"{field}.{part}: [")
+                    + f" + {bad}.filter(l, l.size() > 0).map(l, l.join(', ')).join(', ') + "
+                    + _cel_str("] are over the caps in namespace ")
+                    + " + request.namespace + "
+                    + _cel_str(" ([")
+                    + f" + {shown} + "
+                    + _cel_str(
+                        "]; cpu, memory and ephemeral-storage are uncapped unless listed, any "
+                        "other resource needs a cap): ask for less"
+                    )
+                    + " + "
+                    + _cel_ask("maxPodResources"),
+                )
+            )
+    return out
+
+
+# The same names as api.reserved_env, as one regular expression over the upper-cased name.
+_RESERVED_ENV_RE: Final = (
+    "^("
+    + "|".join(re.escape(p) for p in RESERVED_ENV_PREFIXES)
+    + ")|("
+    + "|".join(re.escape(x) for x in RESERVED_ENV_SUFFIXES)
+    + ")$|^("
+    + "|".join(re.escape(n) for n in sorted(RESERVED_ENV_NAMES))
+    + ")$"
+)
+_BAD_SEGMENT_RE: Final = "(^|/)\\.\\.?(/|$)|//"
+
+
+def _run_rules() -> list[tuple[str, str]]:
+    app = "object.spec.server.app"
+    path = f"{app}.path"
+    mounts = _cel_list(constants.PLATFORM_MOUNT_DIRS)
+    under = f"{mounts}.filter(d, {path} == d || {path}.startsWith(d + '/'))"
+    segments = f"{path}.matches({_cel_str(_BAD_SEGMENT_RE)})"
+    overrides = "object.spec.client.overrides"
+    allowed_env = (
+        "params.spec.allowedEnv.exists(a, a.endsWith('*') ? "
+        "e.name.startsWith(a.substring(0, a.size() - 1)) : e.name == a)"
+    )
+    bad_env = (
+        f"({_has(overrides)} ? {overrides}.map(o, has(o.env) ? "
+        f"o.env.filter(e, !{allowed_env}).map(e, e.name).join(', ') : '')"
+        ".filter(s, s != '') : [])"
+    )
+    clusters = "object.spec.client.placement.numberOfClusters"
+    reserved_env_names = (
+        f"{overrides}.map(o, has(o.env) ? o.env.filter(e, e.name.upperAscii().matches("
+        f"{_cel_str(_RESERVED_ENV_RE)})).map(e, e.name).join(', ') : '').filter(s, s != '')"
+    )
+    return [
+        (
+            "!has(params.spec.maxRounds) || !has(object.spec.server.rounds) || "
+            "object.spec.server.rounds <= params.spec.maxRounds",
+            "'spec.server.rounds: ' + string(object.spec.server.rounds) + "
+            + _cel_str(" is over the cap of ")
+            + " + string(params.spec.maxRounds) + "
+            + _cel_str(" rounds in namespace ")
+            + " + request.namespace + "
+            + _cel_str(
+                ": ask for fewer, or ask the hub admin to raise FederationPolicy "
+                f"{POLICY_NAME}.spec.maxRounds"
+            ),
+        ),
+        (
+            f"!has(params.spec.maxClusters) || ({_has(clusters)} && "
+            f"{clusters} <= params.spec.maxClusters)",
+            "'spec.client.placement.numberOfClusters: ' + "
+            f"({_has(clusters)} ? string({clusters}) : 'unset') + "
+            + _cel_str(" is over the cap of ")
+            + " + string(params.spec.maxClusters) + "
+            + _cel_str(" clusters in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": set it to at most ")
+            + " + string(params.spec.maxClusters) + "
+            + _cel_str(
+                f", or ask the hub admin to raise FederationPolicy {POLICY_NAME}.spec.maxClusters"
+            ),
+        ),
+        (
+            f"!has({app}) || !{segments}",
+            f"'spec.server.app.path: ' + {path} + "
+            + _cel_str(" has . or .. segments or an empty one: write it without them"),
+        ),
+        (
+            f"!has({app}) || {segments} || {under}.size() == 0",
+            f"'spec.server.app.path: ' + {path} + "
+            + _cel_str(" is under the platform's mount ")
+            + f" + {under}[0] + "
+            + _cel_str(
+                " (tenants may have written there, or it holds secrets): use a directory "
+                "inside the server image"
+            ),
+        ),
+        (
+            f"!has({app}) || {segments} || {under}.size() > 0 || "
+            f"params.spec.allowedAppPathPrefixes.exists(p, {path}.startsWith(p))",
+            f"'spec.server.app.path: ' + {path} + "
+            + _cel_str(" is not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use a path starting with one of [")
+            + " + params.spec.allowedAppPathPrefixes.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedAppPathPrefixes"),
+        ),
+        (
+            f"params.spec.allowInstallDependencies || !({_has(app + '.installDependencies')}) "
+            f"|| !{app}.installDependencies",
+            _cel_str(
+                "spec.server.app.installDependencies: installing dependencies at run time is "
+                "not allowed in namespace "
+            )
+            + " + request.namespace + "
+            + _cel_str(
+                ": remove installDependencies: true (the images carry the app's "
+                "dependencies), or ask the hub admin to set FederationPolicy "
+                f"{POLICY_NAME}.spec.allowInstallDependencies: true"
+            ),
+        ),
+        (
+            f"!({_has(overrides)}) || {overrides}.all(o, !has(o.env) || "
+            f"o.env.all(e, !e.name.upperAscii().matches({_cel_str(_RESERVED_ENV_RE)})))",
+            _cel_str("spec.client.overrides[].env: names [")
+            + f" + {reserved_env_names}.join(', ') + "
+            + _cel_str(
+                "] are reserved: the platform sets them, or they hook code into the client's "
+                "processes; use other names"
+            ),
+        ),
+        (
+            f"{bad_env}.size() == 0",
+            _cel_str("spec.client.overrides[].env: names [")
+            + f" + {bad_env}.join(', ') + "
+            + _cel_str("] are not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use names in [")
+            + " + params.spec.allowedEnv.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedEnv"),
+        ),
+    ]
+
+
+_POLICY_RULES: Final = (
+    *_pod_rules("server"),
+    *_pod_rules("client"),
+    *_toleration_rules(
+        "spec.client.placement.tolerations",
+        "object.spec.client.placement",
+        "params.spec.allowedPlacementTolerationKeys",
+        "allowedPlacementTolerationKeys",
+    ),
+    *_resource_rules(),
+    *_run_rules(),
+)
+
+
 def admission_policy(name: str) -> dict[str, Any]:
     """The ValidatingAdmissionPolicy: FederatedLearning specs checked against the namespace's
     FederationPolicy. Only creates and spec changes are checked: a metadata-only update (the
@@ -327,7 +1064,7 @@ def admission_policy(name: str) -> dict[str, Any]:
             "variables": [{"name": n, "expression": e} for n, e in _VARIABLES],
             "validations": [
                 {"expression": e, "messageExpression": m, "reason": "Forbidden"}
-                for e, m in _VALIDATIONS
+                for e, m in (*_VALIDATIONS, *_POLICY_RULES)
             ],
         },
     }

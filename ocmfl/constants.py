@@ -106,6 +106,17 @@ ENV_ROUND_TIMEOUT: Final = "OCMFL_ROUND_TIMEOUT"  # seconds a round waits for re
 ENV_NODE_NAMES: Final = "OCMFL_NODE_NAMES"  # JSON file {cluster: node id} the launcher keeps
 # Where apps live in the project's images (examples/apps is copied here; the local node maps it).
 APPS_DIR: Final = "/opt/ocm-fl/apps"
+# Directories the platform mounts into server and client pods (models, state, TLS, keys,
+# tokens, scratch, config) and the service account's: an app path may never point into them
+# (a tenant could have written code there). tests/unit/test_policy.py checks the pods' mounts.
+PLATFORM_MOUNT_DIRS: Final = (
+    "/var/lib/ocm-fl",
+    "/var/lib/ocm-fl-client",
+    "/var/run/ocm-fl",
+    "/var/tmp/ocm-fl",
+    "/etc/ocm-fl",
+    "/var/run/secrets",
+)
 
 # --- deployment: Helm chart (hub) and AddOnTemplate (agent) --------------------------------
 # agent: where it keeps the key it makes and the certificate the hub's signer issues for it

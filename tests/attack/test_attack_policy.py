@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import logging
 import uuid
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import kopf
@@ -38,6 +37,7 @@ GRANT: dict[str, Any] = {
     "allowedImagePrefixes": ["quay.io/ocm-fl/"],
     "allowedDataClaims": [OURS],
     "allowedAdvertiseDomains": ["fl.example.com"],
+    "allowedAppPathPrefixes": [f"{constants.APPS_DIR}/"],
 }
 
 
@@ -288,17 +288,6 @@ def test_reconcile_of_the_granted_spec_proceeds(kube: RecordingKube, tmp_path: A
 
 
 # --- the apiserver refuses at create time (real kube-apiserver, the chart's CEL) ------------
-@pytest.fixture
-def hub(control_plane: ControlPlane) -> Iterator[Kube]:
-    from hack.localfed import install_crd
-    from ocmfl.kube import Kube
-
-    k = Kube(control_plane.hub_kubeconfig)
-    install_crd(k)
-    yield k
-    k.close()
-
-
 @pytest.fixture
 def team_a(hub: Kube, namespace: str) -> str:
     """A tenant namespace granted GRANT by the admin."""

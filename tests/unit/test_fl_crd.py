@@ -51,13 +51,29 @@ def test_policy_crd_is_structural_with_defaults() -> None:
     schema = version["schema"]["openAPIV3Schema"]
     assert schema["required"] == ["spec"]
     spec = schema["properties"]["spec"]
-    # Defaults make every field present for the admission policy's CEL.
-    assert {k: v["default"] for k, v in spec["properties"].items()} == {
+    # Defaults make every field present for the admission policy's CEL (allow nothing); the
+    # two caps are optional (unset: no cap), and the CEL checks has() on them.
+    defaults = {k: v.get("default") for k, v in spec["properties"].items()}
+    assert defaults == {
         "allowedImagePrefixes": [],
         "allowedDataClaims": [],
         "allowWritableDataMount": False,
         "allowHostPathStore": False,
         "allowedAdvertiseDomains": [],
+        "allowedPriorityClasses": [],
+        "allowedSchedulerNames": [],
+        "allowedTolerationKeys": [],
+        "allowedPlacementTolerationKeys": [],
+        "allowKeylessTolerations": False,
+        "allowedNodeSelectorKeys": [],
+        "allowedLabelPrefixes": [],
+        "allowedAnnotationPrefixes": [],
+        "maxPodResources": {},
+        "maxClusters": None,
+        "maxRounds": None,
+        "allowedAppPathPrefixes": [],
+        "allowInstallDependencies": False,
+        "allowedEnv": [],
     }
     for path, node in _nodes(schema):
         assert not {"$ref", "anyOf", "allOf", "title"} & set(node), path

@@ -99,6 +99,7 @@ POLICY = {
     "allowedDataClaims": ["fl.data-path"],
     "allowedAdvertiseDomains": ["127.0.0.1"],
     "allowHostPathStore": True,
+    "allowedAppPathPrefixes": ["/opt/ocm-fl/apps/"],
 }
 META = {"namespace": REF.namespace, "name": REF.name, "uid": REF.uid, "generation": 1}
 

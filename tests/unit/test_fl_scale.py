@@ -49,6 +49,7 @@ POLICY = {
     "allowedDataClaims": ["fl.data-path"],
     "allowedAdvertiseDomains": ["127.0.0.1"],
     "allowHostPathStore": True,
+    "allowedAppPathPrefixes": ["/opt/ocm-fl/apps/"],
 }
 
 
