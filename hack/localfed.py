@@ -43,8 +43,10 @@ from hub_controller import policy
 from hub_controller.api import (
     FLRef,
     PlacementSpec,
+    SpecError,
     claim_placement,
     exists_claim_keys,
+    parse_spec,
     run_finished,
 )
 from hub_controller.operator.desired.server import hostpath_store_dir
@@ -199,7 +201,74 @@ def grant_for(body: Mapping[str, Any]) -> dict[str, Any]:
         "advertise_domains": [policy.advertised_host(address)] if address else [],
         "writable_data_mount": (client.get("dataMount") or {}).get("readOnly") is False,
         "host_path_store": (server.get("storage") or {}).get("type", "HostPath") == "HostPath",
+        **_pod_grant(spec),
     }
+
+
+def _pod_grant(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """FederationPolicySpec fields that allow the pod settings, resources, app path and env
+    `spec` uses (nothing for a spec the API refuses: the controller reports that itself)."""
+    try:
+        parsed = parse_spec(dict(spec))
+    except SpecError:
+        return {}
+    pods = (parsed.server.pod, parsed.client.pod)
+    tolerations = [t for p in pods for t in p.tolerations]
+    placement = parsed.client.placement.tolerations
+    resources = [parsed.server.resources, parsed.client.resources]
+    resources += [o.resources for o in parsed.client.overrides]
+    caps: dict[str, Any] = {}
+    for r in resources:
+        for name, qty in [*(r.requests.items() if r else ()), *(r.limits.items() if r else ())]:
+            if name in caps and policy.parse_quantity(caps[name]) >= policy.parse_quantity(qty):
+                continue
+            caps[name] = qty
+    app = parsed.server.app
+    app_dir = "" if app is None else app.path.rsplit("/", 1)[0] + "/"
+    return {
+        "app_path_prefixes": [constants.APPS_DIR + "/", *([app_dir] if app_dir else [])],
+        "allowed_priority_classes": sorted({p.priority_class_name for p in pods} - {None}),
+        "allowed_scheduler_names": sorted({p.scheduler_name for p in pods} - {None}),
+        "allowed_toleration_keys": sorted({t.key for t in tolerations if t.key}),
+        "allowed_placement_toleration_keys": sorted({t.key for t in placement if t.key}),
+        "allow_keyless_tolerations": any(not t.key for t in [*tolerations, *placement]),
+        "allowed_node_selector_keys": sorted({k for p in pods for k in p.node_selector}),
+        "allowed_label_prefixes": sorted({k for p in pods for k in p.labels}),
+        "allowed_annotation_prefixes": sorted({k for p in pods for k in p.annotations}),
+        "max_pod_resources": caps,
+        "allow_install_dependencies": bool(app and app.install_dependencies),
+        "allowed_env": sorted({e.name for o in parsed.client.overrides for e in o.env}),
+    }
+
+
+def _widened(have: policy.FederationPolicySpec, want: Mapping[str, Any]) -> dict[str, Any]:
+    """`have` extended so it also allows what `want` (grant_namespace's arguments) does:
+    lists joined, switches on when either is, resource caps the larger of the two."""
+    names = {
+        "image_prefixes": "allowed_image_prefixes",
+        "data_claims": "allowed_data_claims",
+        "advertise_domains": "allowed_advertise_domains",
+        "writable_data_mount": "allow_writable_data_mount",
+        "host_path_store": "allow_host_path_store",
+        "app_path_prefixes": "allowed_app_path_prefixes",
+    }
+    extra = policy.FederationPolicySpec(**{names.get(k, k): v for k, v in want.items()})
+    out: dict[str, Any] = {}
+    for name in policy.FederationPolicySpec.model_fields:
+        old, new = getattr(have, name), getattr(extra, name)
+        if isinstance(old, list):
+            out[name] = sorted({*old, *new})
+        elif isinstance(old, bool):
+            out[name] = old or new
+        elif isinstance(old, dict):
+            caps = dict(old)
+            for k, v in new.items():
+                if k not in caps or policy.parse_quantity(v) > policy.parse_quantity(caps[k]):
+                    caps[k] = v
+            out[name] = caps
+        else:
+            out[name] = old  # the caps on clusters and rounds stay the admin's
+    return out
 
 
 def render_chart(values: Mapping[str, str], files: Mapping[str, str] | None = None) -> list[Obj]:
@@ -773,16 +842,8 @@ def create_fl(
     if grant:
         current = hub.get(f"{POLICY_PATH.format(ns=namespace)}/{policy.POLICY_NAME}") or {}
         have = policy.parse_policy(current.get("spec"))
-        want = grant_for(body)
-        grant_namespace(
-            hub,
-            namespace,
-            image_prefixes=sorted({*have.allowed_image_prefixes, *want["image_prefixes"]}),
-            data_claims=sorted({*have.allowed_data_claims, *want["data_claims"]}),
-            advertise_domains=sorted({*have.allowed_advertise_domains, *want["advertise_domains"]}),
-            writable_data_mount=have.allow_writable_data_mount or want["writable_data_mount"],
-            host_path_store=have.allow_host_path_store or want["host_path_store"],
-        )
+        widened = policy.FederationPolicySpec(**_widened(have, grant_for(body)))
+        apply_policy(hub, namespace, widened.model_dump(by_alias=True, exclude_none=True))
     bind_global_cluster_set(hub, namespace)
     obj = {**body, "metadata": {**body["metadata"], "namespace": namespace}}
     deadline = time.monotonic() + (10.0 if grant else 0.0)
