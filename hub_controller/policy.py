@@ -20,11 +20,13 @@ into the chart). Each rule names the field and the fix in both.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Annotated, Any, Final
+from urllib.parse import urlsplit
 
 from kubernetes.utils.quantity import parse_quantity as _parse_quantity
 from pydantic import (
@@ -67,6 +69,7 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"
 _ENV_PATTERN = r"^([-._a-zA-Z][-._a-zA-Z0-9]*)?\*?$"  # a name, a prefix*, or * (any)
 ImagePrefix = Annotated[str, StringConstraints(min_length=1)]
 Name = Annotated[str, StringConstraints(min_length=1, max_length=253)]
+Endpoint = Annotated[str, StringConstraints(max_length=2048, pattern="^https?://[^/]+/?$")]
 AppPath = Annotated[str, StringConstraints(min_length=1, max_length=1024, pattern="^/")]
 EnvPattern = Annotated[str, StringConstraints(min_length=1, max_length=256, pattern=_ENV_PATTERN)]
 # Label and annotation keys under these domains are the platform's (selectors, ownership):
@@ -76,6 +79,9 @@ PLATFORM_DOMAINS_TEXT: Final = " and ".join(f"{d}/" for d in PLATFORM_DOMAINS)
 # Resources a container may request without a cap in the policy; any other needs one.
 UNCAPPED_RESOURCES: Final = ("cpu", "memory", "ephemeral-storage")
 DEFAULT_SCHEDULER: Final = "default-scheduler"
+# Top-level names that only resolve inside a cluster or a site (svc: Services; local: mDNS and
+# cluster.local; internal: cloud metadata such as metadata.google.internal).
+INTERNAL_SUFFIXES: Final = ("svc", "local", "internal", "localhost", "lan", "home", "corp")
 ClaimName = Annotated[str, StringConstraints(max_length=253, pattern=_DNS_SUBDOMAIN)]
 Domain = Annotated[str, StringConstraints(max_length=253, pattern=_DOMAIN_OR_IP)]
 
@@ -190,6 +196,19 @@ class FederationPolicySpec(BaseModel):
         default=False,
         description="Allow spec.server.app.installDependencies: true (Flower installs the "
         "app's dependencies from a package index at run time, next to the data).",
+    )
+    allowed_s3_buckets: list[Name] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="Buckets spec.server.storage.s3.bucketName and an s3:// "
+        "spec.server.initModel may name (the model leaves the clusters' data only to these).",
+    )
+    allowed_s3_endpoints: list[Endpoint] = Field(
+        default_factory=list,
+        json_schema_extra={"default": []},
+        description="URLs spec.server.storage.s3.endpoint may be (scheme, host and port; "
+        "unset endpoint: AWS). Loopback, link-local and cluster-internal hosts are always "
+        "refused.",
     )
     allowed_env: list[EnvPattern] = Field(
         default_factory=list,
@@ -332,6 +351,7 @@ def violations(
     out += _pod_violations(spec, policy, namespace)
     out += _resource_violations(spec, policy, namespace)
     out += _run_violations(spec, policy, namespace)
+    out += _s3_violations(spec, policy, namespace)
     return out
 
 
@@ -535,6 +555,84 @@ def app_path_problem(path: str) -> str | None:
                 "holds secrets): use a directory inside the server image"
             )
     return None
+
+
+def internal_host_problem(host: str) -> str | None:
+    """Why an S3 endpoint's host is never allowed (loopback, link-local, unspecified, or a
+    cluster-internal or numeric name a resolver would turn into one); None if it may be."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    # An IPv4-mapped IPv6 address is judged as a name (ending in a number: refused), as
+    # Kubernetes' CEL does (its ip() refuses them).
+    if ip is not None and not (ip.version == 6 and ip.ipv4_mapped is not None):
+        if ip.is_loopback or ip.is_link_local or ip.is_unspecified:
+            return "is a loopback, link-local or unspecified address"
+        return None
+    labels = host.split(".")
+    if host == "localhost" or labels[-1] in INTERNAL_SUFFIXES or len(labels) == 1:
+        return "is a cluster-internal or single-label name"
+    if not labels[-1][:1].isalpha():
+        return "ends in a number (a resolver reads it as an address)"
+    return None
+
+
+def _endpoint(url: str) -> str:
+    url = url.lower()
+    return url[:-1] if url.endswith("/") else url
+
+
+def _s3_violations(
+    spec: FederatedLearningSpec, policy: FederationPolicySpec, namespace: str
+) -> list[Violation]:
+    out = []
+    s3 = spec.server.storage.s3
+    buckets = policy.allowed_s3_buckets
+    if s3 is not None and s3.bucket_name not in buckets:
+        out.append(
+            Violation(
+                "spec.server.storage.s3.bucketName",
+                f"bucket {s3.bucket_name} is not allowed {_ns(namespace)}: use one of "
+                f"{_listed(buckets)}, {_fix('allowedS3Buckets')}",
+            )
+        )
+    if s3 is not None and s3.endpoint is not None:
+        host = (urlsplit(s3.endpoint).hostname or "").lower()
+        problem = internal_host_problem(host)
+        allowed = [_endpoint(e) for e in policy.allowed_s3_endpoints]
+        if problem is not None:
+            out.append(
+                Violation(
+                    "spec.server.storage.s3.endpoint",
+                    f"host {host} {problem}: S3 endpoints must be outside the cluster's and "
+                    "the node's own addresses; use the store's public name",
+                )
+            )
+        elif _endpoint(s3.endpoint) not in allowed:
+            out.append(
+                Violation(
+                    "spec.server.storage.s3.endpoint",
+                    f"{s3.endpoint} is not allowed {_ns(namespace)}: use one of "
+                    f"{_listed(allowed)}, {_fix('allowedS3Endpoints')}",
+                )
+            )
+    init = spec.server.init_model
+    if init is not None and init.startswith("s3://"):
+        bucket = init[len("s3://") :].split("/", 1)[0]
+        if bucket not in buckets:
+            out.append(
+                Violation(
+                    "spec.server.initModel",
+                    f"bucket {bucket} is not allowed {_ns(namespace)}: use one of "
+                    f"{_listed(buckets)}, {_fix('allowedS3Buckets')}",
+                )
+            )
+    elif init is not None:
+        problem = app_path_problem(init if init.startswith("/") else "/" + init)
+        if problem is not None:
+            out.append(Violation("spec.server.initModel", f"{init} {problem}"))
+    return out
 
 
 def env_allowed(name: str, allowed: Sequence[str]) -> bool:
@@ -1018,6 +1116,104 @@ def _run_rules() -> list[tuple[str, str]]:
     ]
 
 
+def _s3_rules() -> list[tuple[str, str]]:
+    s3 = "object.spec.server.storage.s3"
+    buckets = "params.spec.allowedS3Buckets"
+    host = f"url({s3}.endpoint).getHostname().lowerAscii()"
+    last = f"{host}.split('.')[{host}.split('.').size() - 1]"
+    ip_bad = (
+        f"ip({host}).isLoopback() || ip({host}).isLinkLocalUnicast() || ip({host}).isUnspecified()"
+    )
+    internal = (
+        f"{host} == 'localhost' || {last} in {_cel_list(INTERNAL_SUFFIXES)} || "
+        f"!{host}.contains('.')"
+    )
+    numeric = f"!{last}.matches('^[a-z]')"
+    loopback = _cel_str(" is a loopback, link-local or unspecified address")
+    problem = (
+        f"isIP({host}) ? ({ip_bad} ? {loopback} : '') : "
+        f"({internal}) ? {_cel_str(' is a cluster-internal or single-label name')} : "
+        f"{numeric} ? {_cel_str(' ends in a number (a resolver reads it as an address)')} : ''"
+    )
+    endpoint = f"{s3}.endpoint.lowerAscii()"
+    trimmed = (
+        f"({endpoint}.endsWith('/') ? {endpoint}.substring(0, {endpoint}.size() - 1) : {endpoint})"
+    )
+    allowed = (
+        "params.spec.allowedS3Endpoints.map(e, e.lowerAscii().endsWith('/') ? "
+        "e.lowerAscii().substring(0, e.size() - 1) : e.lowerAscii())"
+    )
+    init = "object.spec.server.initModel"
+    init_bucket = f"{init}.substring(5).split('/')[0]"
+    init_path = f"({init}.startsWith('/') ? {init} : '/' + {init})"
+    mounts = _cel_list(constants.PLATFORM_MOUNT_DIRS)
+    under = f"{mounts}.filter(d, {init_path} == d || {init_path}.startsWith(d + '/'))"
+    segments = f"{init_path}.matches({_cel_str(_BAD_SEGMENT_RE)})"
+    has_endpoint = _has(f"{s3}.endpoint")
+    return [
+        (
+            f"!({_has(s3)}) || {s3}.bucketName in {buckets}",
+            _cel_str("spec.server.storage.s3.bucketName: bucket ")
+            + f" + {s3}.bucketName + "
+            + _cel_str(" is not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use one of [")
+            + f" + {buckets}.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedS3Buckets"),
+        ),
+        (
+            f"!({has_endpoint}) || ({problem}) == ''",
+            _cel_str("spec.server.storage.s3.endpoint: host ")
+            + f" + {host} + ({problem}) + "
+            + _cel_str(
+                ": S3 endpoints must be outside the cluster's and the node's own addresses; "
+                "use the store's public name"
+            ),
+        ),
+        (
+            f"!({has_endpoint}) || ({problem}) != '' || {trimmed} in {allowed}",
+            _cel_str("spec.server.storage.s3.endpoint: ")
+            + f" + {s3}.endpoint + "
+            + _cel_str(" is not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use one of [")
+            + f" + {allowed}.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedS3Endpoints"),
+        ),
+        (
+            f"!({_has(init)}) || !{init}.startsWith('s3://') || {init_bucket} in {buckets}",
+            _cel_str("spec.server.initModel: bucket ")
+            + f" + {init_bucket} + "
+            + _cel_str(" is not allowed in namespace ")
+            + " + request.namespace + "
+            + _cel_str(": use one of [")
+            + f" + {buckets}.join(', ') + "
+            + _cel_str("]")
+            + " + "
+            + _cel_ask("allowedS3Buckets"),
+        ),
+        (
+            f"!({_has(init)}) || {init}.startsWith('s3://') || !{segments}",
+            f"'spec.server.initModel: ' + {init} + "
+            + _cel_str(" has . or .. segments or an empty one: write it without them"),
+        ),
+        (
+            f"!({_has(init)}) || {init}.startsWith('s3://') || {segments} || {under}.size() == 0",
+            f"'spec.server.initModel: ' + {init} + "
+            + _cel_str(" is under the platform's mount ")
+            + f" + {under}[0] + "
+            + _cel_str(
+                " (tenants may have written there, or it holds secrets): use a directory "
+                "inside the server image"
+            ),
+        ),
+    ]
+
+
 _POLICY_RULES: Final = (
     *_pod_rules("server"),
     *_pod_rules("client"),
@@ -1029,6 +1225,7 @@ _POLICY_RULES: Final = (
     ),
     *_resource_rules(),
     *_run_rules(),
+    *_s3_rules(),
 )
 
 

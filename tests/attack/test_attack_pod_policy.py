@@ -1,9 +1,10 @@
-"""Attacks through the fields that reach a pod (issue 29 item 1): a tenant whose
+"""Attacks through the fields that reach a pod or its store (issue 29 item 1): a tenant whose
 FederationPolicy grants the project's images, one data claim and a few named pod settings tries
 to preempt system pods, tolerate every taint, land on control-plane nodes, set the platform's
 own labels, take GPUs or CPUs beyond the caps, run hundreds of rounds on every cluster, ship its
-own code from a volume it wrote to, install packages next to the data, or set env of its
-choosing.
+own code from a volume it wrote to, install packages next to the data, set env of its
+choosing, or send the model (and with it what the data taught it) to a bucket or an address of
+its choosing: the cloud metadata service, the node's loopback, another tenant's Service.
 
 Each is refused twice with the same message naming the field and the fix: by the controller
 (`hub_controller.policy.violations`) and, on the real local kube-apiserver, by the chart's
@@ -49,6 +50,8 @@ POD_GRANT: dict[str, Any] = {
     "maxRounds": 10,
     "allowedAppPathPrefixes": [f"{constants.APPS_DIR}/"],
     "allowedEnv": ["MYAPP_*"],
+    "allowedS3Buckets": ["team-a-models"],
+    "allowedS3Endpoints": ["https://s3.example.com/"],
 }
 
 
@@ -76,6 +79,12 @@ def granted_spec() -> dict[str, Any]:
         {"key": "cluster.open-cluster-management.io/unreachable", "operator": "Exists"}
     ]
     return spec
+
+
+def s3_spec(endpoint: str | None = "https://S3.example.com", bucket: str = "team-a-models") -> Any:
+    """An S3 store the grant allows (the endpoint's case and trailing / do not matter)."""
+    s3 = {"bucketName": bucket, **({"endpoint": endpoint} if endpoint else {})}
+    return {"type": "S3", "s3": s3}
 
 
 def _set(*path: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -223,6 +232,51 @@ ATTACKS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "spec.client.placement.tolerations",
         "allowedPlacementTolerationKeys",
     ),
+    "the model to a bucket the policy does not list": (
+        _set("server", "storage", value=s3_spec(bucket="attacker-bucket")),
+        "spec.server.storage.s3.bucketName",
+        "allowedS3Buckets",
+    ),
+    "S3 at the cloud metadata address": (
+        _set("server", "storage", value=s3_spec("http://169.254.169.254")),
+        "spec.server.storage.s3.endpoint",
+        "outside the cluster's and the node's own addresses",
+    ),
+    "S3 on the node's loopback (IPv6)": (
+        _set("server", "storage", value=s3_spec("http://[::1]:9000")),
+        "spec.server.storage.s3.endpoint",
+        "loopback",
+    ),
+    "S3 at another tenant's Service": (
+        _set("server", "storage", value=s3_spec("http://minio.tenant-b.svc:9000")),
+        "spec.server.storage.s3.endpoint",
+        "cluster-internal",
+    ),
+    "S3 at a numeric name for 127.0.0.1": (
+        _set("server", "storage", value=s3_spec("http://127.1:9000")),
+        "spec.server.storage.s3.endpoint",
+        "ends in a number",
+    ),
+    "S3 at an endpoint the policy does not list": (
+        _set("server", "storage", value=s3_spec("https://s3.attacker.example.org")),
+        "spec.server.storage.s3.endpoint",
+        "allowedS3Endpoints",
+    ),
+    "initModel from a bucket the policy does not list": (
+        _set("server", "initModel", value="s3://someone-else/model.pth"),
+        "spec.server.initModel",
+        "allowedS3Buckets",
+    ),
+    "initModel from the service account token": (
+        _set("server", "initModel", value="/var/run/secrets/kubernetes.io/serviceaccount/token"),
+        "spec.server.initModel",
+        "the platform's mount",
+    ),
+    "initModel from another run's store": (
+        _set("server", "initModel", value="../other-run/model.pth"),
+        "spec.server.initModel",
+        "write it without them",
+    ),
 }
 
 
@@ -249,6 +303,17 @@ def test_controller_refuses_naming_the_field_and_the_fix(name: str) -> None:
     _, field, fix = ATTACKS[name]
     assert found.field == field
     assert fix in found.message, found.message
+
+
+def test_the_granted_s3_store_and_init_model_are_allowed() -> None:
+    spec = attacked("every cluster (numberOfClusters unset)")
+    spec["client"]["placement"]["numberOfClusters"] = 2
+    spec["server"]["storage"] = s3_spec()
+    spec["server"]["initModel"] = "s3://team-a-models/base.pth"
+    assert policy.violations(parse_spec(spec), grant(), "team-a") == []
+    spec["server"]["storage"] = s3_spec(endpoint=None)  # AWS itself
+    spec["server"]["initModel"] = "base/model.pth"  # inside the store
+    assert policy.violations(parse_spec(spec), grant(), "team-a") == []
 
 
 def test_an_empty_policy_refuses_every_pod_setting_and_any_gpu() -> None:
@@ -321,6 +386,11 @@ def test_apiserver_refuses_every_attack_with_the_controllers_message(
         assert "ValidatingAdmissionPolicy" in message, (name, message)
         assert message.endswith(str(found)), (name, message, str(found))
     hub.create(fl_path(team_a), fl_body(team_a, granted_spec()), exist_ok=False)
+    s3 = attacked("every cluster (numberOfClusters unset)")
+    s3["client"]["placement"]["numberOfClusters"] = 2
+    s3["server"]["storage"] = s3_spec()
+    s3["server"]["initModel"] = "s3://team-a-models/base.pth"
+    hub.create(fl_path(team_a), fl_body(team_a, s3, "s3"), exist_ok=False)
 
 
 @pytest.mark.integration

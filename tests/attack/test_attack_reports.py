@@ -455,6 +455,7 @@ def indexes(decisions: list[DecisionState], works: list[WorkState] | None = None
                         "allowedDataClaims": ["fl.data-path"],
                         "allowedAdvertiseDomains": ["127.0.0.1"],
                         "allowHostPathStore": True,
+                        "allowedAppPathPrefixes": ["/opt/ocm-fl/apps/"],
                     }
                 ]
             },

@@ -73,6 +73,8 @@ def test_policy_crd_is_structural_with_defaults() -> None:
         "maxRounds": None,
         "allowedAppPathPrefixes": [],
         "allowInstallDependencies": False,
+        "allowedS3Buckets": [],
+        "allowedS3Endpoints": [],
         "allowedEnv": [],
     }
     for path, node in _nodes(schema):
