@@ -206,8 +206,9 @@ def grant_for(body: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _pod_grant(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """FederationPolicySpec fields that allow the pod settings, resources, app path and env
-    `spec` uses (nothing for a spec the API refuses: the controller reports that itself)."""
+    """FederationPolicySpec fields that allow the pod settings, resources, app path, env and
+    S3 store `spec` uses (nothing for a spec the API refuses: the controller reports that
+    itself)."""
     try:
         parsed = parse_spec(dict(spec))
     except SpecError:
@@ -225,7 +226,13 @@ def _pod_grant(spec: Mapping[str, Any]) -> dict[str, Any]:
             caps[name] = qty
     app = parsed.server.app
     app_dir = "" if app is None else app.path.rsplit("/", 1)[0] + "/"
+    s3, init = parsed.server.storage.s3, parsed.server.init_model or ""
+    buckets = {s3.bucket_name} if s3 else set()
+    if init.startswith("s3://"):
+        buckets.add(init[len("s3://") :].split("/", 1)[0])
     return {
+        "allowed_s3_buckets": sorted(buckets),
+        "allowed_s3_endpoints": [s3.endpoint] if s3 and s3.endpoint else [],
         "app_path_prefixes": [constants.APPS_DIR + "/", *([app_dir] if app_dir else [])],
         "allowed_priority_classes": sorted({p.priority_class_name for p in pods} - {None}),
         "allowed_scheduler_names": sorted({p.scheduler_name for p in pods} - {None}),
