@@ -136,6 +136,9 @@ class ClusterPhase(StrEnum):
     PENDING = "Pending"  # work written, not yet applied by the cluster's work agent
     NO_DATA = "NoData"  # selected by the placement, but its data claim is missing or unusable
     APPLIED = "Applied"  # work applied on the cluster; client not (yet) running
+    # The cluster refused to apply its work (e.g. its apiserver or admission rejected the
+    # client Job): the reason holds the apply error; it stays so until the spec changes.
+    BLOCKED = "Blocked"
     RUNNING = "Running"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"

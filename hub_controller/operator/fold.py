@@ -51,12 +51,13 @@ BACK = "back in the placement since"
 # Which rows a bounded status keeps first: the clusters that need someone's attention.
 _ROW_ORDER = {
     ClusterPhase.FAILED: 0,
-    ClusterPhase.PENDING: 1,
-    ClusterPhase.NO_DATA: 2,
-    ClusterPhase.RUNNING: 3,
-    ClusterPhase.APPLIED: 4,
-    ClusterPhase.SUCCEEDED: 5,
-    ClusterPhase.LEFT: 6,
+    ClusterPhase.BLOCKED: 1,
+    ClusterPhase.PENDING: 2,
+    ClusterPhase.NO_DATA: 3,
+    ClusterPhase.RUNNING: 4,
+    ClusterPhase.APPLIED: 5,
+    ClusterPhase.SUCCEEDED: 6,
+    ClusterPhase.LEFT: 7,
 }
 
 
@@ -71,7 +72,7 @@ def bounded_rows(
     rows: Sequence[ClusterStatus], limit: int = MAX_CLUSTER_ROWS
 ) -> tuple[list[ClusterStatus], dict[str, int]]:
     """(rows to keep, count of all rows by phase): all rows up to `limit`, beyond it the worst
-    (Failed, then Pending, NoData, ...) `limit` rows, kept in name order."""
+    (Failed, then Blocked, Pending, NoData, ...) `limit` rows, kept in name order."""
     counts: dict[str, int] = {}
     for row in rows:
         counts[row.phase.value] = counts.get(row.phase.value, 0) + 1
@@ -149,6 +150,17 @@ def client_problems(obs: Observations) -> dict[str, str]:
     }
 
 
+def refused_works(obs: Observations) -> dict[str, str]:
+    """Cluster -> the error its cluster gave applying its work, for clusters with data whose
+    work was refused (phase Blocked)."""
+    with_data = {r.name for r in obs.resolutions if r.has_data}
+    return {
+        cluster: work.refused
+        for cluster, work in sorted(obs.works.items())
+        if cluster in with_data and work.refused and not work.applied
+    }
+
+
 def problems_text(problems: Mapping[str, str]) -> str:
     """'c1: ImagePullBackOff: ...; c2: ...' (the first three clusters)."""
     shown = [f"{c}: {p}" for c, p in list(problems.items())[:3]]
@@ -207,6 +219,9 @@ def _cluster_row(
         phase = ClusterPhase.RUNNING
     elif work.applied:
         phase = ClusterPhase.APPLIED
+    elif work.refused:
+        phase = ClusterPhase.BLOCKED
+        reason += f"; the cluster refused its work: {work.refused}"
     else:
         phase = ClusterPhase.PENDING
         if work.message:
@@ -378,9 +393,16 @@ def fold(
     if missing:
         detail += f"; without data: {some_names([r.name for r in missing])}"
     ready_set = set(ready)
-    not_applied = [r.name for r in with_data if r.name not in ready_set and r.name not in problems]
+    refused = refused_works(obs)
+    not_applied = [
+        r.name
+        for r in with_data
+        if r.name not in ready_set and r.name not in problems and r.name not in refused
+    ]
     if not_applied:
         detail += f"; work not yet applied on: {some_names(not_applied)}"
+    if refused:
+        detail += f"; work refused by {problems_text(refused)}"
     if problems:
         detail += f"; client pod cannot run on {problems_text(problems)}"
     with_data_names = {r.name for r in with_data}
@@ -472,6 +494,8 @@ def fold(
             )
             if problems:
                 message += f"; client pod cannot run on {problems_text(problems)}"
+            if refused:
+                message += f"; work refused by {problems_text(refused)}"
             training = ("False", "ClientsLost", message)
         else:
             phase = Phase.RUNNING
@@ -481,6 +505,8 @@ def fold(
             )
             if problems:
                 message += f"; client pod cannot run on {problems_text(problems)}"
+            if refused:
+                message += f"; work refused by {problems_text(refused)}"
             training = ("False", "InProgress", message)
     else:
         started = obs.placement.satisfied is not None or bool(obs.resolutions)

@@ -227,6 +227,9 @@ class WorkState:
     available: bool = False
     deleting: bool = False
     message: str = ""
+    # Applied is False and manifests failed: "Kind name: the cluster's error; ..." (empty
+    # while the work agent has not tried, or when it applied everything).
+    refused: str = ""
     job: JobState = field(default_factory=JobState)
     spec_hash: str = ""
     uid: str = ""  # the owning resource's uid (label): another uid's work is never ours
@@ -245,8 +248,17 @@ def work_state(work: Mapping[str, Any]) -> WorkState:
     applied_cond = conds.get("Applied")
     if applied_cond is not None and applied_cond.get("status") != "True":
         message = str(applied_cond.get("message") or applied_cond.get("reason") or "")
+    refused = []
+    manifests = (status.get("resourceStatus") or {}).get("manifests") or []
+    if applied_cond is not None and applied_cond.get("status") == "False":
+        for manifest in manifests:
+            for c in manifest.get("conditions") or []:
+                if c.get("type") == "Applied" and c.get("status") == "False":
+                    res = manifest.get("resourceMeta") or {}
+                    what = f"{res.get('kind', '?')} {res.get('name', '?')}"
+                    refused.append(f"{what}: {c.get('message') or c.get('reason') or ''}")
     values: dict[str, Any] = {}
-    for manifest in (status.get("resourceStatus") or {}).get("manifests") or []:
+    for manifest in manifests:
         if (manifest.get("resourceMeta") or {}).get("kind") != "Job":
             continue
         for value in (manifest.get("statusFeedback") or {}).get("values") or []:
@@ -270,6 +282,7 @@ def work_state(work: Mapping[str, Any]) -> WorkState:
         available=is_true("Available"),
         deleting=bool(meta.get("deletionTimestamp")) or is_true("Deleting"),
         message=message,
+        refused="; ".join(refused),
         job=job,
         spec_hash=str((meta.get("annotations") or {}).get(SPEC_HASH_ANNOTATION, "")),
         uid=str((meta.get("labels") or {}).get(constants.LABEL_OWNER_UID, "")),

@@ -255,6 +255,43 @@ def test_works_follow_the_clusters_that_claim_data(
     assert set(works_of(hub, namespace)) == set(with_data[1:])
 
 
+def test_a_work_the_cluster_refuses_shows_the_cluster_blocked_with_its_error(
+    hub: Kube,
+    spokes: dict[str, Kube],
+    bound: str,
+    claim: str,
+    operator: KopfRunner,
+) -> None:
+    """The policy allows the label prefix, the cluster's apiserver refuses the label's value:
+    the cluster's work agent cannot apply the client Job (issue 29 item 7)."""
+    namespace = bound
+    first = sorted(spokes)[0]
+    grant_namespace(
+        hub,
+        namespace,
+        data_claims=[claim],
+        advertise_domains=["127.0.0.1"],
+        host_path_store=True,
+        allowed_label_prefixes=["example.com/"],
+    )
+    set_claim(spokes[first], claim, f"/srv/data/{first}")
+    body = fl_body(namespace, claim)
+    body["spec"]["client"]["pod"] = {"labels": {"example.com/team": "x" * 64}}
+    hub.create(fl_path(namespace), body)
+
+    def blocked() -> dict[str, Any] | None:
+        st = (hub.get(fl_path(namespace, FL_NAME)) or {}).get("status") or {}
+        rows = {r["name"]: r for r in st.get("clusters") or []}
+        return st if (rows.get(first) or {}).get("phase") == "Blocked" else None
+
+    st = wait_for(blocked, 90, f"{first} Blocked")
+    [row] = [r for r in st["clusters"] if r["name"] == first]
+    assert "the cluster refused its work: Job " in row["reason"], row
+    assert "must be no more than 63" in row["reason"], row
+    assert st["phase"] == "Waiting"
+    assert f"work refused by {first}: Job " in st["message"], st["message"]
+
+
 def test_deleting_the_resource_removes_everything_it_created(
     hub: Kube, spokes: dict[str, Kube], bound: str, claim: str, operator: KopfRunner
 ) -> None:

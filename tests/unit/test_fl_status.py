@@ -303,3 +303,72 @@ def test_the_run_ended_rule_is_terminal_phase_for_the_current_generation() -> No
     assert not run_finished("Running", 3, 3)
     assert not run_finished("Completed", 2, 3)  # a new spec generation: not decided yet
     assert run_finished("Completed", None, 3)  # a status that names no generation
+
+
+REFUSED_WORK = {
+    "metadata": {"name": "w", "namespace": "a"},
+    "status": {
+        "conditions": [
+            {
+                "type": "Applied",
+                "status": "False",
+                "reason": "AppliedManifestWorkFailed",
+                "message": "Failed to apply manifest work",
+            }
+        ],
+        "resourceStatus": {
+            "manifests": [
+                {
+                    "resourceMeta": {"kind": "Namespace", "name": "fl-x"},
+                    "conditions": [{"type": "Applied", "status": "True"}],
+                },
+                {
+                    "resourceMeta": {"kind": "Job", "name": "fl-client"},
+                    "conditions": [
+                        {
+                            "type": "Applied",
+                            "status": "False",
+                            "reason": "AppliedManifestFailed",
+                            "message": 'Job.batch "fl-client" is invalid: metadata.labels: '
+                            "Invalid value: must be no more than 63 characters",
+                        }
+                    ],
+                },
+            ]
+        },
+    },
+}
+
+
+def test_a_work_the_cluster_refuses_makes_its_row_blocked_and_the_message_names_it() -> None:
+    refused = work_state(REFUSED_WORK)
+    assert not refused.applied
+    assert refused.refused.startswith('Job fl-client: Job.batch "fl-client" is invalid')
+    assert "Namespace" not in refused.refused  # only what failed
+    st = fold(spec(), 1, _obs(works={**_applied("b"), "a": refused}), None, T0)
+    rows = {r.name: r for r in st.clusters}
+    assert rows["a"].phase == ClusterPhase.BLOCKED
+    assert "the cluster refused its work: Job fl-client:" in rows["a"].reason
+    assert "63 characters" in rows["a"].reason
+    assert rows["b"].phase == ClusterPhase.APPLIED
+    assert st.phase == Phase.WAITING
+    assert "work refused by a: Job fl-client:" in st.message
+    assert "not yet applied" not in st.message
+
+
+def test_blocked_rows_are_among_the_worst_kept_when_rows_are_bounded() -> None:
+    from hub_controller.api import ClusterStatus
+    from hub_controller.operator.fold import bounded_rows
+
+    rows = [ClusterStatus(name=f"c{i}", phase=ClusterPhase.RUNNING) for i in range(5)]
+    rows.append(ClusterStatus(name="z", phase=ClusterPhase.BLOCKED))
+    kept, counts = bounded_rows(rows, limit=2)
+    assert [r.name for r in kept] == ["c0", "z"] and counts == {"Running": 5, "Blocked": 1}
+
+
+def test_a_work_not_yet_tried_is_pending_not_blocked() -> None:
+    waiting = work_state({"metadata": {"name": "w", "namespace": "a"}, "status": {}})
+    assert waiting.refused == ""
+    st = fold(spec(), 1, _obs(works={"a": waiting}), None, T0)
+    assert {r.name: r.phase for r in st.clusters}["a"] == ClusterPhase.PENDING
+    assert "work not yet applied on: a" in st.message
