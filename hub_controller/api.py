@@ -61,6 +61,13 @@ RESERVED_ENV_NAMES: Final = frozenset(
     }
 )
 
+# Bounds the CRD puts on every spec string, list and map that names no tighter one (hack.
+# codegen.crdgen adds them), so one resource cannot multiply hub etcd usage through its works;
+# past a bound the apiserver refuses the resource naming the field.
+SPEC_MAX_STRING: Final = 1024
+SPEC_MAX_ITEMS: Final = 64
+SPEC_MAX_PROPERTIES: Final = 64
+
 CONDITION_VALIDATED: Final = "Validated"
 CONDITION_PLACEMENT_SATISFIED: Final = "PlacementSatisfied"
 CONDITION_CLIENTS_READY: Final = "ClientsReady"

@@ -23,7 +23,13 @@ import yaml
 from pydantic import BaseModel
 
 from hub_controller import policy
-from hub_controller.api import FederatedLearningSpec, FederatedLearningStatus
+from hub_controller.api import (
+    SPEC_MAX_ITEMS,
+    SPEC_MAX_PROPERTIES,
+    SPEC_MAX_STRING,
+    FederatedLearningSpec,
+    FederatedLearningStatus,
+)
 from ocmfl import constants
 
 CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
@@ -44,6 +50,8 @@ _KEEP = {
     "pattern",
     "minItems",
     "maxItems",
+    "minProperties",
+    "maxProperties",
     "items",
     "properties",
     "required",
@@ -125,9 +133,28 @@ def _schema_of(model: type[BaseModel]) -> Any:
     return structural(raw, defs)
 
 
+def bounded(node: dict[str, Any]) -> dict[str, Any]:
+    """`node` with a bound on every string, list and map that has none (api.SPEC_MAX_*):
+    user input, unlike status, has no other limit."""
+    out = dict(node)
+    if out.get("type") == "string" and "maxLength" not in out and "enum" not in out:
+        out["maxLength"] = SPEC_MAX_STRING
+    if out.get("type") == "array" and "maxItems" not in out:
+        out["maxItems"] = SPEC_MAX_ITEMS
+    is_map = "additionalProperties" in out or out.get("x-kubernetes-preserve-unknown-fields")
+    if out.get("type") == "object" and is_map and "maxProperties" not in out:
+        out["maxProperties"] = SPEC_MAX_PROPERTIES
+    if "properties" in out:
+        out["properties"] = {k: bounded(v) for k, v in out["properties"].items()}
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = bounded(out[key])
+    return out
+
+
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition object for FederatedLearning."""
-    spec_schema = _schema_of(FederatedLearningSpec)
+    spec_schema = bounded(_schema_of(FederatedLearningSpec))
     spec_schema["description"] = "Desired federation: server on the hub, clients on clusters."
     status_schema = _schema_of(FederatedLearningStatus)
     status_schema["description"] = "Observed state, written by the hub controller."
@@ -184,7 +211,7 @@ def crd() -> dict[str, Any]:
 
 def policy_crd() -> dict[str, Any]:
     """The CustomResourceDefinition object for FederationPolicy (written by the hub admin)."""
-    spec_schema = _schema_of(policy.FederationPolicySpec)
+    spec_schema = bounded(_schema_of(policy.FederationPolicySpec))
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",

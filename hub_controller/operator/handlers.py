@@ -109,15 +109,21 @@ class ObjectRefused(Exception):
     """The apiserver refused (422/413) an object this controller wrote: which one, its size,
     and whether the tenant's spec can be the cause (else it is the controller's own object)."""
 
-    def __init__(self, obj: Mapping[str, Any], exc: KubeError) -> None:
+    def __init__(
+        self, obj: Mapping[str, Any], exc: KubeError | None = None, *, detail: str = ""
+    ) -> None:
         meta = obj.get("metadata") or {}
         self.what = f"{obj.get('kind')} {meta.get('namespace', '')}/{meta.get('name')}"
         self.size = len(json.dumps(obj))
-        self.status = exc.status
-        self.detail = exc.message
+        # No KubeError: the controller's own cap refused it (the spec is the cause).
+        self.by = "the API server" if exc is not None else "the controller"
+        self.status = exc.status if exc is not None else 0
+        self.detail = exc.message if exc is not None else detail
         text = self.detail.lower()
-        too_big = exc.status == 413 or "too long" in text or "too large" in text
-        self.internal = too_big or obj.get("kind") == "Secret"
+        too_big = exc is not None and (
+            exc.status == 413 or "too long" in text or "too large" in text
+        )
+        self.internal = too_big or (exc is not None and obj.get("kind") == "Secret")
         super().__init__(f"{self.what}: {self.detail}")
 
     @property
@@ -127,7 +133,7 @@ class ObjectRefused(Exception):
                 f"the API server refused {self.what} ({self.size} bytes), an object the "
                 f"controller builds, not the spec: {self.detail}"
             )
-        return f"the API server refused an object built from the spec ({self.what}): {self.detail}"
+        return f"{self.by} refused an object built from the spec ({self.what}): {self.detail}"
 
 
 def _refusable(write: Callable[[], Any], obj: Mapping[str, Any]) -> Any:
@@ -539,6 +545,14 @@ async def _write_work(ref: FLRef, work: dict[str, Any], new: bool, kube: AsyncKu
     taken answers 409 and is then checked), else apply it. Returns the uid of another owner
     whose work holds the name (never overwritten), else None."""
     meta = work["metadata"]
+    size = len(json.dumps(work))
+    if size > works_mod.MAX_WORK_BYTES:
+        raise ObjectRefused(
+            work,
+            detail=f"it would be {size} bytes, over the cap of {works_mod.MAX_WORK_BYTES} bytes "
+            "on one ManifestWork (each selected cluster gets one on the hub): shorten "
+            "spec.client.runConfig, spec.client.overrides or the pod settings",
+        )
     if new:
         collection = path_of(works_mod.WORK_API_VERSION, "ManifestWork", meta["namespace"])
         if await _refusable_async(kube.create(collection, work), work):

@@ -406,3 +406,31 @@ def test_apiserver_refuses_reserved_env_even_when_the_policy_lists_everything(
         spec["client"]["overrides"][0]["env"] = [{"name": name}]
         message = refusal(hub, namespace, spec)
         assert f"names [{name}] are reserved" in message, message
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_apiserver_refuses_unbounded_input_naming_the_field(hub: Kube, team_a: str) -> None:
+    """The CRD bounds every spec string, list and map (issue 29 item 2)."""
+    from hub_controller.api import SPEC_MAX_ITEMS, SPEC_MAX_PROPERTIES, SPEC_MAX_STRING
+
+    cases = {
+        "spec.server.initModel": _set("server", "initModel", value="m" * (SPEC_MAX_STRING + 1)),
+        "spec.client.overrides": _set(
+            "client",
+            "overrides",
+            value=[{"clusterName": f"c{i}"} for i in range(SPEC_MAX_ITEMS + 1)],
+        ),
+        "spec.client.pod.labels": _set(
+            "client",
+            "pod",
+            "labels",
+            value={f"kueue.x-k8s.io/l{i}": "v" for i in range(SPEC_MAX_PROPERTIES + 1)},
+        ),
+    }
+    for field, attack in cases.items():
+        spec = attacked("a thousand rounds")
+        spec["server"]["rounds"] = 1
+        attack(spec)
+        message = refusal(hub, team_a, spec)
+        assert field in message and ("Too long" in message or "Too many" in message), message

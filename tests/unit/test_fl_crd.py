@@ -128,3 +128,19 @@ def test_printer_columns_short_name_and_status_subresource() -> None:
 def test_generated_yaml_parses_back_to_the_crd() -> None:
     text = crdgen.render()
     assert yaml.safe_load(text) == crdgen.crd()
+
+
+@pytest.mark.parametrize("which", ["fl", "policy"])
+def test_every_spec_string_list_and_map_is_bounded(which: str) -> None:
+    """One resource cannot carry unbounded input into hub etcd (issue 29 item 2); status is
+    the controller's own and bounded by it."""
+    made = crdgen.crd() if which == "fl" else crdgen.policy_crd()
+    root = made["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    for path, node in _nodes(root):
+        kind = node.get("type")
+        if kind == "string":
+            assert "maxLength" in node or "enum" in node, path
+        elif kind == "array":
+            assert "maxItems" in node, path
+        elif kind == "object" and "additionalProperties" in node:
+            assert "maxProperties" in node, path

@@ -299,6 +299,29 @@ def test_an_internal_object_the_apiserver_refuses_is_named_with_its_size_not_inv
     assert quiet[0][0] == "Refused"
 
 
+def test_a_spec_that_would_make_oversized_works_fails_naming_the_cap_and_writes_no_work(
+    tmp_path: Any, quiet: list[tuple[str, str]]
+) -> None:
+    """Strings in runConfig are not bounded by the CRD (any JSON scalar): the cap on one
+    ManifestWork is (each selected cluster gets one in hub etcd)."""
+    kube = CountingKube()
+    op = operator(kube, tmp_path)
+    state = handlers.Run(REF, status={})
+    big = body({})
+    big["spec"]["client"]["runConfig"] = {f"k{i}": "x" * 1000 for i in range(300)}
+    handlers.reconcile(op, NoReports(), big, indexes(decision_objects(names(3))), state, LOG)
+    status = state.status
+    assert status["phase"] == "Failed"
+    [cond] = status["conditions"]
+    assert cond["reason"] == "InvalidSpec"
+    assert (
+        "the controller refused an object built from the spec (ManifestWork " in status["message"]
+    )
+    assert f"over the cap of {works_mod.MAX_WORK_BYTES} bytes" in status["message"]
+    assert "spec.client.runConfig" in status["message"]
+    assert kube.writes("manifestworks") == 0
+
+
 def test_the_fleet_signer_stores_a_key_in_its_clusters_shard_where_the_operator_reads_it() -> None:
     import datetime as dt
 

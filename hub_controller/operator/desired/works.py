@@ -46,6 +46,9 @@ CLIENT_COMMAND: Final = "ocm-fl-client"
 # The client's Fleet identity: a Secret the cluster's agent writes in the client namespace
 # (agent_addon.fleet_identity: tls.crt/key, ca.crt, node.key, keys made on the cluster). The
 # pod starts once it exists; the work itself carries no key.
+# The most one ManifestWork may weigh (JSON): a resource gets one per selected cluster in hub
+# etcd, so its spec must not multiply into gigabytes. A work is ~10 KiB with the CA bundle.
+MAX_WORK_BYTES: Final = 256 * 1024
 TLS_DIR: Final = "/var/run/ocm-fl/tls"
 STATE_DIR: Final = "/var/lib/ocm-fl-client"
 CLIENT_TOKEN_FILE: Final = f"{constants.CLIENT_TOKEN_DIR}/{constants.CLIENT_TOKEN_KEY}"
