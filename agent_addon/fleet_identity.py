@@ -26,12 +26,14 @@ from agent_addon.csr import (
 )
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import Kube, KubeError, path_of
+from ocmfl.names import cluster_side_name
 
 log = logging.getLogger(__name__)
 
 NODE_KEY: Final = "node.key"
 CLIENT_NAMESPACES: Final = "/api/v1/namespaces"
 CLIENT_SELECTOR: Final = f"{constants.LABEL_COMPONENT}=client"
+APPLIED_WORKS: Final = "/apis/work.open-cluster-management.io/v1/appliedmanifestworks"
 # Renew with 30 % of the lifetime left (the agent's own: 20 %): a new Fleet pair still has to
 # reach the pod through the kubelet's Secret refresh (up to a minute or more) and the
 # tunnel's nginx reload before the old one expires.
@@ -46,19 +48,51 @@ class ClientNamespace:
     federation_uid: str
 
 
-def client_namespaces(items: Sequence[Mapping[str, Any]], cluster: str) -> list[ClientNamespace]:
-    """The client namespaces of federations on `cluster` (from the work's labels)."""
+def work_namespaces(applied_works: Sequence[Mapping[str, Any]]) -> dict[str, tuple[str, str]]:
+    """Namespace name -> (its uid, the ManifestWork's name) for every namespace OCM's work
+    agent created or applied from a hub ManifestWork (the AppliedManifestWorks' resources)."""
+    out = {}
+    for amw in applied_works:
+        work = (amw.get("spec") or {}).get("manifestWorkName") or ""
+        for res in (amw.get("status") or {}).get("appliedResources") or []:
+            if res.get("resource") == "namespaces" and not res.get("group"):
+                out[str(res.get("name"))] = (str(res.get("uid") or ""), str(work))
+    return out
+
+
+def client_namespaces(
+    items: Sequence[Mapping[str, Any]],
+    cluster: str,
+    applied_works: Sequence[Mapping[str, Any]] = (),
+) -> list[ClientNamespace]:
+    """The client namespaces of federations on `cluster`: labelled by a federation's work,
+    named as that federation's client namespace (ocmfl.names.cluster_side_name of its namespace
+    and name), and, this very namespace (by uid), applied by OCM's work agent from the
+    ManifestWork of that name. Labels alone are anyone's to set who may create a namespace."""
+    from_works = work_namespaces(applied_works)
     out = []
     for ns in items:
         meta = ns.get("metadata") or {}
         labels = meta.get("labels") or {}
         uid = labels.get(constants.LABEL_OWNER_UID)
-        if (
-            uid
-            and labels.get(constants.LABEL_CLUSTER) == cluster
-            and not meta.get("deletionTimestamp")
-        ):
-            out.append(ClientNamespace(meta["name"], uid))
+        if not uid or labels.get(constants.LABEL_CLUSTER) != cluster:
+            continue
+        if meta.get("deletionTimestamp"):
+            continue
+        name = str(meta.get("name"))
+        expected = cluster_side_name(
+            str(labels.get(constants.LABEL_OWNER_NAMESPACE, "")),
+            str(labels.get(constants.LABEL_OWNER_NAME, "")),
+        )
+        applied_uid, work = from_works.get(name, ("", ""))
+        if name != expected or work != expected or applied_uid != meta.get("uid"):
+            log.warning(
+                "namespace %s carries the labels of federation %s but is not its client "
+                "namespace from its ManifestWork (expected %s, applied by work %r): no identity",
+                name, uid, expected, work or None,
+            )  # fmt: skip
+            continue
+        out.append(ClientNamespace(name, uid))
     return out
 
 
@@ -185,8 +219,11 @@ class FleetIdentities:
         found = await asyncio.to_thread(
             self.local.get, CLIENT_NAMESPACES, {"labelSelector": CLIENT_SELECTOR}
         )
+        applied = await asyncio.to_thread(self.local.get, APPLIED_WORKS)
         now = asyncio.get_running_loop().time()
-        targets = client_namespaces((found or {}).get("items") or [], self.cluster)
+        targets = client_namespaces(
+            (found or {}).get("items") or [], self.cluster, (applied or {}).get("items") or []
+        )
         for gone in set(self._backoff) - {t.namespace for t in targets}:
             del self._backoff[gone]
         for gone in set(self._pending) - {f"{t.namespace}/{t.federation_uid}" for t in targets}:

@@ -40,7 +40,9 @@ from hack.localfed import (
     set_cluster_claim,
 )
 from hack.testing import ReportProbe, agent_accepts, wait_for
+from hub_controller.api import FLRef
 from hub_controller.bootstrap.addon_template import default_agent_subject
+from hub_controller.operator.desired.works import client_namespace
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import Kube, KubeError
 
@@ -302,6 +304,40 @@ def test_a_cluster_cannot_get_a_fleet_identity_for_a_federation_without_work_the
         ).get("status") or {}
         assert c1 not in {r["name"] for r in status.get("clusters") or []}
     finally:
+        remove_federation(hub, control_plane, fl)
+
+
+def test_a_namespace_with_a_federations_labels_gets_no_client_identity(
+    control_plane: plane.ControlPlane,
+    fed: LocalFederation,
+    hub: Kube,
+    namespace: str,
+) -> None:
+    """Someone who may create namespaces on cluster2 copies a federation's labels onto their
+    own namespace: the agent writes that federation's client identity (Fleet key and
+    certificate) only into the client namespace OCM's work agent applied from the
+    federation's ManifestWork (issue 29 item 4)."""
+    c2 = control_plane.clusters[1]
+    fl = federation_on(hub, control_plane, c2, namespace)
+    ref = FLRef(namespace, "digits", fl["metadata"]["uid"])
+    spoke = Kube(control_plane.cluster_kubeconfigs[c2])
+    spoof = f"spoof-{namespace}"
+    secret = f"secrets/{constants.CLIENT_IDENTITY_SECRET}"
+    try:
+        labels = {**ref.labels("client"), constants.LABEL_CLUSTER: c2}
+        spoke.create("/api/v1/namespaces", {"metadata": {"name": spoof, "labels": labels}})
+        real = f"/api/v1/namespaces/{client_namespace(ref)}/{secret}"
+        wait_for(lambda: spoke.get(real), 90, "the real client namespace's identity")
+        log = fed.log_file(f"agent-{c2}")
+        wait_for(
+            lambda: f"namespace {spoof} carries the labels of federation" in log.read_text(),
+            30,
+            "the agent refusing the copied labels",
+        )
+        assert spoke.get(f"/api/v1/namespaces/{spoof}/{secret}") is None
+    finally:
+        spoke.delete(f"/api/v1/namespaces/{spoof}")
+        spoke.close()
         remove_federation(hub, control_plane, fl)
 
 

@@ -398,7 +398,9 @@ def test_every_template_variable_is_set_by_the_deployment_config(helm: str) -> N
     assert bundle <= used
 
 
-def test_agent_rbac_only_watches_pods_and_jobs_and_touches_only_its_two_secrets(helm: str) -> None:
+def test_agent_rbac_only_reads_pods_jobs_namespaces_applied_works_and_touches_two_secrets(
+    helm: str,
+) -> None:
     manifests = agent_manifests(render(helm))
     role = next(m for m in manifests if m["kind"] == "ClusterRole")
     secrets = {}
@@ -410,7 +412,9 @@ def test_agent_rbac_only_watches_pods_and_jobs_and_touches_only_its_two_secrets(
             secrets[name] = set(rule["verbs"])
             continue
         assert set(rule["verbs"]) <= {"get", "list", "watch"}
-        assert set(rule["resources"]) <= {"pods", "jobs", "namespaces"}
+        # appliedmanifestworks: a client namespace gets an identity only when the work agent
+        # applied it from its federation's work (issue 29 item 4)
+        assert set(rule["resources"]) <= {"pods", "jobs", "namespaces", "appliedmanifestworks"}
     assert secrets == {
         constants.CLIENT_TOKEN_SECRET: {"get"},
         "fl-client-identity": {"get", "create", "patch", "update"},

@@ -19,6 +19,7 @@ from hub_controller.operator.desired import credentials as cr
 from hub_controller.signer.fleet import ApproveFleet, WorkLookup, decide_fleet_csr, node_key_entry
 from hub_controller.signer.policy import Deny
 from ocmfl import constants, nodekeys, pki
+from ocmfl.names import cluster_side_name
 
 UID = "fl-uid-1"
 WORK_LABELS = {
@@ -219,15 +220,49 @@ def test_agent_writes_the_identity_secret_and_keeps_the_supernode_key_on_renewal
     assert pki.load_cert_pem(base64.b64decode(renewed["data"]["tls.crt"])) != stale.cert
 
 
-def test_client_namespaces_are_found_by_the_works_labels() -> None:
+def _ns(name: str, uid: str, fed_uid: str | None, cluster: str, fl: str = "digits") -> Any:
+    labels = {
+        constants.LABEL_CLUSTER: cluster,
+        constants.LABEL_OWNER_NAMESPACE: "team-a",
+        constants.LABEL_OWNER_NAME: fl,
+    }
+    if fed_uid:
+        labels[constants.LABEL_OWNER_UID] = fed_uid
+    return {"metadata": {"name": name, "uid": uid, "labels": labels}}  # fmt: skip
+
+
+def _amw(work: str, *namespaces: tuple[str, str]) -> Any:
+    applied = [{"group": "", "version": "v1", "resource": "namespaces", "name": n, "uid": u}
+               for n, u in namespaces]  # fmt: skip
+    return {"spec": {"manifestWorkName": work}, "status": {"appliedResources": applied}}
+
+
+def test_client_namespaces_are_those_the_work_agent_applied_from_the_federations_work() -> None:
+    own = cluster_side_name("team-a", "digits")
     items = [
-        {"metadata": {"name": "a", "labels": {constants.LABEL_OWNER_UID: "u1",
-                                             constants.LABEL_CLUSTER: "c1"}}},
-        {"metadata": {"name": "b", "labels": {constants.LABEL_OWNER_UID: "u2",
-                                             constants.LABEL_CLUSTER: "c2"}}},
-        {"metadata": {"name": "c", "labels": {constants.LABEL_CLUSTER: "c1"}}},
-    ]  # fmt: skip
-    assert fi.client_namespaces(items, "c1") == [fi.ClientNamespace("a", "u1")]
+        _ns(own, "ns-uid-1", "u1", "c1"),
+        _ns("b", "ns-uid-2", "u2", "c2"),  # another cluster's
+        _ns("c", "ns-uid-3", None, "c1"),  # no federation
+    ]
+    applied = [_amw(own, (own, "ns-uid-1"))]
+    assert fi.client_namespaces(items, "c1", applied) == [fi.ClientNamespace(own, "u1")]
+
+
+def test_labels_alone_get_no_identity() -> None:
+    """Anyone who may create a namespace on the cluster can copy a federation's labels."""
+    own = cluster_side_name("team-a", "digits")
+    applied = [_amw(own, (own, "ns-uid-1"))]
+    spoofs = [
+        _ns("my-namespace", "x1", "u1", "c1"),  # any name, the federation's labels
+        _ns(own, "x2", "u1", "c1"),  # its name, but not the namespace the work agent applied
+        _ns(cluster_side_name("team-a", "other"), "x3", "u1", "c1", fl="other"),  # no work
+    ]
+    assert fi.client_namespaces(spoofs, "c1", applied) == []
+    # A namespace applied by another federation's work does not count for this one.
+    other = cluster_side_name("team-a", "other")
+    assert (
+        fi.client_namespaces([_ns(own, "x4", "u1", "c1")], "c1", [_amw(other, (own, "x4"))]) == []
+    )
 
 
 # --- keyscan -----------------------------------------------------------------------------------
