@@ -101,6 +101,7 @@ WRITE_CONCURRENCY: Final = 16
 # A pass hands its work writes to the loop this many at a time (one wake-up each batch).
 WRITE_BATCH: Final = WRITE_CONCURRENCY
 REASON_REFUSED: Final = "ObjectRefused"  # the apiserver refused an object the controller built
+REASON_NAME_TAKEN: Final = "NameTaken"  # an object of the name it needs belongs to another uid
 DELETED: Final = "-"  # Run.sent: this loop deleted the work
 T = TypeVar("T")
 
@@ -110,8 +111,14 @@ class ObjectRefused(Exception):
     and whether the tenant's spec can be the cause (else it is the controller's own object)."""
 
     def __init__(
-        self, obj: Mapping[str, Any], exc: KubeError | None = None, *, detail: str = ""
+        self,
+        obj: Mapping[str, Any],
+        exc: KubeError | None = None,
+        *,
+        detail: str = "",
+        reason: str = "",
     ) -> None:
+        self.reason = reason  # the status condition's reason, when not the default
         meta = obj.get("metadata") or {}
         self.what = f"{obj.get('kind')} {meta.get('namespace', '')}/{meta.get('name')}"
         self.size = len(json.dumps(obj))
@@ -355,6 +362,16 @@ def ensure_credentials(
     name = server_mod.server_name(ref)
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
     secret = kube.get(secret_path)
+    owner = ((secret or {}).get("metadata") or {}).get("labels", {}).get(constants.LABEL_OWNER_UID)
+    if secret is not None and owner != ref.uid:
+        # Never reuse (its CA key could be anyone's) nor overwrite another's credentials.
+        raise ObjectRefused(
+            secret,
+            detail=f"a Secret of this name exists and belongs to {owner or 'no resource'} "
+            f"(label {constants.LABEL_OWNER_UID}), not to this resource ({ref.uid}): it is "
+            "never reused or overwritten; delete it, or give this resource another name",
+            reason=REASON_NAME_TAKEN,
+        )
     current = credentials.secret_data(secret)
     # Members' keys go only into the node-keys shards: without `keys` the enrolled shards
     # (up to ~1.3 MB at N = 3,500) are neither listed nor decoded on every pass.
@@ -686,7 +703,7 @@ def reconcile(
                 waiting_for_keys = True
     except ObjectRefused as exc:
         # Said as it is: the object, its size, and whether the spec can be the cause.
-        reason = REASON_REFUSED if exc.internal else "InvalidSpec"
+        reason = exc.reason or (REASON_REFUSED if exc.internal else "InvalidSpec")
         kopf.warn(cast(kopf.Body, body), reason="Refused", message=exc.message)
         status = invalid_status([exc.message], generation, previous, now, reason=reason)
         _write_status(op.kube, run, status)

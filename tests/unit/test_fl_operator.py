@@ -412,3 +412,31 @@ def test_a_key_enrolled_while_nothing_else_changes_reaches_the_server_at_once(
         s["data"]["c2.node.pub"] for s in kube.objects["secrets"] if "c2.node.pub" in s["data"]
     ]
     assert new != old and [new] == enrolled
+
+
+def test_credentials_of_another_resource_are_never_reused_or_overwritten(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
+    """A Secret of the credentials' name that another uid owns (a deleted resource's, or one
+    the tenant made with a CA key of its choosing): the run fails naming it; nothing of it is
+    read into the server's credentials or written over."""
+    from hub_controller.operator.desired import credentials
+    from hub_controller.operator.desired import server as server_mod
+
+    name = credentials.credentials_secret_name(server_mod.server_name(REF))
+    planted = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": REF.namespace,
+                     "labels": {constants.LABEL_OWNER_UID: "someone-else"}},
+        "data": {},
+    }  # fmt: skip
+    kube.applied.append(planted)
+    run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes())
+    status = kube.status()
+    assert status["phase"] == "Failed"
+    [cond] = status["conditions"]
+    assert cond["reason"] == handlers.REASON_NAME_TAKEN
+    assert f"Secret {REF.namespace}/{name}" in status["message"]
+    assert "belongs to someone-else" in status["message"] and "delete it" in status["message"]
+    assert [o for o in kube.applied if o["kind"] == "Secret"] == [planted]

@@ -15,13 +15,13 @@ from hub_controller.operator.desired.works import (
     client_namespace,
     desired_work,
     desired_works,
-    safe_name,
     spec_hash,
     work_name,
     works_to_delete,
 )
 from ocmfl import constants
 from ocmfl.kube import Encoded, encode_body
+from ocmfl.names import hub_side_name, safe_name
 
 C1 = ClusterResolution("c1", "/srv/digits-a", "why", {"zone": "eu", "gpu": "yes"})
 C2 = ClusterResolution("c2", None, "no claim")
@@ -208,6 +208,24 @@ def test_long_names_are_cut_to_a_dns_label_with_a_hash() -> None:
     assert len(name) <= 63
     assert name != work_name(FLRef(namespace="n" * 63, name="m" * 62, uid="u"))
     assert safe_name("fl", "a", "b") == "fl-a-b"
+
+
+def test_hub_side_names_of_dotted_and_dashed_names_differ() -> None:
+    """`x.y` and `x-y` in one namespace once shared a Job, Service, Secrets and PVC."""
+    from hub_controller.operator.desired import client_token, credentials, server
+
+    dotted, dashed = (FLRef(namespace="t", name=n, uid="u") for n in ("x.y", "x-y"))
+    for name_of in (
+        server.server_name,
+        lambda r: credentials.credentials_secret_name(server.server_name(r)),
+        client_token.token_secret_name,
+        lambda r: server.model_claim_name(
+            r, parse_spec(spec_dict(storage={"type": "PVC", "size": "1Gi"}))
+        ),
+    ):
+        a, b = name_of(dotted), name_of(dashed)
+        assert a != b and len(a) <= 63, (a, b)
+        assert len(hub_side_name("z" * 80, "server")) <= 63
 
 
 def test_two_tenants_never_share_a_work_or_a_client_namespace() -> None:

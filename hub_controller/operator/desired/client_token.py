@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from hub_controller.api import FLRef
 from ocmfl import constants
-from ocmfl.names import safe_name
+from ocmfl.names import hub_side_name
 
 COMPONENT: Final = "client"
 TOKEN_BYTES: Final = 32
@@ -25,7 +25,7 @@ TOKEN_BYTES: Final = 32
 
 def token_secret_name(ref: FLRef) -> str:
     """The hub Secret (in the resource's namespace) that keeps the token."""
-    return safe_name(ref.name, "client-token")
+    return hub_side_name(ref.name, "client-token")
 
 
 def new_token() -> str:

@@ -12,8 +12,8 @@ from typing import Any, Final
 
 from hub_controller.api import FederatedLearningSpec, FLRef
 from hub_controller.operator.desired import credentials, security
-from hub_controller.operator.desired.works import safe_name
 from ocmfl import constants
+from ocmfl.names import hub_side_name
 
 COMPONENT: Final = "server"
 SERVER_COMMAND: Final = "ocm-fl-server"
@@ -34,7 +34,7 @@ SERVER_BACKOFF_LIMIT: Final = 3
 
 def server_name(ref: FLRef) -> str:
     """Name of the server Job and Service."""
-    return safe_name(ref.name, "server")
+    return hub_side_name(ref.name, "server")
 
 
 def hostpath_store_dir(root: str, ref: FLRef) -> str:
@@ -69,7 +69,7 @@ def model_claim_name(ref: FLRef, spec: FederatedLearningSpec) -> str | None:
     storage = spec.server.storage
     if not storage.is_pvc:
         return None
-    return storage.claim or safe_name(ref.name, "model")
+    return storage.claim or hub_side_name(ref.name, "model")
 
 
 def storage_location(spec: FederatedLearningSpec) -> str:
@@ -225,7 +225,7 @@ def desired_model_claim(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, An
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": _meta(ref, safe_name(ref.name, "model")),
+        "metadata": _meta(ref, hub_side_name(ref.name, "model")),
         "spec": {
             "accessModes": ["ReadWriteOnce"],
             "resources": {"requests": {"storage": storage.size or "1Gi"}},

@@ -33,7 +33,6 @@ from hub_controller.operator.desired import security
 from ocmfl import constants
 from ocmfl.kube import Encoded
 from ocmfl.names import cluster_side_name
-from ocmfl.names import safe_name as safe_name  # server.py names its objects with it
 
 WORK_API_VERSION: Final = f"{constants.WORK_GROUP}/v1"
 COMPONENT: Final = "client"
