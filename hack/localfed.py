@@ -185,6 +185,14 @@ def wait_policy_admitted(hub: Kube, namespace: str, timeout: float = 30.0) -> No
     wait_for(seen, timeout, f"admission to see {namespace}'s FederationPolicy", interval=0.3)
 
 
+def metrics_headers(hub: Kube) -> dict[str, str]:
+    """The Authorization header the hub's /metrics asks for, from the token Secret it made in
+    its namespace ({} while there is none)."""
+    path = f"/api/v1/namespaces/{constants.HUB_NAMESPACE}/secrets/{constants.METRICS_TOKEN_SECRET}"
+    data = ((hub.get(path) or {}).get("data") or {}).get(constants.METRICS_TOKEN_KEY)
+    return {"Authorization": f"Bearer {base64.b64decode(data).decode()}"} if data else {}
+
+
 def grant_for(body: Mapping[str, Any]) -> dict[str, Any]:
     """grant_namespace's arguments that allow exactly what a FederatedLearning body uses
     (its images, data claim, storage and advertised host): for tests and demos whose subject
@@ -413,6 +421,8 @@ class LocalFederation:
     hub_env: dict[str, str] = field(default_factory=dict)
     # Agent containers `kill` stopped, by cluster: `start_agent` waits for another one.
     _killed: dict[str, str] = field(default_factory=dict)
+    # The hub's /metrics Authorization header, once read (metrics_headers).
+    _metrics_headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir).resolve()
@@ -450,6 +460,18 @@ class LocalFederation:
     @property
     def metrics_url(self) -> str:
         return f"http://{self.hub_host}:{constants.HUB_METRICS_PORT}/metrics"
+
+    def metrics_headers(self) -> dict[str, str]:
+        """What a scrape of `metrics_url` sends: the hub's bearer token, read once (the hub
+        keeps it) so scrapes work while a drill stops the apiserver; {} before the hub made
+        it, or while the apiserver does not answer."""
+        if not self._metrics_headers:
+            with (
+                contextlib.closing(Kube(self.plane.hub_kubeconfig)) as hub,
+                contextlib.suppress(KubeError),
+            ):
+                self._metrics_headers = metrics_headers(hub)
+        return dict(self._metrics_headers)
 
     def agent_endpoints(self) -> dict[str, str]:
         """Where each cluster's FL client posts its metrics: the agent's Service (the

@@ -154,6 +154,10 @@ ENV_HUB_KUBECONFIG: Final = "OCMFL_HUB_KUBECONFIG"
 ENV_CA_DIR: Final = "OCMFL_CA_DIR"  # hub: directory with the hub CA tls.crt/tls.key
 ENV_AGENT_CA_DIR: Final = "OCMFL_AGENT_CA_DIR"  # hub: directory with the agent CA tls.crt/tls.key
 ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
+# hub: the bearer token /metrics asks for (key `token`), in the hub's namespace; the hub makes
+# it at its first start and keeps it (Prometheus reads the same Secret).
+METRICS_TOKEN_SECRET: Final = "ocm-fl-metrics-token"
+METRICS_TOKEN_KEY: Final = "token"
 ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all
 # hub: where the aggregator's gRPC and /metrics listen (host:port); defaults 0.0.0.0 with the
 # ports above. The local federation binds them to loopback addresses of its own.

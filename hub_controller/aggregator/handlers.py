@@ -12,16 +12,20 @@ stopped.
 
 from __future__ import annotations
 
+import asyncio
+import os
 from typing import Any
 
 import kopf
 
+from hub_controller.aggregator.metrics_http import ensure_token
 from hub_controller.aggregator.scope import WorkScope
 from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
 from hub_controller.ca import CADir
 from hub_controller.membership import AddonMembers
 from hub_controller.operator.indexes import Indexes
 from ocmfl import constants
+from ocmfl.kube import KubeError
 
 
 @kopf.on.startup()
@@ -43,7 +47,16 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
     works.when_synced(scope.mark_ready)
     memo.report_scope = scope
     members = memo.report_members = Indexes.of(kwargs).members()
-    service = AggregatorService(AggregatorSettings.from_env(), members, ca, scope, agent_ca)
+    settings = AggregatorSettings.from_env()
+    if settings.metrics_port is not None:
+        namespace = os.environ.get(constants.ENV_POD_NAMESPACE) or constants.HUB_NAMESPACE
+        try:
+            settings.metrics_token = await asyncio.to_thread(
+                ensure_token, memo.operator.kube, namespace
+            )
+        except (KubeError, ValueError) as e:
+            logger.warning("no /metrics token (%s): /metrics is not served", e)
+    service = AggregatorService(settings, members, ca, scope, agent_ca)
     port = await service.start()
     memo.aggregator = service
     memo.reports = service.store

@@ -16,10 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from prometheus_client import start_http_server
-
 from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.metrics import AggregatorMetrics
+from hub_controller.aggregator.metrics_http import serve_metrics
 from hub_controller.aggregator.scope import Scope
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore, StoreLimits
@@ -47,6 +46,8 @@ class AggregatorSettings:
     server_ips: list[str] = field(default_factory=lambda: ["127.0.0.1"])
     metrics_port: int | None = constants.HUB_METRICS_PORT
     metrics_host: str = "0.0.0.0"
+    # /metrics asks for this bearer token (metrics_http.ensure_token); None: not served.
+    metrics_token: str | None = None
     max_message_bytes: int = 256 * 1024
     limits: Limits = field(default_factory=Limits)
 
@@ -177,10 +178,12 @@ class AggregatorService:
             limits=s.limits,
         )
         port = await self.server.start()
-        if s.metrics_port is not None:
-            self._metrics_server = start_http_server(
-                s.metrics_port, addr=s.metrics_host, registry=self.metrics.registry
+        if s.metrics_port is not None and s.metrics_token:
+            self._metrics_server = serve_metrics(
+                self.metrics.registry, s.metrics_host, s.metrics_port, s.metrics_token
             )
+        elif s.metrics_port is not None:
+            log.warning("no /metrics token: /metrics is not served (it would be open to all)")
         return port
 
     async def stop(self) -> None:

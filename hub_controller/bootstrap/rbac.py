@@ -107,8 +107,17 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
         resource_names=(constants.SIGNER_NAME, constants.FLEET_SIGNER_NAME),
         why="only our signers",
     ),
-    # Its own namespace: leader lease (if enabled).
+    # Its own namespace: leader lease (if enabled), and the /metrics token it makes once.
     Rule("coordination.k8s.io", "leases", CRUD, Scope.RELEASE_NAMESPACE, why="leader lease"),
+    Rule(
+        "",
+        "secrets",
+        ("get",),
+        Scope.RELEASE_NAMESPACE,
+        resource_names=(constants.METRICS_TOKEN_SECRET,),
+        why="the /metrics bearer token",
+    ),
+    Rule("", "secrets", ("create",), Scope.RELEASE_NAMESPACE, why="the /metrics token, once"),
 )
 
 # The CA init hook Job (chart hook): create the CA Secrets (hub CA, agent CA) if absent,

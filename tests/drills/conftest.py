@@ -14,6 +14,7 @@ import pytest
 
 from hack import controlplane as cp
 from hack.localfed import LocalFederation
+from hack.testing import wait_for
 from ocmfl.kube import Kube
 
 STATE_DIR = Path((os.environ.get("OCMFL_CP_DIR") or "/dev/shm/ocm-fl-cp") + "-drills")
@@ -32,6 +33,8 @@ def fed(
 ) -> Iterator[LocalFederation]:
     """Hub controller, aggregator, CSR signer and one agent per cluster, as processes."""
     with LocalFederation(plane, tmp_path_factory.mktemp("drills") / "federation") as f:
+        # Read the hub's /metrics token now: drills scrape while the apiserver is stopped.
+        wait_for(f.metrics_headers, 60, "the hub's /metrics token")
         yield f
 
 

@@ -79,7 +79,7 @@ def hub_metrics(fed: LocalFederation) -> dict[tuple[str, tuple[tuple[str, str], 
     """The hub's Prometheus samples: (name, sorted labels) -> value ({} when it does not
     answer)."""
     try:
-        text = httpx.get(fed.metrics_url, timeout=2).text
+        text = httpx.get(fed.metrics_url, headers=fed.metrics_headers(), timeout=2).text
     except httpx.HTTPError:
         return {}
     return {

@@ -32,6 +32,7 @@ from hack.localfed import (
     inert_fl_body,
     install_addon,
     install_crd,
+    metrics_headers,
 )
 from hack.testing import TestPKI, await_for, free_port, kopf_registry, wait_for
 from ocmfl import constants, pki, reports
@@ -88,16 +89,18 @@ def tpki(tmp_path: Path) -> TestPKI:
 class HubProcess:
     """Where the in-process hub listens."""
 
-    def __init__(self, aggregator_port: int, metrics_port: int) -> None:
+    def __init__(self, aggregator_port: int, metrics_port: int, hub: Kube) -> None:
         self.aggregator_port = aggregator_port
         self.metrics_port = metrics_port
+        self.hub = hub
 
     def metric(self, name: str, labels: dict[str, str]) -> float | None:
         """A sample from the hub's /metrics, or None (also while /metrics is not up)."""
         want = f"{{{','.join(f'{k}={v!r}' for k, v in sorted(labels.items()))}}}".replace("'", '"')
         url = f"http://127.0.0.1:{self.metrics_port}/metrics"
+        request = urllib.request.Request(url, headers=metrics_headers(self.hub))
         try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
+            with urllib.request.urlopen(request, timeout=5) as resp:
                 text = resp.read().decode()
         except OSError:
             return None
@@ -119,7 +122,7 @@ def hub_process(
     """`ocm-fl-hub` in-process (kopf), with its CA, watching this test's namespace and the
     cluster namespaces; at the end the test's resources are deleted while it still runs."""
     ca_dir = pki.save_tls_dir(tmp_path / "hub-ca", tpki.ca, None)
-    process = HubProcess(free_port(), free_port())
+    process = HubProcess(free_port(), free_port(), hub)
     monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
     # One CA for both roles here (the server certificate and the agents' identities), so the
     # test's agents trust the aggregator with the directory their certificate comes in; the

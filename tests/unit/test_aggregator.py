@@ -7,6 +7,7 @@ import contextlib
 import datetime as dt
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -366,7 +367,9 @@ async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
     hub_ca_dir = pki.save_tls_dir(tmp_path / "hub-ca", hub_ca, None)
     agent_ca_dir = pki.save_tls_dir(tmp_path / "agent-ca", agents.ca, None)
     service = AggregatorService(
-        AggregatorSettings(listen="127.0.0.1:0", metrics_port=0, metrics_host="127.0.0.1"),
+        AggregatorSettings(
+            listen="127.0.0.1:0", metrics_port=0, metrics_host="127.0.0.1", metrics_token="t0k"
+        ),
         StaticMembers(["cluster-a"]),
         CADir.hub(hub_ca_dir),
         WorkScope({("cluster-a", UID): [("fl", "mnist")]}, grace_s=0),
@@ -406,9 +409,17 @@ async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
             await send_with(forged, make_report("cluster-a", 8))
         assert err.value.code() == grpc.StatusCode.UNAVAILABLE  # refused in the handshake
         metrics_port = service._metrics_server[0].server_port
-        body = await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
-        )
+        url = f"http://127.0.0.1:{metrics_port}/metrics"
+        # Without the bearer token (or with another): 401, nothing of the samples.
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                await asyncio.to_thread(
+                    lambda h=headers: urllib.request.urlopen(urllib.request.Request(url, headers=h))
+                )
+            assert refused.value.code == 401
+            assert b"ocmfl_cluster" not in refused.value.read()
+        authorized = urllib.request.Request(url, headers={"Authorization": "Bearer t0k"})
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(authorized).read())
         assert (
             b'ocmfl_cluster_accuracy{cluster="cluster-a",name="mnist",namespace="fl"} 0.8' in body
         )
@@ -599,3 +610,29 @@ async def _all_acks(
     call: grpc.aio.StreamStreamCall[report_pb2.Report, report_pb2.Ack],
 ) -> list[int]:
     return [ack.sequence async for ack in call]
+
+
+def test_the_metrics_token_is_made_once_and_kept() -> None:
+    import base64
+
+    from hub_controller.aggregator.metrics_http import ensure_token
+
+    class Secrets:
+        def __init__(self) -> None:
+            self.made: list[dict[str, Any]] = []
+
+        def get(self, path: str) -> dict[str, Any] | None:
+            if not self.made:
+                return None
+            token = self.made[0]["stringData"]["token"]
+            return {"data": {"token": base64.b64encode(token.encode()).decode()}}
+
+        def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+            self.made.append(body)
+            return body
+
+    kube = Secrets()
+    first = ensure_token(kube, "hub-ns")  # type: ignore[arg-type]
+    assert len(first) >= 40 and kube.made[0]["metadata"]["namespace"] == "hub-ns"
+    assert ensure_token(kube, "hub-ns") == first  # type: ignore[arg-type]
+    assert len(kube.made) == 1
