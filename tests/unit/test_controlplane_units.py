@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -194,10 +193,6 @@ def test_a_claim_mounts_the_hostpath_of_its_bound_volume(tmp_path: Path) -> None
         podplan.materialise_volumes(pod, tmp_path, lookup, "ip", "host", claims=claim)
 
 
-@pytest.mark.skipif(
-    shutil.which("unshare") is None or shutil.which("setpriv") is None,
-    reason="needs util-linux unshare/setpriv",
-)
 def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> None:
     target = tmp_path / "mnt"
     target.mkdir()
@@ -228,10 +223,6 @@ def test_two_pods_see_their_own_files_at_the_same_mount_path(tmp_path: Path) -> 
     assert list(target.iterdir()) == []  # nothing leaked into the host mount table
 
 
-@pytest.mark.skipif(
-    shutil.which("unshare") is None or shutil.which("setpriv") is None,
-    reason="needs util-linux unshare/setpriv",
-)
 def test_a_volume_over_a_parent_of_the_repo_does_not_hide_the_project_venv(
     tmp_path: Path,
 ) -> None:
