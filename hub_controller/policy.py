@@ -86,22 +86,24 @@ ClaimName = Annotated[str, StringConstraints(max_length=253, pattern=_DNS_SUBDOM
 Domain = Annotated[str, StringConstraints(max_length=253, pattern=_DOMAIN_OR_IP)]
 
 
+def allowed_none(description: str) -> Any:
+    """A policy list field that allows nothing until the admin lists something (the CRD
+    default `[]` keeps it present for the admission policy's CEL)."""
+    return Field(default_factory=list, json_schema_extra={"default": []}, description=description)
+
+
 class FederationPolicySpec(BaseModel):
     """What FederatedLearning resources in this namespace may use. Unset lists allow nothing."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
 
-    allowed_image_prefixes: list[ImagePrefix] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="spec.server.image and spec.client.image must start with one of these, "
+    allowed_image_prefixes: list[ImagePrefix] = allowed_none(
+        "spec.server.image and spec.client.image must start with one of these, "
         "e.g. quay.io/ocm-fl/ (end a registry path with / so quay.io/ocm-fl-evil/ does not "
         "match).",
     )
-    allowed_data_claims: list[ClaimName] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="ClusterClaim names this namespace may use as its data claim "
+    allowed_data_claims: list[ClaimName] = allowed_none(
+        "ClusterClaim names this namespace may use as its data claim "
         "(spec.client.dataClaim, or the one the placement selects when dataClaim is unset).",
     )
     allow_writable_data_mount: bool = Field(
@@ -113,35 +115,25 @@ class FederationPolicySpec(BaseModel):
         default=False,
         description="Allow spec.server.storage.type HostPath (a directory on a hub node).",
     )
-    allowed_advertise_domains: list[Domain] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="DNS suffixes spec.server.advertiseAddress may use: its host must equal "
+    allowed_advertise_domains: list[Domain] = allowed_none(
+        "DNS suffixes spec.server.advertiseAddress may use: its host must equal "
         "one or be a subdomain of one (an IP address entry matches only that address). "
         "Empty: advertiseAddress is refused.",
     )
-    allowed_priority_classes: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="PriorityClasses spec.server.pod and spec.client.pod may name "
+    allowed_priority_classes: list[Name] = allowed_none(
+        "PriorityClasses spec.server.pod and spec.client.pod may name "
         "(priorityClassName). Empty: none (the cluster's default priority).",
     )
-    allowed_scheduler_names: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="Schedulers the pods may name (schedulerName), besides default-scheduler.",
+    allowed_scheduler_names: list[Name] = allowed_none(
+        "Schedulers the pods may name (schedulerName), besides default-scheduler.",
     )
-    allowed_toleration_keys: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="Taint keys the pods may tolerate (spec.server.pod.tolerations, "
+    allowed_toleration_keys: list[Name] = allowed_none(
+        "Taint keys the pods may tolerate (spec.server.pod.tolerations, "
         "spec.client.pod.tolerations). A toleration without a key tolerates every taint: "
         "refused unless allowKeylessTolerations.",
     )
-    allowed_placement_toleration_keys: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="ManagedCluster taint keys spec.client.placement.tolerations may "
+    allowed_placement_toleration_keys: list[Name] = allowed_none(
+        "ManagedCluster taint keys spec.client.placement.tolerations may "
         "tolerate, e.g. cluster.open-cluster-management.io/unreachable.",
     )
     allow_keyless_tolerations: bool = Field(
@@ -149,22 +141,16 @@ class FederationPolicySpec(BaseModel):
         description="Allow tolerations without a key (operator Exists: every taint), on the "
         "pods and in the placement.",
     )
-    allowed_node_selector_keys: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="Node label keys spec.server.pod.nodeSelector and "
+    allowed_node_selector_keys: list[Name] = allowed_none(
+        "Node label keys spec.server.pod.nodeSelector and "
         "spec.client.pod.nodeSelector may use, e.g. kubernetes.io/arch.",
     )
-    allowed_label_prefixes: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="Pod label keys (spec.*.pod.labels) must start with one of these, e.g. "
+    allowed_label_prefixes: list[Name] = allowed_none(
+        "Pod label keys (spec.*.pod.labels) must start with one of these, e.g. "
         f"kueue.x-k8s.io/. Keys under {PLATFORM_DOMAINS_TEXT} are always refused.",
     )
-    allowed_annotation_prefixes: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="Pod annotation keys (spec.*.pod.annotations) must start with one of "
+    allowed_annotation_prefixes: list[Name] = allowed_none(
+        "Pod annotation keys (spec.*.pod.annotations) must start with one of "
         f"these. Keys under {PLATFORM_DOMAINS_TEXT} are always refused.",
     )
     max_pod_resources: dict[Name, Quantity] = Field(
@@ -184,10 +170,8 @@ class FederationPolicySpec(BaseModel):
     max_rounds: int | None = Field(
         default=None, ge=1, description="Most rounds (spec.server.rounds). Unset: no cap."
     )
-    allowed_app_path_prefixes: list[AppPath] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="spec.server.app.path must start with one of these, e.g. "
+    allowed_app_path_prefixes: list[AppPath] = allowed_none(
+        "spec.server.app.path must start with one of these, e.g. "
         f"{constants.APPS_DIR}/ (the project's example apps). Paths under the platform's own "
         f"mounts ({', '.join(constants.PLATFORM_MOUNT_DIRS)}) and paths with . or .. "
         "segments are always refused.",
@@ -197,23 +181,17 @@ class FederationPolicySpec(BaseModel):
         description="Allow spec.server.app.installDependencies: true (Flower installs the "
         "app's dependencies from a package index at run time, next to the data).",
     )
-    allowed_s3_buckets: list[Name] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="Buckets spec.server.storage.s3.bucketName and an s3:// "
+    allowed_s3_buckets: list[Name] = allowed_none(
+        "Buckets spec.server.storage.s3.bucketName and an s3:// "
         "spec.server.initModel may name (the model leaves the clusters' data only to these).",
     )
-    allowed_s3_endpoints: list[Endpoint] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="URLs spec.server.storage.s3.endpoint may be (scheme, host and port; "
+    allowed_s3_endpoints: list[Endpoint] = allowed_none(
+        "URLs spec.server.storage.s3.endpoint may be (scheme, host and port; "
         "unset endpoint: AWS). Loopback, link-local and cluster-internal hosts are always "
         "refused.",
     )
-    allowed_env: list[EnvPattern] = Field(
-        default_factory=list,
-        json_schema_extra={"default": []},
-        description="Client env names (spec.client.overrides[].env) this namespace may set: "
+    allowed_env: list[EnvPattern] = allowed_none(
+        "Client env names (spec.client.overrides[].env) this namespace may set: "
         "exact names, or prefixes ending in * (e.g. MYAPP_*). Reserved names stay refused.",
     )
 
