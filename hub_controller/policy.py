@@ -779,6 +779,25 @@ def _cel_ask(policy_field: str) -> str:
     return _cel_str(f", {_fix(policy_field)}")
 
 
+def _cel_not_allowed(
+    head: str, value: str, tail: str, use: str, allowed: str, policy_field: str
+) -> str:
+    """CEL for `<head><value><tail> in namespace <ns>: <use> [<allowed>], or ask the hub admin
+    to add it to FederationPolicy default.spec.<policy_field>` (`value` and `allowed` are CEL:
+    a string, and a list of strings), the words of the controller's own Violation."""
+    return (
+        _cel_str(head)
+        + f" + {value} + "
+        + _cel_str(f"{tail} in namespace ")
+        + " + request.namespace + "
+        + _cel_str(f": {use} [")
+        + f" + {allowed}.join(', ') + "
+        + _cel_str("]")
+        + " + "
+        + _cel_ask(policy_field)
+    )
+
+
 # CEL for "the object at `path` has `leaf`", one has() per step after object.spec.
 def _has(path: str) -> str:
     parts = path.split(".")
@@ -806,15 +825,14 @@ def _toleration_rules(
         ),
         (
             f"!({_has(tols)}) || {bad}.size() == 0",
-            _cel_str(f"{field}: toleration keys [")
-            + f" + {bad}.join(', ') + "
-            + _cel_str("] are not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use keys in [")
-            + f" + {allowed}.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask(policy_field),
+            _cel_not_allowed(
+                f"{field}: toleration keys [",
+                f"{bad}.join(', ')",
+                "] are not allowed",
+                "use keys in",
+                allowed,
+                policy_field,
+            ),
         ),
     ]
 
@@ -838,15 +856,14 @@ def _key_rules(field: str, keys: str, allowed: str, policy_field: str) -> list[t
         ),
         (
             f"!({present}) || {bad}.size() == 0",
-            _cel_str(f"{field}: keys [")
-            + f" + {bad}.join(', ') + "
-            + _cel_str("] are not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use keys starting with one of [")
-            + f" + {allowed}.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask(policy_field),
+            _cel_not_allowed(
+                f"{field}: keys [",
+                f"{bad}.join(', ')",
+                "] are not allowed",
+                "use keys starting with one of",
+                allowed,
+                policy_field,
+            ),
         ),
     ]
 
@@ -862,27 +879,25 @@ def _pod_rules(side: str) -> list[tuple[str, str]]:
     return [
         (
             f"!({_has(prio)}) || {prio} in params.spec.allowedPriorityClasses",
-            _cel_str(f"{field}.priorityClassName: PriorityClass ")
-            + f" + {prio} + "
-            + _cel_str(" is not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": remove it or use one of [")
-            + " + params.spec.allowedPriorityClasses.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedPriorityClasses"),
+            _cel_not_allowed(
+                f"{field}.priorityClassName: PriorityClass ",
+                prio,
+                " is not allowed",
+                "remove it or use one of",
+                "params.spec.allowedPriorityClasses",
+                "allowedPriorityClasses",
+            ),
         ),
         (
             f"!({_has(sched)}) || {sched} in {schedulers}",
-            _cel_str(f"{field}.schedulerName: scheduler ")
-            + f" + {sched} + "
-            + _cel_str(" is not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": remove it or use one of [")
-            + f" + {schedulers}.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedSchedulerNames"),
+            _cel_not_allowed(
+                f"{field}.schedulerName: scheduler ",
+                sched,
+                " is not allowed",
+                "remove it or use one of",
+                schedulers,
+                "allowedSchedulerNames",
+            ),
         ),
         *_toleration_rules(
             f"{field}.tolerations",
@@ -892,15 +907,14 @@ def _pod_rules(side: str) -> list[tuple[str, str]]:
         ),
         (
             f"!({_has(pod + '.nodeSelector')}) || {bad_nodes}.size() == 0",
-            _cel_str(f"{field}.nodeSelector: node label keys [")
-            + f" + {bad_nodes}.join(', ') + "
-            + _cel_str("] are not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use keys in [")
-            + f" + {node_keys}.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedNodeSelectorKeys"),
+            _cel_not_allowed(
+                f"{field}.nodeSelector: node label keys [",
+                f"{bad_nodes}.join(', ')",
+                "] are not allowed",
+                "use keys in",
+                node_keys,
+                "allowedNodeSelectorKeys",
+            ),
         ),
         *_key_rules(
             f"{field}.labels",
@@ -978,12 +992,43 @@ _RESERVED_ENV_RE: Final = (
 _BAD_SEGMENT_RE: Final = "(^|/)\\.\\.?(/|$)|//"
 
 
+def _clean_path(path: str) -> tuple[str, str]:
+    """CEL for `path` (a string) having . or .. or empty segments, and for the platform mounts
+    it is under (a list; the same rules as `app_path_problem`)."""
+    mounts = _cel_list(constants.PLATFORM_MOUNT_DIRS)
+    segments = f"{path}.matches({_cel_str(_BAD_SEGMENT_RE)})"
+    under = f"{mounts}.filter(d, {path} == d || {path}.startsWith(d + '/'))"
+    return segments, under
+
+
+def _path_rules(field: str, path: str, skip: str, shown: str = "") -> list[tuple[str, str]]:
+    """The two rules every path a tenant names obeys, whatever the policy (unless `skip`);
+    the messages show `shown` (CEL; default: `path`), as the tenant wrote it."""
+    segments, under = _clean_path(path)
+    shown = shown or path
+    return [
+        (
+            f"{skip} || !{segments}",
+            f"'{field}: ' + {shown} + "
+            + _cel_str(" has . or .. segments or an empty one: write it without them"),
+        ),
+        (
+            f"{skip} || {segments} || {under}.size() == 0",
+            f"'{field}: ' + {shown} + "
+            + _cel_str(" is under the platform's mount ")
+            + f" + {under}[0] + "
+            + _cel_str(
+                " (tenants may have written there, or it holds secrets): use a directory "
+                "inside the server image"
+            ),
+        ),
+    ]
+
+
 def _run_rules() -> list[tuple[str, str]]:
     app = "object.spec.server.app"
     path = f"{app}.path"
-    mounts = _cel_list(constants.PLATFORM_MOUNT_DIRS)
-    under = f"{mounts}.filter(d, {path} == d || {path}.startsWith(d + '/'))"
-    segments = f"{path}.matches({_cel_str(_BAD_SEGMENT_RE)})"
+    segments, under = _clean_path(path)
     overrides = "object.spec.client.overrides"
     allowed_env = (
         "params.spec.allowedEnv.exists(a, a.endsWith('*') ? "
@@ -1028,32 +1073,18 @@ def _run_rules() -> list[tuple[str, str]]:
                 f", or ask the hub admin to raise FederationPolicy {POLICY_NAME}.spec.maxClusters"
             ),
         ),
-        (
-            f"!has({app}) || !{segments}",
-            f"'spec.server.app.path: ' + {path} + "
-            + _cel_str(" has . or .. segments or an empty one: write it without them"),
-        ),
-        (
-            f"!has({app}) || {segments} || {under}.size() == 0",
-            f"'spec.server.app.path: ' + {path} + "
-            + _cel_str(" is under the platform's mount ")
-            + f" + {under}[0] + "
-            + _cel_str(
-                " (tenants may have written there, or it holds secrets): use a directory "
-                "inside the server image"
-            ),
-        ),
+        *_path_rules("spec.server.app.path", path, f"!has({app})"),
         (
             f"!has({app}) || {segments} || {under}.size() > 0 || "
             f"params.spec.allowedAppPathPrefixes.exists(p, {path}.startsWith(p))",
-            f"'spec.server.app.path: ' + {path} + "
-            + _cel_str(" is not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use a path starting with one of [")
-            + " + params.spec.allowedAppPathPrefixes.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedAppPathPrefixes"),
+            _cel_not_allowed(
+                "spec.server.app.path: ",
+                path,
+                " is not allowed",
+                "use a path starting with one of",
+                "params.spec.allowedAppPathPrefixes",
+                "allowedAppPathPrefixes",
+            ),
         ),
         (
             f"params.spec.allowInstallDependencies || !({_has(app + '.installDependencies')}) "
@@ -1081,15 +1112,14 @@ def _run_rules() -> list[tuple[str, str]]:
         ),
         (
             f"{bad_env}.size() == 0",
-            _cel_str("spec.client.overrides[].env: names [")
-            + f" + {bad_env}.join(', ') + "
-            + _cel_str("] are not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use names in [")
-            + " + params.spec.allowedEnv.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedEnv"),
+            _cel_not_allowed(
+                "spec.client.overrides[].env: names [",
+                f"{bad_env}.join(', ')",
+                "] are not allowed",
+                "use names in",
+                "params.spec.allowedEnv",
+                "allowedEnv",
+            ),
         ),
     ]
 
@@ -1124,22 +1154,18 @@ def _s3_rules() -> list[tuple[str, str]]:
     init = "object.spec.server.initModel"
     init_bucket = f"{init}.substring(5).split('/')[0]"
     init_path = f"({init}.startsWith('/') ? {init} : '/' + {init})"
-    mounts = _cel_list(constants.PLATFORM_MOUNT_DIRS)
-    under = f"{mounts}.filter(d, {init_path} == d || {init_path}.startsWith(d + '/'))"
-    segments = f"{init_path}.matches({_cel_str(_BAD_SEGMENT_RE)})"
     has_endpoint = _has(f"{s3}.endpoint")
     return [
         (
             f"!({_has(s3)}) || {s3}.bucketName in {buckets}",
-            _cel_str("spec.server.storage.s3.bucketName: bucket ")
-            + f" + {s3}.bucketName + "
-            + _cel_str(" is not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use one of [")
-            + f" + {buckets}.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedS3Buckets"),
+            _cel_not_allowed(
+                "spec.server.storage.s3.bucketName: bucket ",
+                f"{s3}.bucketName",
+                " is not allowed",
+                "use one of",
+                buckets,
+                "allowedS3Buckets",
+            ),
         ),
         (
             f"!({has_endpoint}) || ({problem}) == ''",
@@ -1152,42 +1178,31 @@ def _s3_rules() -> list[tuple[str, str]]:
         ),
         (
             f"!({has_endpoint}) || ({problem}) != '' || {trimmed} in {allowed}",
-            _cel_str("spec.server.storage.s3.endpoint: ")
-            + f" + {s3}.endpoint + "
-            + _cel_str(" is not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use one of [")
-            + f" + {allowed}.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedS3Endpoints"),
+            _cel_not_allowed(
+                "spec.server.storage.s3.endpoint: ",
+                f"{s3}.endpoint",
+                " is not allowed",
+                "use one of",
+                allowed,
+                "allowedS3Endpoints",
+            ),
         ),
         (
             f"!({_has(init)}) || !{init}.startsWith('s3://') || {init_bucket} in {buckets}",
-            _cel_str("spec.server.initModel: bucket ")
-            + f" + {init_bucket} + "
-            + _cel_str(" is not allowed in namespace ")
-            + " + request.namespace + "
-            + _cel_str(": use one of [")
-            + f" + {buckets}.join(', ') + "
-            + _cel_str("]")
-            + " + "
-            + _cel_ask("allowedS3Buckets"),
-        ),
-        (
-            f"!({_has(init)}) || {init}.startsWith('s3://') || !{segments}",
-            f"'spec.server.initModel: ' + {init} + "
-            + _cel_str(" has . or .. segments or an empty one: write it without them"),
-        ),
-        (
-            f"!({_has(init)}) || {init}.startsWith('s3://') || {segments} || {under}.size() == 0",
-            f"'spec.server.initModel: ' + {init} + "
-            + _cel_str(" is under the platform's mount ")
-            + f" + {under}[0] + "
-            + _cel_str(
-                " (tenants may have written there, or it holds secrets): use a directory "
-                "inside the server image"
+            _cel_not_allowed(
+                "spec.server.initModel: bucket ",
+                init_bucket,
+                " is not allowed",
+                "use one of",
+                buckets,
+                "allowedS3Buckets",
             ),
+        ),
+        *_path_rules(
+            "spec.server.initModel",
+            init_path,
+            f"!({_has(init)}) || {init}.startsWith('s3://')",
+            shown=init,
         ),
     ]
 
