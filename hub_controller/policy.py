@@ -337,6 +337,21 @@ def _ns(namespace: str) -> str:
     return f"in namespace {namespace}"
 
 
+def _not_allowed(
+    field: str,
+    what: str,
+    namespace: str,
+    use: str,
+    allowed: Sequence[str],
+    policy_field: str,
+) -> Violation:
+    """`<what> in namespace <ns>: <use> [<allowed>], or ask the hub admin to add it to
+    FederationPolicy default.spec.<policy_field>` (the CEL twin: `_cel_not_allowed`)."""
+    return Violation(
+        field, f"{what} {_ns(namespace)}: {use} {_listed(allowed)}, {_fix(policy_field)}"
+    )
+
+
 def _listed(items: Sequence[str]) -> str:
     return f"[{', '.join(items)}]"
 
@@ -373,10 +388,13 @@ def _toleration_violations(
     bad = [t.key for t in tolerations if t.key and t.key not in allowed]
     if bad:
         out.append(
-            Violation(
+            _not_allowed(
                 field,
-                f"toleration keys {_listed(bad)} are not allowed {_ns(namespace)}: use keys "
-                f"in {_listed(allowed)}, {_fix(policy_field)}",
+                f"toleration keys {_listed(bad)} are not allowed",
+                namespace,
+                "use keys in",
+                allowed,
+                policy_field,
             )
         )
     return out
@@ -399,10 +417,13 @@ def _key_violations(
     bad = [k for k in keys if not platform_key(k) and not any(k.startswith(p) for p in allowed)]
     if bad:
         out.append(
-            Violation(
+            _not_allowed(
                 field,
-                f"keys {_listed(bad)} are not allowed {_ns(namespace)}: use keys starting with "
-                f"one of {_listed(allowed)}, {_fix(policy_field)}",
+                f"keys {_listed(bad)} are not allowed",
+                namespace,
+                "use keys starting with one of",
+                allowed,
+                policy_field,
             )
         )
     return out
@@ -416,20 +437,26 @@ def _pod_settings_violations(
     name = pod.priority_class_name
     if name is not None and name not in policy.allowed_priority_classes:
         out.append(
-            Violation(
+            _not_allowed(
                 f"{field}.priorityClassName",
-                f"PriorityClass {name} is not allowed {_ns(namespace)}: remove it or use one "
-                f"of {_listed(policy.allowed_priority_classes)}, " + _fix("allowedPriorityClasses"),
+                f"PriorityClass {name} is not allowed",
+                namespace,
+                "remove it or use one of",
+                policy.allowed_priority_classes,
+                "allowedPriorityClasses",
             )
         )
     scheduler = pod.scheduler_name
     schedulers = [DEFAULT_SCHEDULER, *policy.allowed_scheduler_names]
     if scheduler is not None and scheduler not in schedulers:
         out.append(
-            Violation(
+            _not_allowed(
                 f"{field}.schedulerName",
-                f"scheduler {scheduler} is not allowed {_ns(namespace)}: remove it or use one "
-                f"of {_listed(schedulers)}, {_fix('allowedSchedulerNames')}",
+                f"scheduler {scheduler} is not allowed",
+                namespace,
+                "remove it or use one of",
+                schedulers,
+                "allowedSchedulerNames",
             )
         )
     out += _toleration_violations(
@@ -443,10 +470,13 @@ def _pod_settings_violations(
     bad = [k for k in pod.node_selector if k not in policy.allowed_node_selector_keys]
     if bad:
         out.append(
-            Violation(
+            _not_allowed(
                 f"{field}.nodeSelector",
-                f"node label keys {_listed(bad)} are not allowed {_ns(namespace)}: use keys in "
-                f"{_listed(policy.allowed_node_selector_keys)}, " + _fix("allowedNodeSelectorKeys"),
+                f"node label keys {_listed(bad)} are not allowed",
+                namespace,
+                "use keys in",
+                policy.allowed_node_selector_keys,
+                "allowedNodeSelectorKeys",
             )
         )
     out += _key_violations(
@@ -569,10 +599,13 @@ def _s3_violations(
     buckets = policy.allowed_s3_buckets
     if s3 is not None and s3.bucket_name not in buckets:
         out.append(
-            Violation(
+            _not_allowed(
                 "spec.server.storage.s3.bucketName",
-                f"bucket {s3.bucket_name} is not allowed {_ns(namespace)}: use one of "
-                f"{_listed(buckets)}, {_fix('allowedS3Buckets')}",
+                f"bucket {s3.bucket_name} is not allowed",
+                namespace,
+                "use one of",
+                buckets,
+                "allowedS3Buckets",
             )
         )
     if s3 is not None and s3.endpoint is not None:
@@ -589,10 +622,13 @@ def _s3_violations(
             )
         elif _endpoint(s3.endpoint) not in allowed:
             out.append(
-                Violation(
+                _not_allowed(
                     "spec.server.storage.s3.endpoint",
-                    f"{s3.endpoint} is not allowed {_ns(namespace)}: use one of "
-                    f"{_listed(allowed)}, {_fix('allowedS3Endpoints')}",
+                    f"{s3.endpoint} is not allowed",
+                    namespace,
+                    "use one of",
+                    allowed,
+                    "allowedS3Endpoints",
                 )
             )
     init = spec.server.init_model
@@ -600,10 +636,13 @@ def _s3_violations(
         bucket = init[len("s3://") :].split("/", 1)[0]
         if bucket not in buckets:
             out.append(
-                Violation(
+                _not_allowed(
                     "spec.server.initModel",
-                    f"bucket {bucket} is not allowed {_ns(namespace)}: use one of "
-                    f"{_listed(buckets)}, {_fix('allowedS3Buckets')}",
+                    f"bucket {bucket} is not allowed",
+                    namespace,
+                    "use one of",
+                    buckets,
+                    "allowedS3Buckets",
                 )
             )
     elif init is not None:
@@ -649,11 +688,13 @@ def _run_violations(
             out.append(Violation("spec.server.app.path", f"{app.path} {problem}"))
         elif not any(app.path.startswith(p) for p in policy.allowed_app_path_prefixes):
             out.append(
-                Violation(
+                _not_allowed(
                     "spec.server.app.path",
-                    f"{app.path} is not allowed {_ns(namespace)}: use a path starting with "
-                    f"one of {_listed(policy.allowed_app_path_prefixes)}, "
-                    + _fix("allowedAppPathPrefixes"),
+                    f"{app.path} is not allowed",
+                    namespace,
+                    "use a path starting with one of",
+                    policy.allowed_app_path_prefixes,
+                    "allowedAppPathPrefixes",
                 )
             )
         if app.install_dependencies and not policy.allow_install_dependencies:
@@ -670,10 +711,13 @@ def _run_violations(
     bad = [n for n in names if not env_allowed(n, policy.allowed_env)]
     if bad:
         out.append(
-            Violation(
+            _not_allowed(
                 "spec.client.overrides[].env",
-                f"names {_listed(bad)} are not allowed {_ns(namespace)}: use names in "
-                f"{_listed(policy.allowed_env)}, {_fix('allowedEnv')}",
+                f"names {_listed(bad)} are not allowed",
+                namespace,
+                "use names in",
+                policy.allowed_env,
+                "allowedEnv",
             )
         )
     return out
@@ -784,7 +828,7 @@ def _cel_not_allowed(
 ) -> str:
     """CEL for `<head><value><tail> in namespace <ns>: <use> [<allowed>], or ask the hub admin
     to add it to FederationPolicy default.spec.<policy_field>` (`value` and `allowed` are CEL:
-    a string, and a list of strings), the words of the controller's own Violation."""
+    a string, and a list of strings), the words of the controller's `_not_allowed`."""
     return (
         _cel_str(head)
         + f" + {value} + "
