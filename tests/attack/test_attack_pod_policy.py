@@ -55,10 +55,17 @@ POD_GRANT: dict[str, Any] = {
 }
 
 
-def granted_spec() -> dict[str, Any]:
-    """Everything POD_GRANT allows, used at once: admitted by both checks."""
+def within_grant() -> dict[str, Any]:
+    """The tenant's plain spec, on at most POD_GRANT's clusters: what each attack changes."""
     spec = tenant_spec()
     spec["server"]["minAvailableClients"] = 2
+    spec["client"]["placement"]["numberOfClusters"] = 2
+    return spec
+
+
+def granted_spec() -> dict[str, Any]:
+    """Everything POD_GRANT allows, used at once: admitted by both checks."""
+    spec = within_grant()
     spec["server"]["pod"] = {
         "priorityClassName": "fl-batch",
         "schedulerName": "volcano",
@@ -183,7 +190,7 @@ ATTACKS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         "spec.maxRounds",
     ),
     "every cluster (numberOfClusters unset)": (
-        lambda s: None,  # tenant_spec() leaves it unset
+        lambda s: s["client"]["placement"].pop("numberOfClusters"),
         "spec.client.placement.numberOfClusters",
         "spec.maxClusters",
     ),
@@ -281,11 +288,16 @@ ATTACKS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
 
 
 def attacked(name: str) -> dict[str, Any]:
-    spec = tenant_spec()
-    spec["server"]["minAvailableClients"] = 2
-    if name != "every cluster (numberOfClusters unset)":
-        spec["client"]["placement"]["numberOfClusters"] = 2
+    spec = within_grant()
     ATTACKS[name][0](spec)
+    return spec
+
+
+def granted_s3_spec() -> dict[str, Any]:
+    """An S3 store and an initModel from it that POD_GRANT allows."""
+    spec = within_grant()
+    spec["server"]["storage"] = s3_spec()
+    spec["server"]["initModel"] = "s3://team-a-models/base.pth"
     return spec
 
 
@@ -306,10 +318,7 @@ def test_controller_refuses_naming_the_field_and_the_fix(name: str) -> None:
 
 
 def test_the_granted_s3_store_and_init_model_are_allowed() -> None:
-    spec = attacked("every cluster (numberOfClusters unset)")
-    spec["client"]["placement"]["numberOfClusters"] = 2
-    spec["server"]["storage"] = s3_spec()
-    spec["server"]["initModel"] = "s3://team-a-models/base.pth"
+    spec = granted_s3_spec()
     assert policy.violations(parse_spec(spec), grant(), "team-a") == []
     spec["server"]["storage"] = s3_spec(endpoint=None)  # AWS itself
     spec["server"]["initModel"] = "base/model.pth"  # inside the store
@@ -386,11 +395,7 @@ def test_apiserver_refuses_every_attack_with_the_controllers_message(
         assert "ValidatingAdmissionPolicy" in message, (name, message)
         assert message.endswith(str(found)), (name, message, str(found))
     hub.create(fl_path(team_a), fl_body(team_a, granted_spec()), exist_ok=False)
-    s3 = attacked("every cluster (numberOfClusters unset)")
-    s3["client"]["placement"]["numberOfClusters"] = 2
-    s3["server"]["storage"] = s3_spec()
-    s3["server"]["initModel"] = "s3://team-a-models/base.pth"
-    hub.create(fl_path(team_a), fl_body(team_a, s3, "s3"), exist_ok=False)
+    hub.create(fl_path(team_a), fl_body(team_a, granted_s3_spec(), "s3"), exist_ok=False)
 
 
 @pytest.mark.integration
@@ -429,8 +434,7 @@ def test_apiserver_refuses_unbounded_input_naming_the_field(hub: Kube, team_a: s
         ),
     }
     for field, attack in cases.items():
-        spec = attacked("a thousand rounds")
-        spec["server"]["rounds"] = 1
+        spec = within_grant()
         attack(spec)
         message = refusal(hub, team_a, spec)
         assert field in message and ("Too long" in message or "Too many" in message), message
