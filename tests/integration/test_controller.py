@@ -20,7 +20,7 @@ from kopf.testing import KopfRunner
 from hack.controlplane.plane import ControlPlane
 from hack.localfed import grant_namespace, install_crd
 from hack.testing import kopf_registry, wait_for
-from hub_controller.api import FLRef
+from hub_controller.api import FLRef, claim_placement
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
@@ -139,18 +139,7 @@ def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
             },
             "client": {
                 "dataClaim": claim,
-                "placement": {
-                    "clusterSets": ["global"],
-                    "predicates": [
-                        {
-                            "requiredClusterSelector": {
-                                "claimSelector": {
-                                    "matchExpressions": [{"key": claim, "operator": "Exists"}]
-                                }
-                            }
-                        }
-                    ],
-                },
+                "placement": claim_placement(claim),
             },
         },
     }
