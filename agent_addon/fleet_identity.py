@@ -219,11 +219,12 @@ class FleetIdentities:
         found = await asyncio.to_thread(
             self.local.get, CLIENT_NAMESPACES, {"labelSelector": CLIENT_SELECTOR}
         )
-        applied = await asyncio.to_thread(self.local.get, APPLIED_WORKS)
+        labelled = (found or {}).get("items") or []
+        # The AppliedManifestWorks only when some namespace claims a federation: a cluster
+        # without federations costs one list per pass, as before.
+        applied = await asyncio.to_thread(self.local.get, APPLIED_WORKS) if labelled else None
         now = asyncio.get_running_loop().time()
-        targets = client_namespaces(
-            (found or {}).get("items") or [], self.cluster, (applied or {}).get("items") or []
-        )
+        targets = client_namespaces(labelled, self.cluster, (applied or {}).get("items") or [])
         for gone in set(self._backoff) - {t.namespace for t in targets}:
             del self._backoff[gone]
         for gone in set(self._pending) - {f"{t.namespace}/{t.federation_uid}" for t in targets}:

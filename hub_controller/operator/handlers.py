@@ -362,7 +362,9 @@ def ensure_credentials(
     name = server_mod.server_name(ref)
     secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
     secret = kube.get(secret_path)
-    owner = ((secret or {}).get("metadata") or {}).get("labels", {}).get(constants.LABEL_OWNER_UID)
+    owner = (((secret or {}).get("metadata") or {}).get("labels") or {}).get(
+        constants.LABEL_OWNER_UID
+    )
     if secret is not None and owner != ref.uid:
         # Never reuse (its CA key could be anyone's) nor overwrite another's credentials.
         raise ObjectRefused(
