@@ -39,7 +39,7 @@ from hack.localfed import (
     inert_fl_body,
     set_cluster_claim,
 )
-from hack.testing import ReportProbe, agent_accepts, wait_for
+from hack.testing import ReportProbe, WaitTimeout, agent_accepts, wait_for
 from hub_controller.api import FLRef
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from hub_controller.operator.desired.works import client_namespace
@@ -189,7 +189,7 @@ def federation_on(
 
     try:
         wait_for(has_work, 90, f"the work of {namespace}/digits on {cluster}")
-    except Exception:
+    except WaitTimeout:
         path = f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}/digits"
         status = (hub.get(path) or {}).get("status")
         raise AssertionError(f"no work; the resource's status: {status}") from None

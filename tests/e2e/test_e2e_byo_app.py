@@ -188,7 +188,9 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
     # The outcome: model path and sha256 in the status, the app's own metric names.
     model = status["model"]
     assert hashlib.sha256(Path(model["path"]).read_bytes()).hexdigest() == model["sha256"]
-    assert 0.0 <= model["metrics"]["test-accuracy"] <= 1.0
+    # The app's own held-out metric: two rounds of fine-tuning from a pretrained start (over
+    # 0.5, asserted above) keep the model far above chance (0.1 for ten digits).
+    assert model["metrics"]["test-accuracy"] > 0.5, model
     # Checkpoints and manifest with the resource uid; training started from the .pth: the
     # model before round 1 scored what the pretrained file scores on the held-out data.
     store = ModelStore(fed.store_dir(created), uid)

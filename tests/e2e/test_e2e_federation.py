@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 from pathlib import Path
 from typing import Any
 
@@ -201,11 +200,10 @@ def test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason(
     wait_for(training, 600, "first round done")
     leaving = with_data[1]
     set_cluster_claim(plane, leaving, claim, None)  # the cluster no longer offers its data
-    started = time.monotonic()
+    # wait_fl raises after 400 s: the run must fail well before its own round timeouts.
     final = wait_fl(hub, NAMESPACE, "leaver", 400, fed=fed)
     status = final["status"]
     assert status["phase"] == "Failed"
-    assert time.monotonic() - started < 400
     rows = {r["name"]: r for r in status["clusters"]}
     assert leaving not in rows or rows[leaving]["phase"] != "Running"
     # The reason says what happened, not just "failed".

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from fl_fixtures import REF, spec
 
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.server import server_args
 from hub_controller.operator.desired.works import client_args
 from ocmfl import constants
-
-server_launcher = pytest.importorskip("workloads.server_launcher")
-client_launcher = pytest.importorskip("workloads.client_launcher")
+from workloads import client_launcher, server_launcher
 
 
 def test_server_args_parse_with_the_server_launcher() -> None:

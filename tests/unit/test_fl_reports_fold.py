@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pytest
 from fl_fixtures import REF, spec
 
 from hub_controller.aggregator.store import ReportStore
@@ -69,11 +68,11 @@ def test_aggregator_reports_fill_cluster_rows_and_accuracy() -> None:
 
 
 def test_folded_status_renders_in_the_cli_dashboard() -> None:
-    dashboard = pytest.importorskip("ocmfl_cli.dashboard")
     from fl_fixtures import spec_dict
     from rich.console import Console
 
     from hub_controller.operator.fold import status_body
+    from ocmfl_cli import dashboard
 
     store = ReportStore()
     store.apply("a", _report("a", 0.9, 300))
