@@ -2,16 +2,19 @@
 # One-time (idempotent) set-up of a fresh machine: Debian packages, the Python environment,
 # the Go-built control plane binaries (cached under ~/.cache/ocm-fl, so a second run is fast).
 set -euo pipefail
+started=$(date +%s)
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash hack/install-system-deps.sh
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
-stamp=.venv/.installed-$(sha256sum pyproject.toml | cut -c1-16)
+# Exact versions from requirements.lock (hack/lock.sh remakes it); reinstalled when either
+# file changes.
+stamp=.venv/.installed-$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
 if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q -U pip setuptools wheel
-  .venv/bin/pip install -q -e '.[hub,agent,workloads,cli,dev]'
+  .venv/bin/pip install -q -c requirements.lock -e '.[hub,agent,workloads,cli,dev]'
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
@@ -26,3 +29,4 @@ if [ -f hack/tools/build-helm.sh ]; then
 fi
 # An S3-compatible server for the model store's S3 tests (tests/integration/test_s3_store.py).
 bash hack/tools/build-versitygw.sh
+echo "phase setup: $(($(date +%s) - started)) s"
