@@ -10,6 +10,7 @@ Everything here runs in the hub process `ocm-fl-hub` (one Deployment; `__main__.
   ledger of the hub credentials OCM issued to each cluster's agent;
 - `bootstrap/`: the CA hook the Helm chart runs as a Job, and the AddOnTemplate registration
   and RBAC rules the chart carries;
-- shared by the parts: `api.py` (the FederatedLearning API), `membership.py` (which clusters
-  take part), `reports.py` (per-cluster report state), `kube.py` (the controller's writer).
+- shared by the parts: `api.py` (the FederatedLearning API), `policy.py` (the namespace's
+  FederationPolicy), `membership.py` (which clusters take part), `reports.py` (per-cluster
+  report state), `ca.py` (the mounted CAs).
 """

@@ -2,7 +2,7 @@
 
 All live in the resource's namespace, carry the owner labels and an ownerReference. The Service
 exists from the start (clusters need its address); the Job is started only once enough
-clusters are ready (gang admission, decided in status.py / operator.py).
+clusters are ready (gang admission, decided by the status fold, operator/fold.py).
 """
 
 from __future__ import annotations

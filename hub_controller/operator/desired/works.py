@@ -1,11 +1,13 @@
 """Desired ManifestWorks: one per cluster that has data, in the hub namespace `<cluster>`.
 
 Each work carries a Namespace (Pod Security level `restricted` enforced), a ServiceAccount, a
-ConfigMap with the client's run config, the client's TLS Secret, the federation's local-API token
+ConfigMap with the client's run config, the federation's local-API token
 Secret (`constants.CLIENT_TOKEN_SECRET`: the agent takes metrics posts for this federation only
 with it), the client Job, and the data volume: a PersistentVolume for the cluster's claimed data
 path, pre-bound to a claim in the client namespace (a pod in a `restricted` namespace may not
 name a hostPath itself), mounted read-only unless spec.client.dataMount.readOnly is false.
+No key or certificate travels in a work: the cluster's agent makes the client's Fleet and
+SuperNode keys there and gets the certificate from the hub's Fleet signer.
 Per-cluster overrides (by cluster name or ManagedCluster labels; later entries win) change env,
 resources and run config. Status feedback rules bring the Job's counters back to the hub.
 """
