@@ -420,7 +420,7 @@ def test_the_token_reaches_only_its_federations_client_pod() -> None:
 KEY = ("team-a", "digits")
 REF = FLRef(namespace="team-a", name="digits", uid="uid-a")
 PLACEMENT_UID = "placement-uid"
-SPEC = {
+SPEC: dict[str, Any] = {
     "server": {
         "rounds": 1,
         "minAvailableClients": 1,
@@ -482,7 +482,7 @@ def test_injected_placement_decision_selects_no_cluster() -> None:
 def test_decision_owner_is_read_from_its_controller_reference() -> None:
     from hub_controller.operator.indexes import decision_idx
 
-    body = {
+    body: dict[str, Any] = {
         "metadata": {
             "ownerReferences": [
                 {"kind": "Placement", "name": "digits", "uid": PLACEMENT_UID, "controller": True}

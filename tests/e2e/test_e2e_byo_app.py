@@ -233,6 +233,10 @@ def test_a_raising_clientapp_and_a_missing_app_fail_with_their_own_reason(
             f"/apis/{constants.API_VERSION}/namespaces/{NAMESPACE}/{constants.PLURAL}/{name}"
         )
     for name in ("byo", "raising", "lost"):
-        wait_for(lambda n=name: get_fl(hub, NAMESPACE, n) is None, 180, f"{name} deleted")
+
+        def deleted(n: str = name) -> bool:
+            return get_fl(hub, NAMESPACE, n) is None
+
+        wait_for(deleted, 180, f"{name} deleted")
     for cluster in data:
         set_cluster_claim(plane, cluster, CLAIM, None)

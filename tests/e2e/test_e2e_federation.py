@@ -163,11 +163,19 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     hub.delete(f"{FL_PATH.format(ns=NAMESPACE)}/{name}")
     wait_for(lambda: get_fl(hub, NAMESPACE, name) is None, 180, "FederatedLearning deleted")
     for cluster in with_data:
-        wait_for(lambda c=cluster: not _works(hub, c), 120, f"work on {cluster} gone")
+
+        def works_gone(c: str = cluster) -> bool:
+            return not _works(hub, c)
+
+        wait_for(works_gone, 120, f"work on {cluster} gone")
         spoke = Kube(plane.cluster_kubeconfigs[cluster])
         try:
             ns = f"/api/v1/namespaces/{client_namespace(ref)}"
-            wait_for(lambda s=spoke, n=ns: s.get(n) is None, 180, f"client ns on {cluster} gone")
+
+            def ns_gone(s: Kube = spoke, n: str = ns) -> bool:
+                return s.get(n) is None
+
+            wait_for(ns_gone, 180, f"client ns on {cluster} gone")
         finally:
             spoke.close()
     for kind in ("services", "secrets"):

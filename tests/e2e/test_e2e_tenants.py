@@ -291,8 +291,15 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
         wait_for(lambda: get_fl(hub, gone.namespace, gone.name) is None, 180, f"{gone.key} gone")
         for c in gone.paths:
             ns = f"/api/v1/namespaces/{client_namespace(gone.ref)}"
-            wait_for(lambda c=c: not _works(hub, c, gone), 120, f"{gone.key} work on {c} gone")
-            wait_for(lambda c=c, n=ns: spokes[c].get(n) is None, 180, f"{gone.key} ns on {c}")
+
+            def works_gone(c: str = c) -> bool:
+                return not _works(hub, c, gone)
+
+            def ns_gone(c: str = c, n: str = ns) -> bool:
+                return spokes[c].get(n) is None
+
+            wait_for(works_gone, 120, f"{gone.key} work on {c} gone")
+            wait_for(ns_gone, 180, f"{gone.key} ns on {c}")
         for run in kept:
             st = _status(hub, run)
             assert st.get("phase") in ("Running", "Completed"), (run.key, st.get("message"))
@@ -358,7 +365,11 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
         for run in runs:  # also after a failure: nothing keeps training into later tests
             hub.delete(f"{FL_PATH.format(ns=run.namespace)}/{run.name}")
         for run in runs:
-            wait_for(lambda r=run: get_fl(hub, r.namespace, r.name) is None, 180, f"{run.key}")
+
+            def fl_gone(r: Run = run) -> bool:
+                return get_fl(hub, r.namespace, r.name) is None
+
+            wait_for(fl_gone, 180, f"{run.key}")
         for spoke in spokes.values():
             spoke.close()
         for c in (c1, c2):

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from flwr.app import Context, Message, RecordDict
+from flwr.app import Context, Message, RecordDict, UserConfig
 
 from tests.unit.flower_local import LocalGrid, stamp_task_identity
 from workloads.data import partition
@@ -59,7 +59,7 @@ def _federate(
         monkeypatch.setenv(key, value)
 
     def node(cluster: str, node_id: int) -> Any:
-        node_config = {"cluster-name": cluster, "data-dir": str(data / cluster)}
+        node_config: UserConfig = {"cluster-name": cluster, "data-dir": str(data / cluster)}
         context = Context(node_id, node_id, node_config, RecordDict(), run_config)
 
         def handle(msg: Message) -> Message:

@@ -325,10 +325,15 @@ def test_gateway_and_tunnel_reload_each_new_pair_from_their_mounted_secret(
             _mount(gw_dir, {"gateway.crt": gw.cert_pem, "gateway.key": gw.key_pem, "ca.crt": ca})
             _mount(tun_dir, {"tls.crt": client.cert_pem, "tls.key": client.key_pem, "ca.crt": ca})
             want_gw, want_client = gw.cert.serial_number, client.cert.serial_number
-            wait_for(lambda w=want_gw: _served_serial(gateway.listen) == w, 20,
-                     "the gateway serving its new certificate")  # fmt: skip
-            wait_for(lambda w=want_client: w in presented(), 20,
-                     "the tunnel presenting its new certificate")  # fmt: skip
+
+            def gateway_serves(w: int = want_gw) -> bool:
+                return _served_serial(gateway.listen) == w
+
+            def tunnel_presents(w: int = want_client) -> bool:
+                return w in presented()
+
+            wait_for(gateway_serves, 20, "the gateway serving its new certificate")
+            wait_for(tunnel_presents, 20, "the tunnel presenting its new certificate")
         assert (gateway.reloads, tunnel.reloads) == (2, 2)
     finally:
         tunnel.stop()

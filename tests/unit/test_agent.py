@@ -26,7 +26,7 @@ from ocmfl.status.v1 import report_pb2
 pytestmark = pytest.mark.timeout(60)
 
 RUN = ("fl", "mnist")
-POST = {
+POST: dict[str, Any] = {
     "cluster": "cluster-a",
     "round": 1,
     "phase": "fit",

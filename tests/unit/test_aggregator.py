@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import grpc
 import grpc.aio
@@ -412,10 +412,12 @@ async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
         url = f"http://127.0.0.1:{metrics_port}/metrics"
         # Without the bearer token (or with another): 401, nothing of the samples.
         for headers in ({}, {"Authorization": "Bearer wrong"}):
+
+            def fetch(h: dict[str, str] = headers) -> Any:
+                return urllib.request.urlopen(urllib.request.Request(url, headers=h))
+
             with pytest.raises(urllib.error.HTTPError) as refused:
-                await asyncio.to_thread(
-                    lambda h=headers: urllib.request.urlopen(urllib.request.Request(url, headers=h))
-                )
+                await asyncio.to_thread(fetch)
             assert refused.value.code == 401
             assert b"ocmfl_cluster" not in refused.value.read()
         authorized = urllib.request.Request(url, headers={"Authorization": "Bearer t0k"})
@@ -497,20 +499,28 @@ async def test_revoked_membership_stops_reports_at_once_and_csr_approvals(
     from hub_creds import issue_hub_credential, requested_with
 
     from agent_addon.csr import csr_object
-    from hub_controller.operator.indexes import addon_idx, cluster_idx
+    from hub_controller.operator import indexes
     from hub_controller.signer.policy import Approve, Deny, decide_csr
 
-    def indexed(value: object) -> dict[str, list[object]]:
-        return {k: [v] for k, v in (value or {}).items()}  # type: ignore[attr-defined]
+    # kopf.index types a decorated handler as kopf's IndexingFn (every kwarg required); kopf
+    # calls these with all of them, the test with the few each handler reads.
+    addon_idx = cast(Callable[..., Awaitable[Any]], indexes.addon_idx)
+    cluster_idx = cast(Callable[..., Awaitable[Any]], indexes.cluster_idx)
+
+    def indexed(value: Mapping[str, Any] | None) -> dict[str, list[Any]]:
+        return {k: [v] for k, v in (value or {}).items()}
 
     clusters = indexed(await cluster_idx(name="cluster-a", body=_cluster("cluster-a")))
     addons = indexed(await addon_idx(namespace="cluster-a", body=_addon("cluster-a")))
     credential = issue_hub_credential("cluster-a")
-    members = AddonMembers(clusters, addons, {"cluster-a": [credential.identity]})  # type: ignore[arg-type]
+    members = AddonMembers(clusters, addons, {"cluster-a": [credential.identity]})
     members.mark_listed()
 
     def agent_csr() -> dict[str, object]:
-        return requested_with(csr_object("cluster-a", pki.generate_key()), credential)
+        csr: dict[str, object] = requested_with(
+            csr_object("cluster-a", pki.generate_key()), credential
+        )
+        return csr
 
     assert isinstance(decide_csr(agent_csr(), members), Approve)
     server = AggregatorServer(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import TypedDict
 
 import pytest
 
@@ -16,6 +17,12 @@ from ocmfl import certlife, pki
 from workloads.fleet_tls import PairWatch
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
+
+
+class _ReconcileArgs(TypedDict):
+    clusters: list[str]
+    gateway: credentials.GatewayNames
+    federation_uid: str
 
 
 def test_the_lifetime_setting_caps_leaf_lifetimes() -> None:
@@ -80,12 +87,13 @@ def test_the_agent_checks_again_when_its_certificate_becomes_due(tmp_path: Path)
 
 def test_the_reconcile_loop_comes_back_when_the_gateway_certificate_is_due() -> None:
     gateway = credentials.GatewayNames(dns=("gw.example",))
-    common = {"clusters": [], "gateway": gateway, "federation_uid": "u"}
+    common: _ReconcileArgs = {"clusters": [], "gateway": gateway, "federation_uid": "u"}
     data = credentials.reconcile_credentials(
         {}, **common, now=NOW, gateway_lifetime=dt.timedelta(seconds=60)
     )
     due = credentials.renew_in_s(data, NOW)
     assert due == pytest.approx(60 - 0.3 * 66)
+    assert due is not None
     # Not yet due: kept. Due: a new gateway certificate, the CA and SuperLink pair kept.
     later = NOW + dt.timedelta(seconds=due - 1)
     assert credentials.reconcile_credentials(data, **common, now=later) == data

@@ -683,6 +683,7 @@ def _api_uses(path: Path) -> set[tuple[str, str]]:
         if api_version is None or kind is None:
             continue
         plural = KINDS[(api_version, kind)][0]
+        node: ast.AST
         verb, node = "*", call
         while node in parents and not isinstance(node, ast.stmt):
             node = parents[node]

@@ -48,6 +48,7 @@ class FakeKube:
         return body
 
     def get(self, path: str) -> dict[str, Any] | None:
+        obj: dict[str, Any]  # reversed() of a list of dict[str, Any] reads as Any
         for obj in reversed(self.applied):
             if object_path(obj) == path:
                 return obj

@@ -224,6 +224,7 @@ def test_hub_side_names_of_dotted_and_dashed_names_differ() -> None:
         ),
     ):
         a, b = name_of(dotted), name_of(dashed)
+        assert a is not None
         assert a != b and len(a) <= 63, (a, b)
         assert len(hub_side_name("z" * 80, "server")) <= 63
 

@@ -39,7 +39,8 @@ def as_submitted(
     (cluster `requester`'s agent with its own hub kubeconfig, unless `credential` is given)."""
     csr = copy.deepcopy(body)
     csr["metadata"]["name"] = "csr-1"
-    return requested_with(csr, credential or CREDS[requester])
+    stored: dict[str, Any] = requested_with(csr, credential or CREDS[requester])
+    return stored
 
 
 def members(*clusters: str) -> StaticMembers:

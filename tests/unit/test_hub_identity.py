@@ -7,14 +7,15 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
 
 import pytest
 from hub_creds import issue_hub_credential, registration_agent
 
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from hub_controller.membership import AddonInfo, AddonMembers, ClusterInfo, addon_info
-from hub_controller.operator.indexes import addon_idx, hub_csr_idx
+from hub_controller.operator import indexes
 from hub_controller.signer import hub_identity as hi
 from hub_controller.signer.hub_identity import Forged, HubIdentity
 from hub_controller.signer.ledger import FORGED_REASON, Ledger, addon_path
@@ -22,6 +23,12 @@ from ocmfl import constants, pki
 from ocmfl.kube import KubeError
 
 NOW = pki.utcnow()
+
+# kopf.index types a decorated handler as kopf's IndexingFn (every kwarg required); kopf calls
+# these with all of them, the tests with the few each handler reads.
+_Index = Callable[..., Awaitable[Any]]
+addon_idx = cast(_Index, indexes.addon_idx)
+hub_csr_idx = cast(_Index, indexes.hub_csr_idx)
 
 
 def identity(fingerprint: str, hours: float, cluster: str = "cluster1") -> HubIdentity:
@@ -164,7 +171,7 @@ async def test_the_indexes_give_the_signers_ledger_and_live_credentials(
     legit = issue_hub_credential("cluster1")
     forged = issue_hub_credential("cluster1", registration_agent("cluster10"))
     recorded = identity("1" * 64, hours=2)
-    mca = {
+    mca: dict[str, Any] = {
         "metadata": {
             "name": constants.ADDON_NAME,
             "namespace": "cluster1",
@@ -183,7 +190,7 @@ async def test_the_indexes_give_the_signers_ledger_and_live_credentials(
     assert members.hub_identities("cluster1") == [recorded, legit.identity]
     assert members.hub_identities("cluster10") == []
     # A malformed annotation is logged, trusts nothing, and the addon is still a member.
-    mca["metadata"]["annotations"] = {hi.ANNOTATION: "[{]"}  # type: ignore[index]
+    mca["metadata"]["annotations"] = {hi.ANNOTATION: "[{]"}
     with caplog.at_level(logging.WARNING):
         broken = await addon_idx(namespace="cluster1", body=mca)
     assert "malformed" in caplog.text
@@ -203,7 +210,11 @@ class FakeHub:
         self.objects: dict[str, dict[str, Any]] = {}
         self.patches: list[tuple[str, dict[str, Any]]] = []
         for c in clusters:
-            meta = {"name": constants.ADDON_NAME, "namespace": c, "resourceVersion": "1"}
+            meta: dict[str, Any] = {
+                "name": constants.ADDON_NAME,
+                "namespace": c,
+                "resourceVersion": "1",
+            }
             if annotations:
                 meta["annotations"] = dict(annotations)
             self.objects[addon_path(c)] = {"metadata": meta}

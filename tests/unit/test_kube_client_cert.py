@@ -36,7 +36,7 @@ class _WhoAmI(BaseHTTPRequestHandler):
         self.server.connections += 1  # type: ignore[attr-defined]
 
     def do_GET(self) -> None:
-        peer: Any = self.connection.getpeercert()  # type: ignore[attr-defined]
+        peer: Any = self.connection.getpeercert()
         cn = dict(x[0] for x in peer["subject"])["commonName"]
         body = json.dumps({"cn": cn}).encode()
         self.send_response(200)

@@ -6,14 +6,14 @@ import json
 from pathlib import Path
 
 import pytest
-from flwr.app import Context, RecordDict
+from flwr.app import Context, RecordDict, UserConfigValue
 
 from ocmfl import constants
 from workloads.sdk import DataDirError, ServerPlatform, cluster_name, data_dir
 from workloads.sdk.platform import PlatformConfigError
 
 
-def _context(**node: str) -> Context:
+def _context(**node: UserConfigValue) -> Context:
     return Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
 
 

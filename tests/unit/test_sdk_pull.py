@@ -6,11 +6,10 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-from flower_local import LocalGrid, stamp_task_identity
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.app.message import remove_content_from_message
 from flwr.common.constant import ErrorCode
@@ -21,6 +20,11 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects, 
 
 from workloads.sdk import PlatformGrid, to_numpy, to_record
 from workloads.sdk.pull import can_bound, pull_replies
+
+if TYPE_CHECKING:  # pytest imports tests/unit's helpers by their bare names; mypy sees the path
+    from tests.unit.flower_local import LocalGrid, stamp_task_identity
+else:
+    from flower_local import LocalGrid, stamp_task_identity
 
 
 @pytest.fixture(autouse=True)
@@ -86,6 +90,7 @@ def test_a_half_uploaded_reply_is_waited_for_only_until_the_deadline() -> None:
     by_asked = {r.metadata.reply_to_message_id: r for r in replies}
     error = by_asked["asked-12"]
     assert error.has_error() and error.error.code == ErrorCode.MESSAGE_UNAVAILABLE
+    assert error.error.reason is not None
     assert "within the round's timeout" in error.error.reason
     ok = by_asked["asked-11"]
     assert not ok.has_error()

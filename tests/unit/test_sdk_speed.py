@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -201,7 +201,7 @@ def test_the_fast_average_equals_flowers(
             continue
         # Float tolerance: each of the 2K roundings errs by at most half an ulp of the
         # running magnitude, which is at most sum(|factor * value|).
-        inputs = [r["arrays"][key].numpy().astype(np.float64) for r in records]
+        inputs = [cast(ArrayRecord, r["arrays"])[key].numpy().astype(np.float64) for r in records]
         magnitude = sum(f * np.abs(x) for f, x in zip(factors, inputs, strict=True))
         bound = 2 * clients * np.finfo(a.dtype).eps * magnitude
         assert np.all(np.abs(a.astype(np.float64) - b.astype(np.float64)) <= bound), key

@@ -62,7 +62,9 @@ def agent_csr(
     default the cluster's own hub kubeconfig)."""
     body = csr_object(cluster, pki.generate_key())
     body["metadata"]["name"] = "x"
-    csr = requested_with(body, CREDS.get(cluster) if credential is _DEFAULT else credential)
+    csr: dict[str, Any] = requested_with(
+        body, CREDS.get(cluster) if credential is _DEFAULT else credential
+    )
     csr["spec"].update(spec)
     return csr
 
@@ -383,7 +385,9 @@ class FakeHub:
         name = f"csr-{len(self.csrs)}"
         cluster = body["metadata"]["labels"][constants.LABEL_CLUSTER]
         credential = CREDS.get(cluster) or issue_hub_credential(cluster)
-        csr = requested_with({**body, "metadata": {**body["metadata"], "name": name}}, credential)
+        csr: dict[str, Any] = requested_with(
+            {**body, "metadata": {**body["metadata"], "name": name}}, credential
+        )
         decision = decide_csr(csr, self.known)
         if isinstance(decision, Approve):
             csr["status"] = {"certificate": sign_request(csr, decision, self.ca)}

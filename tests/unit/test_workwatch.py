@@ -3,9 +3,10 @@ leaves in it, whom it wakes, when it is complete, and which namespaces a stream 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
-from hub_controller.aggregator.scope import WorkScope
+from hub_controller.aggregator.scope import OwnerKey, WorkScope
 from hub_controller.operator.workwatch import WorkStore, _matcher
 from ocmfl import constants
 
@@ -21,6 +22,11 @@ def work(cluster: str, owner: str = "fl", uid: str = "u1", applied: bool = False
         "metadata": {"namespace": cluster, "name": f"{owner}-work", "labels": labels},
         "status": {"conditions": conds},
     }
+
+
+def owners(s: WorkStore) -> Mapping[OwnerKey, Iterable[tuple[str, str]]]:
+    """The store's owners view as WorkScope reads it (only its `get`), as the hub passes it."""
+    return cast(Mapping[OwnerKey, Iterable[tuple[str, str]]], s.owners)
 
 
 def store() -> tuple[WorkStore, list[tuple[str, str]]]:
@@ -74,12 +80,12 @@ def test_a_relist_replaces_its_streams_works_only_and_wakes_every_changed_owner(
 
 def test_synced_once_listed_and_the_scope_marked_then() -> None:
     s, _ = store()
-    early = WorkScope(s.owners, grace_s=30)
+    early = WorkScope(owners(s), grace_s=30)
     s.when_synced(early.mark_ready)
     assert not early.ready()
     s._mark_synced()
     assert early.ready() and s.synced.is_set()
-    late = WorkScope(s.owners, grace_s=30)
+    late = WorkScope(owners(s), grace_s=30)
     s.when_synced(late.mark_ready)  # already synced: marked at once
     assert late.ready()
     s.event("ADDED", work("c1"))

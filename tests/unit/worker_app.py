@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import cast
 
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
@@ -31,7 +32,8 @@ def train(msg: Message, context: Context) -> Message:
         new_modules = len(set(sys.modules) - before)
         metrics = MetricRecord({"new-modules": new_modules})
         return Message(RecordDict({"metrics": metrics}), reply_to=msg)
-    calls = int(context.state.config_records.get("calls", ConfigRecord({"n": 0}))["n"]) + 1
+    count = cast(int, context.state.config_records.get("calls", ConfigRecord({"n": 0}))["n"])
+    calls = int(count) + 1
     context.state["calls"] = ConfigRecord({"n": calls})
     arrays = to_numpy(msg.content.array_records["arrays"])
     content = RecordDict(
