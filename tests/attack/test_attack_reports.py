@@ -536,10 +536,9 @@ class FakeKube:
 
 
 @pytest.fixture
-def quiet_kopf(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def quiet_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kopf, "warn", lambda *a, **k: None)
     monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
-    yield
 
 
 def reconcile(kube: FakeKube, idx: Indexes, tmp_path: Path) -> dict[str, Any]:

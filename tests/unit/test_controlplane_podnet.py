@@ -39,11 +39,11 @@ def test_services_and_host_addresses_are_host_terminated_and_pods_are_not() -> N
             assert kip in ipaddress.IPv4Network(podnet.service_cidr(s, i))
             assert ipaddress.IPv4Address(podnet.gateway(s, i)) in podnet.pod_cidr(s, i)
         assert ipaddress.IPv4Address(podnet.host_address(s, 4063)) in local
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="host address index"):
         podnet.host_address(0, 16 * 254)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="address slot"):
         podnet.pod_cidr(podnet.SLOTS, 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"node \d+ outside"):
         podnet.pod_cidr(0, podnet.NODES)
 
 
@@ -59,7 +59,7 @@ def test_names_fit_linux_interface_names_and_identify_their_plane() -> None:
         [podnet.bridge_name(3, i) for i in range(podnet.NODES)]
         + [podnet.pod_link_name(3, str(podnet.pod_cidr(3, 9).broadcast_address - 1)), "ofl3-8-2"]
     )
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="is not in plane slot 3"):
         podnet.pod_link_name(3, "10.204.8.2")  # another plane's address
 
 
@@ -112,5 +112,5 @@ def test_every_node_bridge_has_its_own_fixed_locally_administered_mac() -> None:
     for mac in macs:
         first = int(mac.split(":")[0], 16)
         assert first & 0b10 and not first & 0b01  # locally administered, unicast
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="address slot"):
         podnet.bridge_mac(podnet.SLOTS, 0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import kopf
@@ -76,7 +76,7 @@ class FakeKube:
 
 
 @pytest.fixture
-def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
+def kube(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
     fake = FakeKube()
     events: list[tuple[str, str]] = []
     monkeypatch.setattr(
@@ -84,7 +84,7 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeKube]:
     )
     monkeypatch.setattr(kopf, "info", lambda body, reason, message: None)
     fake.events = events  # type: ignore[attr-defined]
-    yield fake
+    return fake
 
 
 @pytest.fixture

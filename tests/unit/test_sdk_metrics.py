@@ -213,7 +213,7 @@ def _flaky_agent(statuses: list[int]) -> tuple[HTTPServer, list[int]]:
 
 
 @pytest.mark.parametrize(
-    "statuses,delivered,posts",
+    ("statuses", "delivered", "posts"),
     [
         ([503, 503, 202], True, 3),  # the agent could not check the token yet: tried again
         ([401], False, 1),  # refused: trying again cannot help

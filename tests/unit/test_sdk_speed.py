@@ -222,7 +222,7 @@ def test_array_views_share_the_received_bytes() -> None:
     assert np.array_equal(array_view(fortran), fortran.numpy())
 
 
-@pytest.mark.parametrize("ours,theirs", [(FedAvg(), FlowerFedAvg())])
+@pytest.mark.parametrize(("ours", "theirs"), [(FedAvg(), FlowerFedAvg())])
 def test_the_strategies_aggregate_train_equals_flowers(ours: Any, theirs: Any) -> None:
     records = _replies({"w": (50_000,), "b": (10,)}, np.float32, clients=3)
     msgs = [Message(r, dst_node_id=1, message_type="train") for r in records]

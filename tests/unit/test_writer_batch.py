@@ -45,7 +45,7 @@ def test_a_batch_is_one_wake_up_with_every_outcome_and_the_bound_kept() -> None:
         futures[10].result()
     assert peak == 3
     assert writer.submit_many([]) == [] and wakeups == 1
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="refused"):
         writer.run_all([*writes[:2], bad])
     writer.loop.call_soon_threadsafe = real  # type: ignore[method-assign]
     writer.loop.call_soon_threadsafe(writer.loop.stop)
