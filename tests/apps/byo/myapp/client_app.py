@@ -1,6 +1,6 @@
 """Runs on every cluster, next to its data."""
 
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, MetricRecordValues, RecordDict
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from torch import nn, optim
 
@@ -21,13 +21,9 @@ def train(msg: Message, context: Context) -> Message:
     for _ in range(5):
         optimizer.zero_grad()
         loss = nn.functional.cross_entropy(model(x), y)
-        loss.backward()  # type: ignore[no-untyped-call]  # torch's Tensor.backward is untyped
+        loss.backward()
         optimizer.step()
-    metrics: dict[str, MetricRecordValues] = {
-        "loss": float(loss),
-        "accuracy": accuracy(model, x, y),
-        "num-examples": len(y),
-    }
+    metrics = {"loss": float(loss), "accuracy": accuracy(model, x, y), "num-examples": len(y)}
     content = RecordDict(
         {"arrays": ArrayRecord(model.state_dict()), "metrics": MetricRecord(metrics)}
     )
@@ -39,8 +35,5 @@ def evaluate(msg: Message, context: Context) -> Message:
     model = make_model()
     model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
     x, y = load(data_dir(context))
-    metrics: dict[str, MetricRecordValues] = {
-        "accuracy": accuracy(model, x, y),
-        "num-examples": len(y),
-    }
+    metrics = {"accuracy": accuracy(model, x, y), "num-examples": len(y)}
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
