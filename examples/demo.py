@@ -27,6 +27,7 @@ import yaml
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from hack import controlplane as cp
 from hack.controlplane.plane import cluster_names
@@ -42,9 +43,12 @@ from ocmfl.kube import Kube
 from ocmfl_cli.dashboard import (
     LiveView,
     NoHistoryError,
+    logfmt,
     plain_lines,
     plot_history,
-    render_dashboard,
+    print_dashboard,
+    print_lines,
+    print_table,
     summary_line,
 )
 from workloads.sdk import ModelStore
@@ -124,11 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         console.rule("[bold]2/5 hub controller, aggregator, signers; the addon on every cluster")
         fed.start()
-        console.print(f"aggregator (mTLS gRPC) on {fed.aggregator_address}; logs in {workdir}")
+        say(console, f"aggregator (mTLS gRPC) on {fed.aggregator_address}; logs in {workdir}")
         for cluster in fed.clusters:
-            console.print(
+            say(
+                console,
                 f"  agent {cluster}: deployed by OCM, hub kubeconfig from its registration agent, "
-                "identity from the hub's signer"
+                "identity from the hub's signer",
             )
 
         console.rule("[bold]3/5 data stays on its cluster: partitions + ClusterClaims")
@@ -136,13 +141,13 @@ def main(argv: list[str] | None = None) -> int:
         claim_data(plane, paths, claim)
         for cluster in plane.clusters:
             where = paths.get(cluster)
-            console.print(f"  {cluster}: {claim}={where}" if where else f"  {cluster}: no data")
+            say(console, f"  {cluster}: {claim}={where}" if where else f"  {cluster}: no data")
 
         console.rule("[bold]4/5 FederatedLearning applied; training")
         name = body["metadata"]["name"]
         # The admin's word first: what namespace fl may use (else the resource is refused).
         apply_policy(hub, NAMESPACE, yaml.safe_load(POLICY.read_text())["spec"])
-        console.print(f"  FederationPolicy default in {NAMESPACE}: {POLICY.name}")
+        say(console, f"  FederationPolicy default in {NAMESPACE}: {POLICY.name}")
         create_fl(hub, NAMESPACE, body, grant=False)
         final = follow(console, hub, name, a.timeout, fed)
 
@@ -154,10 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         hub.close()
         if a.keep:
-            console.print(
+            say(
+                console,
                 f"left running (--keep): KUBECONFIG={plane.hub_kubeconfig} "
                 f"ocm-fl status digits -n {NAMESPACE}; stop with "
-                f"OCMFL_CP_DIR={state_dir} .venv/bin/python -m hack.controlplane down"
+                f"OCMFL_CP_DIR={state_dir} .venv/bin/python -m hack.controlplane down",
             )
         else:
             fed.stop()
@@ -177,7 +183,7 @@ def follow(
                 view.fl = obj
 
             final = wait_fl(hub, NAMESPACE, name, timeout, update, fed, FOLLOW_S)
-        console.print(render_dashboard(final))
+        print_dashboard(console, final)  # where the table does not fit: records, whole
         return final
     logged: list[str] = []
 
@@ -193,33 +199,48 @@ def follow(
     return final
 
 
+def say(console: Console, text: str) -> None:
+    """One line of plain text (no markup), never wrapped: paths in it stay whole in a pipe,
+    a log or a narrow terminal."""
+    print_lines(console, [text])
+
+
 def _raise_interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def report(console: Console, fl: dict[str, Any], workdir: Path, ok: bool, store: Path) -> None:
-    """Model, accuracy before/after on held-out data, plot."""
+    """Model, accuracy before/after on held-out data, plot. The scores are a table on a
+    terminal wide enough for it, else one record per line (dashboard.print_table); paths are
+    printed whole on one line."""
     status = fl.get("status") or {}
     if not ok:
-        console.print(f"[red]training did not complete: {status.get('message')}")
+        console.print(
+            Text(f"training did not complete: {status.get('message')}", style="red"),
+            soft_wrap=True,
+        )
         return
     model = status.get("model") or {}
     path = Path(str(model.get("path") or ""))
-    table = Table(title="global model on held-out data (never seen by any cluster)")
+    title = "global model on held-out data (never seen by any cluster)"
+    table = Table(title=title)
     table.add_column("model")
-    table.add_column("accuracy", justify="right")
-    table.add_column("loss", justify="right")
+    table.add_column("accuracy", justify="right", no_wrap=True)
+    table.add_column("loss", justify="right", no_wrap=True)
+    records = []
     before, after = held_out_scores(fl, store)
     for label, scores in (("initial", before), (f"final (round {model.get('round')})", after)):
         if scores:
-            table.add_row(label, f"{scores['test-accuracy']:.3f}", f"{scores['test-loss']:.3f}")
-    console.print(table)
-    console.print(f"model: {path} sha256 {model.get('sha256')}")
+            acc, loss = f"{scores['test-accuracy']:.3f}", f"{scores['test-loss']:.3f}"
+            table.add_row(label, acc, loss)
+            records.append(logfmt([("held-out", label), ("accuracy", acc), ("loss", loss)]))
+    print_table(console, table, [f"{title}:", *records])
+    say(console, f"model: {path} sha256 {model.get('sha256')}")
     try:
         png = plot_history(fl, workdir / "metrics.png")
-        console.print(f"loss/accuracy per round per cluster: {png}")
+        say(console, f"loss/accuracy per round per cluster: {png}")
     except NoHistoryError as exc:
-        console.print(f"[yellow]no plot: {exc}")
+        console.print(Text(f"no plot: {exc}", style="yellow"), soft_wrap=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@
     ocm-fl model NAME                    where the trained model is (exit 1 when none yet)
 
 Every command takes `-o json` (for scripts); the default text output is a table on a
-terminal and plain key=value lines otherwise (logs and pipes: nothing wraps).
+terminal wide enough for it and plain key=value lines otherwise (logs, pipes, narrow
+terminals: one record per line, never wrapped; paths are never cut). The rule is
+`dashboard.as_table`, shared with the demo.
 
 Everything is read from the resource through the Kubernetes API (any kubeconfig and
 context; the namespace defaults to the context's). Rendering lives in
@@ -31,7 +33,6 @@ from typing import Annotated, Any, Protocol
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.text import Text
 
 from ocmfl import constants
 from ocmfl_cli import dashboard
@@ -41,7 +42,6 @@ EXIT_UNREACHABLE = 2
 EXIT_USAGE = 2  # as click's own usage errors
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_CHUNK_SECONDS = 300  # one watch request at most this long, then resumed
-PIPE_WIDTH = 200  # output width when stdout is not a terminal (rich would use 80)
 
 app = typer.Typer(
     name="ocm-fl",
@@ -203,14 +203,6 @@ OutputOpt = Annotated[
 ]
 
 
-def _print(renderable: Any) -> None:
-    """Print to stdout; wide when piped, so table rows do not fold for grep/less."""
-    out = console
-    if not console.is_terminal:
-        out = Console(file=console.file, width=max(console.width, PIPE_WIDTH), highlight=False)
-    out.print(renderable, soft_wrap=isinstance(renderable, Text))
-
-
 def _status_json(fl: dashboard.FL) -> dict[str, Any]:
     return {
         **dashboard.summary(fl),
@@ -299,10 +291,8 @@ def status(target: Target) -> None:
     fl = target.get()
     if target.json:
         _echo_json(_status_json(fl))
-    elif console.is_terminal:
-        console.print(dashboard.render_dashboard(fl))
     else:
-        _echo_lines(dashboard.plain_lines(fl))
+        dashboard.print_dashboard(console, fl)
 
 
 @command
@@ -315,8 +305,9 @@ def watch(
 ) -> None:
     """Follow the resource until its run ends: Completed (exit 0) or Failed (exit 1).
 
-    On a terminal, a live dashboard; otherwise one summary line per change and the final
-    status as plain lines; with `-o json`, one JSON object per change."""
+    On a terminal, a live dashboard (where the cluster table does not fit, followed by the
+    clusters as whole records); otherwise one summary line per change and the final status
+    as plain lines; with `-o json`, one JSON object per change."""
     from rich.live import Live
 
     source, ns = target.open()
@@ -335,6 +326,8 @@ def watch(
         elif console.is_terminal:
             with Live(view, console=console, refresh_per_second=1) as live:
                 follow(live.refresh)
+            if not dashboard.table_fits(console, dashboard.render_clusters(view.fl)):
+                dashboard.print_lines(console, dashboard.plain_lines(view.fl)[1:])
         else:
             lines: list[str] = []
 
@@ -409,7 +402,7 @@ def model(target: Target) -> None:
     if target.json:
         _echo_json(info)
         return
-    _print(table)
+    console.print(table, soft_wrap=True)  # never wrapped: the path and digest stay whole
 
 
 if __name__ == "__main__":

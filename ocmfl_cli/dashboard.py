@@ -6,6 +6,9 @@ Used by the `ocm-fl` CLI and by the local demo: nothing here talks to a cluster.
     render_live(fl)             header + round progress bar + cluster table `ocm-fl watch`
     render_model(fl)            the model artifact, or None before there is one
     plain_lines(fl)             the dashboard as key=value lines (logs, pipes: never wrapped)
+    print_dashboard(console, fl)  `ocm-fl status`: the table where it fits a terminal, else
+                                plain_lines (as_table: the one rule for every table)
+    print_table(console, t, rs) any table by that rule: `t`, or the records `rs`
     summary_line(fl)            one line per state, for following a run in a log
     history_figure(fl)          loss/accuracy per round per cluster (matplotlib Figure)
     plot_history(fl, path)      the same, written to an image file
@@ -20,7 +23,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from rich.console import Group, RenderableType
+from rich.cells import cell_len
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
@@ -181,14 +186,14 @@ def finished(fl: FL) -> bool:
 # --- plain lines (not a terminal) ----------------------------------------------------------
 
 
-def _logfmt(pairs: Iterable[tuple[str, str]]) -> str:
-    """key=value pairs, empty values left out; values with spaces, quotes or '=' are
-    JSON-quoted."""
+def logfmt(pairs: Iterable[tuple[str, str]]) -> str:
+    """key=value pairs, empty values left out; values with spaces, quotes, '=' or line
+    breaks are JSON-quoted (a record is always one line)."""
     out = []
     for key, value in pairs:
         if not value:
             continue
-        if any(c in value for c in ' "=\t'):
+        if any(c in value for c in ' "=\t\n\r'):
             value = json.dumps(value)
         out.append(f"{key.replace(' ', '-')}={value}")
     return " ".join(out)
@@ -198,7 +203,7 @@ def summary_line(fl: FL) -> str:
     """`<ns/name> phase=... round=... clients=... accuracy=... message=...`."""
     s = summary(fl)
     pairs = [(k, s[k]) for k in ("phase", "round", "clients", "accuracy", "message")]
-    return f"{s['name']} {_logfmt(pairs)}"
+    return f"{s['name']} {logfmt(pairs)}"
 
 
 def plain_lines(fl: FL, now: datetime | None = None) -> list[str]:
@@ -207,7 +212,7 @@ def plain_lines(fl: FL, now: datetime | None = None) -> list[str]:
     lines = [summary_line(fl)]
     for cond in problem_conditions(fl):
         lines.append(
-            _logfmt(
+            logfmt(
                 [
                     ("condition", cond["type"]),
                     *((k, cond[k]) for k in ("status", "reason", "message")),
@@ -215,7 +220,7 @@ def plain_lines(fl: FL, now: datetime | None = None) -> list[str]:
             )
         )
     rows = cluster_rows(fl, now)
-    lines += [_logfmt(row.items()) for row in rows]
+    lines += [logfmt(row.items()) for row in rows]
     if not rows:
         lines.append("no clusters selected yet")
     return lines
@@ -237,13 +242,18 @@ def render_header(fl: FL) -> RenderableType:
             "  phase ",
             _styled_phase(s["phase"]),
             f"  round {s['round']}  clients {s['clients']}  accuracy {s['accuracy']}",
+            overflow="ignore",
         )
     ]
     if s["message"]:
-        parts.append(Text(s["message"], style="dim"))
+        parts.append(Text(s["message"], style="dim", overflow="ignore"))
     for cond in problem_conditions(fl):
         line = Text.assemble(
-            ("! ", "yellow"), (cond["type"], "bold"), f"={cond['status']} ", cond["reason"]
+            ("! ", "yellow"),
+            (cond["type"], "bold"),
+            f"={cond['status']} ",
+            cond["reason"],
+            overflow="ignore",  # wrapped between words only; a longer word is not cut
         )
         if cond["message"]:
             line.append(f": {cond['message']}")
@@ -252,16 +262,12 @@ def render_header(fl: FL) -> RenderableType:
 
 
 def render_clusters(fl: FL, now: datetime | None = None) -> Table:
-    """The cluster table (one row per selected cluster)."""
+    """The cluster table (one row per selected cluster). Only `reason` wraps (between words):
+    a table with one wrapping column keeps every word whole whenever table_fits says so."""
     table = Table(title="clusters", title_justify="left")
     for col in CLUSTER_COLUMNS:
         numeric = col in ("samples", "round", "loss", "accuracy")
-        table.add_column(
-            col,
-            justify="right" if numeric else "left",
-            overflow="fold",
-            no_wrap=col in ("cluster", "phase", "last report"),
-        )
+        table.add_column(col, justify="right" if numeric else "left", no_wrap=col != "reason")
     rows = cluster_rows(fl, now)
     for row in rows:
         table.add_row(*(_styled_phase(v) if k == "phase" else v for k, v in row.items()))
@@ -271,8 +277,65 @@ def render_clusters(fl: FL, now: datetime | None = None) -> Table:
 
 
 def render_dashboard(fl: FL, now: datetime | None = None) -> RenderableType:
-    """What `ocm-fl status` prints: the header and the cluster table."""
+    """What `ocm-fl status` prints on a terminal: the header and the cluster table."""
     return Group(render_header(fl), render_clusters(fl, now))
+
+
+# --- tables or records: the one rule -------------------------------------------------------
+
+_UNBOUNDED = 1_000_000
+
+
+def _plain(cell: Any) -> str:
+    return cell.plain if isinstance(cell, Text) else str(cell)
+
+
+def table_fits(console: Console, table: Table, width: int | None = None) -> bool:
+    """The table can be drawn in `width` columns (default: the console's) with no cell cut
+    or folded: its no_wrap columns whole, and its one wrapping column (if any) wrapped
+    between words only. With several wrapping columns, rich may narrow one below its
+    longest word, so then the whole table must fit unwrapped."""
+    for column in table.columns:  # rich measures a no_wrap cell's minimum as its longest word
+        if column.no_wrap and column.min_width is None:
+            cells = [column.header, *column.cells]
+            column.min_width = max(cell_len(_plain(c)) for c in cells)
+    natural = Measurement.get(console, console.options.update_width(_UNBOUNDED), table)
+    wrapping = sum(not column.no_wrap for column in table.columns)
+    needed = natural.minimum if wrapping <= 1 else natural.maximum
+    return needed <= (width or console.width)
+
+
+def as_table(console: Console, table: Table) -> bool:
+    """The rule for every table `ocm-fl` and the demo print: a table only on a terminal wide
+    enough for it (table_fits); otherwise (a pipe, a log, a narrow terminal) records, one per
+    line. Off a terminal the answer is records even when COLUMNS gives a width: scripts get
+    the same lines wherever they run."""
+    return console.is_terminal and table_fits(console, table)
+
+
+def print_lines(console: Console, lines: Iterable[str]) -> None:
+    """Each line as one line: never wrapped or folded by rich, however narrow the console (a
+    terminal may still show a long one over two rows; copied, it is whole)."""
+    for line in lines:
+        console.print(Text(line, no_wrap=True, overflow="ignore"), soft_wrap=True)
+
+
+def print_table(console: Console, table: Table, records: Iterable[str]) -> None:
+    """`table` where as_table() says so, else `records` (e.g. logfmt lines) via print_lines."""
+    if as_table(console, table):
+        console.print(table)
+    else:
+        print_lines(console, records)
+
+
+def print_dashboard(console: Console, fl: FL, now: datetime | None = None) -> None:
+    """`ocm-fl status` (and the demo's final view): render_dashboard where the cluster table
+    fits a terminal, else plain_lines."""
+    table = render_clusters(fl, now)
+    if as_table(console, table):
+        console.print(Group(render_header(fl), table))
+    else:
+        print_lines(console, plain_lines(fl, now))
 
 
 def render_progress(fl: FL) -> Progress:
@@ -292,12 +355,23 @@ def render_live(fl: FL, now: datetime | None = None) -> RenderableType:
 
 @dataclass
 class LiveView:
-    """Holds the latest resource; re-rendered at each refresh so 'ago' times keep moving."""
+    """Holds the latest resource; re-rendered at each refresh so 'ago' times keep moving.
+    Where the cluster table does not fit, the clusters are records cut at the edge with '…'
+    (a live display cannot show a line longer than the screen): print the records after
+    the live display ends (print_lines) for the whole of them."""
 
     fl: FL
 
-    def __rich__(self) -> RenderableType:
-        return render_live(self.fl, datetime.now(UTC))
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        now = datetime.now(UTC)
+        table = render_clusters(self.fl, now)
+        if table_fits(console, table, options.max_width):
+            yield Group(render_header(self.fl), render_progress(self.fl), table)
+            return
+        records = [
+            Text(line, no_wrap=True, overflow="ellipsis") for line in plain_lines(self.fl, now)[1:]
+        ]
+        yield Group(render_header(self.fl), render_progress(self.fl), *records)
 
 
 def render_model(fl: FL) -> Text | None:
