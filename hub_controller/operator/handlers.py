@@ -53,6 +53,7 @@ from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
+from hub_controller.operator.events import story
 from hub_controller.operator.fold import (
     counting_down,
     finished,
@@ -713,8 +714,9 @@ def reconcile(
     if run.conflicts:
         obs = replace(obs, conflicts={**run.conflicts, **obs.conflicts})
     new = fold(fl, generation, obs, previous, now, ref.namespace)
-    if previous is None or new.phase != previous.phase:
-        kopf.info(cast(kopf.Body, body), reason=new.phase.value, message=new.message)
+    for event in story(previous, new):
+        post = kopf.warn if event.type == "Warning" else kopf.info
+        post(cast(kopf.Body, body), reason=event.reason, message=event.message)
     _write_status(op.kube, run, new)
     # Written (or unchanged since the last write): the aggregator may ack these reports.
     reports.persisted(ref.uid, seen)

@@ -114,6 +114,19 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     assert status["phase"] == "Completed", status.get("message")
     assert status["round"] == status["totalRounds"] == 2
 
+    # `kubectl describe fl` tells the story: the phases and each cluster that joined.
+    def story_told() -> list[dict[str, Any]] | None:
+        events = _events(hub, final)
+        reasons = {e["reason"] for e in events}
+        joined = " ".join(e["message"] for e in events if e["reason"] == "ClusterJoined")
+        told = {"Running", "Completed"} <= reasons and all(c in joined for c in with_data)
+        return events if told else None
+
+    events = wait_for(story_told, 60, "the run's Events")
+    bad = {"Failed", "ClusterFailed", "ClusterBlocked", "ClusterLeft"}
+    assert not [e for e in events if e["reason"] in bad], events
+    assert not any(without in e["message"] for e in events), events
+
     # Only clusters whose ClusterClaim points at data got a work; each got its own path.
     assert _works(hub, without) == []
     for cluster in with_data:
@@ -189,6 +202,14 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
         set_cluster_claim(plane, cluster, claim, None)
 
 
+def _events(hub: Kube, fl: dict[str, Any]) -> list[dict[str, Any]]:
+    """The Events posted on this FederatedLearning (by uid), oldest first."""
+    meta = fl["metadata"]
+    items = (hub.get(f"/api/v1/namespaces/{meta['namespace']}/events") or {}).get("items") or []
+    mine = [e for e in items if (e.get("involvedObject") or {}).get("uid") == meta["uid"]]
+    return sorted(mine, key=lambda e: e.get("firstTimestamp") or e["metadata"]["creationTimestamp"])
+
+
 def test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube
 ) -> None:
@@ -212,6 +233,14 @@ def test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason(
     final = wait_fl(hub, NAMESPACE, "leaver", 400, fed=fed)
     status = final["status"]
     assert status["phase"] == "Failed"
+
+    def failure_told() -> bool:
+        return any(
+            (e["type"], e["reason"], e["message"]) == ("Warning", "Failed", status["message"])
+            for e in _events(hub, final)
+        )
+
+    wait_for(failure_told, 60, "a Warning Event with the failure's reason")
     rows = {r["name"]: r for r in status["clusters"]}
     assert leaving not in rows or rows[leaving]["phase"] != "Running"
     # The reason says what happened, not just "failed".
