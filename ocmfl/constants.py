@@ -173,6 +173,9 @@ ENV_AGENT_STATE_DIR: Final = "OCMFL_AGENT_STATE_DIR"
 # hub: the admin's root for HostPath model stores (Helm value storage.hostPathRoot); each
 # resource's store is <root>/<namespace>/<name>-<uid>, never a path a tenant names.
 ENV_HOSTPATH_ROOT: Final = "OCMFL_HOSTPATH_ROOT"
+# hub: comma-separated namespaces where the chart granted the hub its server-side writes (Helm
+# value rbac.flNamespaces); a FederatedLearning elsewhere is refused. Empty: any namespace.
+ENV_FL_NAMESPACES: Final = "OCMFL_FL_NAMESPACES"
 # ocm-fl-server's exit code when training failed (its verdict, reason in the termination
 # message): the server Job's podFailurePolicy fails the Job on it instead of retrying.
 SERVER_FAILED_EXIT: Final = 1

@@ -134,8 +134,13 @@ install_chart() {
   # Helm installs crds/ only on a first install: a re-run (upgrade) gets new or changed CRDs
   # (FederationPolicy) this way.
   kubectl --context "$hub_ctx" apply --server-side -f deploy/helm/ocm-federated-learning/crds/
+  # The chart grants the hub its server-side writes only in rbac.flNamespaces (a Role in
+  # each), so the tenant namespace exists first.
+  kubectl --context "$hub_ctx" create namespace "$FL_NAMESPACE" --dry-run=client -o yaml |
+    kubectl --context "$hub_ctx" apply -f -
   "$helm" upgrade --install ocm-fl deploy/helm/ocm-federated-learning \
     --kube-context "$hub_ctx" --namespace "$HUB_NAMESPACE" --create-namespace \
+    --set "rbac.flNamespaces={$FL_NAMESPACE}" \
     --set aggregator.service.type=NodePort \
     --set "aggregator.service.nodePort=$AGGREGATOR_NODE_PORT" \
     --set "aggregator.externalAddress=$HUB_NODE_ADDRESS:$AGGREGATOR_NODE_PORT" \

@@ -586,6 +586,7 @@ def invalid_status(
     what = {
         "InvalidSpec": "invalid spec: ",
         "ObjectRefused": "",  # the message names the object
+        "NamespaceNotServed": "",  # the message names the namespace and the Helm value
     }.get(reason, "refused by the namespace's policy: ")
     message = what + "; ".join(problems)
     prev_conds = previous.conditions if previous else []

@@ -95,6 +95,8 @@ KEYS_WAIT_S: Final = 2.0  # look again this soon while the server waits for Supe
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
 REASON_POLICY: Final = "PolicyViolation"  # condition/event reason of a policy refusal
+# ...and of a resource in a namespace outside the chart's rbac.flNamespaces.
+REASON_NOT_SERVED: Final = "NamespaceNotServed"
 # Delete dependents too (a Job's pods; without it the Job API orphans them).
 BACKGROUND: Final = {"propagationPolicy": "Background"}
 # Works are written with at most this many requests in flight (all resources together).
@@ -162,6 +164,9 @@ class Operator:
     agent_endpoints: dict[str, str] = field(default_factory=dict)
     # The admin's root for HostPath model stores ($OCMFL_HOSTPATH_ROOT).
     hostpath_root: str = constants.DEFAULT_HOSTPATH_ROOT
+    # The namespaces where the hub may run FL servers ($OCMFL_FL_NAMESPACES, the chart's
+    # namespaced grant); empty: any.
+    fl_namespaces: frozenset[str] = frozenset()
     wakers: dict[Key, Callable[[], None]] = field(default_factory=dict)
     # Works are written through it by every resource's loop, so the requests in flight stay
     # bounded. On the hub: aiohttp on kopf's loop (`configure`); else (tests) the same
@@ -221,6 +226,24 @@ def hostpath_root() -> str:
             f"got {root!r}"
         )
     return root
+
+
+def fl_namespaces() -> frozenset[str]:
+    """The namespaces the chart granted server-side writes in ($OCMFL_FL_NAMESPACES); empty:
+    any namespace (the chart's cluster-wide grant)."""
+    raw = os.environ.get(constants.ENV_FL_NAMESPACES, "")
+    return frozenset(n.strip() for n in raw.split(",") if n.strip())
+
+
+def namespace_not_served(namespace: str, served: frozenset[str]) -> str | None:
+    """Why the hub cannot run a FederatedLearning in `namespace` (None: it can)."""
+    if not served or namespace in served:
+        return None
+    return (
+        f"namespace {namespace}: the hub may run FL servers only in "
+        f"{', '.join(sorted(served))} (Helm value rbac.flNamespaces); create the resource "
+        f"there, or ask the hub admin to add {namespace} to rbac.flNamespaces"
+    )
 
 
 def _now() -> datetime:
@@ -283,6 +306,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
         kube=kube,
         agent_endpoints=agent_endpoints(),
         hostpath_root=hostpath_root(),
+        fl_namespaces=fl_namespaces(),
         writer=writer,
     )
     memo.operator = op
@@ -640,6 +664,13 @@ def reconcile(
     except SpecError as exc:
         kopf.warn(cast(kopf.Body, body), reason="InvalidSpec", message=str(exc))
         _write_status(op.kube, run, invalid_status(exc.problems, generation, previous, now))
+        return None
+    # The chart's grant: outside its namespaces the hub may not write the server's objects.
+    unserved = namespace_not_served(ref.namespace, op.fl_namespaces)
+    if unserved is not None:
+        kopf.warn(cast(kopf.Body, body), reason=REASON_NOT_SERVED, message=unserved)
+        status = invalid_status([unserved], generation, previous, now, reason=REASON_NOT_SERVED)
+        _write_status(op.kube, run, status)
         return None
     # The admin's policy, checked before anything is applied (the admission policy checked
     # the same at create time; this also covers a policy changed since then). A run that

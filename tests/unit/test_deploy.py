@@ -547,11 +547,17 @@ def _bound_roles(docs: list[dict[str, Any]], sa: str) -> dict[str | None, list[d
     return out
 
 
-@pytest.mark.parametrize("fl_namespaces", [(), ("team-a", "team-b")])
+@pytest.mark.parametrize(
+    ("sets", "fl_namespaces"),
+    [
+        ((), ("fl",)),  # the default: namespaced
+        (("rbac.flNamespaces={}",), ()),  # the admin's explicit cluster-wide grant
+        (("rbac.flNamespaces={team-a,team-b}",), ("team-a", "team-b")),
+    ],
+)
 def test_rendered_rbac_grants_every_declared_hub_rule(
-    helm: str, fl_namespaces: tuple[str, ...]
+    helm: str, sets: tuple[str, ...], fl_namespaces: tuple[str, ...]
 ) -> None:
-    sets = (f"rbac.flNamespaces={{{','.join(fl_namespaces)}}}",) if fl_namespaces else ()
     docs = render(helm, *sets)
     sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
     roles = _bound_roles(docs, sa)
@@ -570,6 +576,31 @@ def test_rendered_rbac_grants_every_declared_hub_rule(
         if not ok:
             missing.append(rule)
     assert not missing, f"chart does not grant: {missing}"
+
+
+def test_by_default_the_hub_may_write_secrets_and_jobs_only_in_the_fl_namespaces(
+    helm: str,
+) -> None:
+    """A default install grants no cluster-wide write on Secrets, Jobs or any other object of
+    the server side, and tells the controller where it may run servers."""
+    docs = render(helm)
+    sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    roles = _bound_roles(docs, sa)
+    writes = {("", "secrets"), ("batch", "jobs"), ("", "configmaps"), ("", "services")}
+    for role in roles.get(None, []):
+        for r in role["rules"]:
+            for group in r.get("apiGroups", []):
+                for resource in r.get("resources", []):
+                    if (group, resource) in writes:
+                        assert not set(r["verbs"]) & {"create", "update", "patch", "delete"}, r
+    assert set(roles) == {None, NAMESPACE, "fl"}, set(roles)
+    env = {
+        e["name"]: e.get("value")
+        for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    assert env[constants.ENV_FL_NAMESPACES] == "fl"
+    wide = render(helm, "rbac.flNamespaces={}")
+    assert constants.ENV_FL_NAMESPACES not in str(one(wide, "Deployment"))
 
 
 def test_rendered_ca_init_role_grants_declared_rules(helm: str) -> None:

@@ -181,6 +181,32 @@ def test_invalid_spec_fails_with_condition_and_event_and_applies_nothing(
     assert not kube.applied and not kube.created and not kube.deleted
 
 
+def test_a_resource_outside_the_charts_fl_namespaces_fails_and_applies_nothing(
+    op: handlers.Operator, kube: FakeKube
+) -> None:
+    op.fl_namespaces = frozenset({"fl", "team-b"})  # REF lives in another namespace
+    run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes())
+    status = kube.status()
+    assert status["phase"] == "Failed"
+    [cond] = status["conditions"]
+    assert (cond["type"], cond["status"], cond["reason"]) == (
+        "Validated",
+        "False",
+        "NamespaceNotServed",
+    )
+    assert status["message"] == (
+        f"namespace {REF.namespace}: the hub may run FL servers only in fl, team-b (Helm value "
+        f"rbac.flNamespaces); create the resource there, or ask the hub admin to add "
+        f"{REF.namespace} to rbac.flNamespaces"
+    )
+    assert kube.events == [("NamespaceNotServed", status["message"])]  # type: ignore[attr-defined]
+    assert not kube.applied and not kube.created and not kube.deleted
+    # Served (listed, or no list: the chart's cluster-wide grant), it runs as before.
+    for served in (frozenset({REF.namespace}), frozenset()):
+        op.fl_namespaces = served
+        assert handlers.namespace_not_served(REF.namespace, served) is None
+
+
 def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
     op: handlers.Operator, kube: FakeKube
 ) -> None:
