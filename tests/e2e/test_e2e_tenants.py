@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from hack.localfed import (
     prepare_data,
     set_cluster_claim,
 )
-from hack.testing import wait_for
+from hack.testing import WaitTimeout, wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired import security
 from hub_controller.operator.desired.works import CLIENT_TOKEN_FILE, client_namespace, work_name
@@ -87,19 +86,34 @@ def _status(hub: Kube, run: Run) -> dict[str, Any]:
     return dict((get_fl(hub, run.namespace, run.name) or {}).get("status") or {})
 
 
-def _reached(
-    fed: LocalFederation, hub: Kube, run: Run, *phases: str
-) -> Callable[[], dict[str, Any] | None]:
-    """A `wait_for` probe: `run`'s status once its phase is one of `phases`; Failed raises."""
+def _wait_phase(
+    fed: LocalFederation, hub: Kube, run: Run, timeout: float, *phases: str
+) -> dict[str, Any]:
+    """`run`'s status once its phase is one of `phases`; Failed raises at once, and a timeout
+    says where the run stood (phase, rounds, message, each cluster's row)."""
+    seen: dict[str, Any] = {}
 
     def probe() -> dict[str, Any] | None:
         fed.check_alive()
         st = _status(hub, run)
+        seen.clear()
+        seen.update(st)
         if st.get("phase") == "Failed":
             raise AssertionError(f"{run.key} failed: {st.get('message')}")
         return st if st.get("phase") in phases else None
 
-    return probe
+    try:
+        return wait_for(probe, timeout, f"{run.key} {'/'.join(phases)}")
+    except WaitTimeout:
+        rows = [
+            f"{r.get('name')}={r.get('phase')} round {r.get('round')} ({r.get('reason')})"
+            for r in seen.get("clusters") or []
+        ]
+        raise AssertionError(
+            f"{run.key} not {'/'.join(phases)} after {timeout:.0f}s: phase {seen.get('phase')}, "
+            f"round {seen.get('round')}/{seen.get('totalRounds')}, {seen.get('message')!r}; "
+            f"clusters: {'; '.join(rows) or 'none'}"
+        ) from None
 
 
 def _works(hub: Kube, cluster: str, run: Run) -> list[dict[str, Any]]:
@@ -223,7 +237,7 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
         # Started together, a long one on quick clusters finished all its rounds before the
         # short one's server came up.
         gone.uid = create_fl(hub, gone.namespace, _body(gone))["metadata"]["uid"]
-        wait_for(_reached(fed, hub, gone, "Running", "Completed"), 600, f"{gone.key} training")
+        _wait_phase(fed, hub, gone, 600, "Running", "Completed")
         for run in kept:
             run.uid = create_fl(hub, run.namespace, _body(run))["metadata"]["uid"]
 
@@ -233,9 +247,9 @@ def test_two_tenants_three_federations_at_once_each_on_its_own_data(
         spokes[c3].create(f"{spoof_ns}/pods", _spoof_pod(keep_c, fed.agent_endpoints()[c3]))
 
         # The short one completes while the others train.
-        wait_for(_reached(fed, hub, gone, "Completed"), 900, f"{gone.key} Completed")
+        _wait_phase(fed, hub, gone, 900, "Completed")
         for run in kept:
-            wait_for(_reached(fed, hub, run, "Running", "Completed"), 600, f"{run.key} training")
+            _wait_phase(fed, hub, run, 600, "Running", "Completed")
             st = _status(hub, run)
             assert int(st.get("round") or 0) < run.rounds, (run.key, "finished too early")
 
