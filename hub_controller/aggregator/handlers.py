@@ -56,7 +56,9 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
             )
         except (KubeError, ValueError) as e:
             logger.warning("no /metrics token (%s): /metrics is not served", e)
-    service = AggregatorService(settings, members, ca, scope, agent_ca)
+    # One /metrics for the hub: the controller's per-resource gauges and the aggregator's.
+    registry = memo.operator.metrics.registry
+    service = AggregatorService(settings, members, ca, scope, agent_ca, registry)
     port = await service.start()
     memo.aggregator = service
     memo.reports = service.store

@@ -66,6 +66,12 @@ class AggregatorMetrics:
             labels,
             registry=self.registry,
         )
+        self.last_report = Gauge(
+            "ocmfl_cluster_last_report_timestamp_seconds",
+            "Unix time of the last report accepted from a cluster's agent for a federation",
+            labels,
+            registry=self.registry,
+        )
         self.final = Gauge(
             "ocmfl_cluster_final",
             "1 once a cluster's final report of the run (its client ended) was accepted",

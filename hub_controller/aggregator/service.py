@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.metrics import AggregatorMetrics
 from hub_controller.aggregator.metrics_http import serve_metrics
@@ -83,9 +85,11 @@ class AggregatorService:
         ca: CADir,
         scope: Scope,
         client_ca: CADir,
+        metrics_registry: CollectorRegistry | None = None,
     ) -> None:
         """`ca`: the hub CA (issues the server certificate); `client_ca`: the agent CA (the
-        only issuer of client certificates the server accepts)."""
+        only issuer of client certificates the server accepts); `metrics_registry`: the
+        hub's Prometheus registry, shared with the controller's gauges (default: its own)."""
         self.settings = settings
         self.ca = ca
         self.client_ca = client_ca
@@ -99,7 +103,7 @@ class AggregatorService:
             ),
             wait_for_status=True,  # ack a report once the resource's status holds it
         )
-        self.metrics = AggregatorMetrics(max_series=lim.max_metric_series)
+        self.metrics = AggregatorMetrics(metrics_registry, max_series=lim.max_metric_series)
         self.registry = registry
         self.scope = scope
         self.server: AggregatorServer | None = None

@@ -349,6 +349,7 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         labels = self.metrics.series(cluster, report.fl_namespace, report.fl_name)
         self.metrics.reports.labels(*labels).inc()
         self.metrics.last_round.labels(*labels).set(round_)
+        self.metrics.last_report.labels(*labels).set_to_current_time()
         if accuracy is not None:
             self.metrics.accuracy.labels(*labels).set(accuracy)
         if loss is not None:

@@ -73,6 +73,7 @@ from hub_controller.operator.indexes import (
     gather,
     owner_key,
 )
+from hub_controller.operator.metrics import FederationMetrics
 from hub_controller.operator.observed import (
     JobState,
     Observations,
@@ -174,6 +175,9 @@ class Operator:
     writer: Writer = None  # type: ignore[assignment]  # set in __post_init__
     # The controller's ManifestWorks, followed by a watch of its own (workwatch.py).
     works: WorkStore = field(default_factory=WorkStore)
+    # Each resource's phase, rounds and progress for Prometheus (one registry with the
+    # aggregator's series: the hub's /metrics).
+    metrics: FederationMetrics = field(default_factory=FederationMetrics)
     # Resource -> how many SuperNode keys the Fleet signer (same process) has enrolled for
     # it: part of a pass's inputs, so a key that arrives while nothing else changes is copied
     # to the server's node-keys shards at once (not at the next resync, minutes later).
@@ -360,6 +364,14 @@ class Run:
     # The decided clusters this loop acts on: OCM's decisions read mid-rewrite are not
     # taken as they are (membership.settle_decisions).
     decisions: DecisionView = field(default_factory=DecisionView)
+
+
+def _publish(
+    op: Operator, run: Run, new: FederatedLearningStatus, spec: FederatedLearningSpec | None
+) -> None:
+    """Write the pass's status and set the resource's Prometheus gauges from it."""
+    _write_status(op.kube, run, new)
+    op.metrics.observe(run.ref.namespace, run.ref.name, new, spec, time.time())
 
 
 def _write_status(kube: Kube, run: Run, new: Any) -> None:
@@ -663,14 +675,14 @@ def reconcile(
         fl = parse_spec(dict(body.get("spec") or {}), ref.name)
     except SpecError as exc:
         kopf.warn(cast(kopf.Body, body), reason="InvalidSpec", message=str(exc))
-        _write_status(op.kube, run, invalid_status(exc.problems, generation, previous, now))
+        _publish(op, run, invalid_status(exc.problems, generation, previous, now), None)
         return None
     # The chart's grant: outside its namespaces the hub may not write the server's objects.
     unserved = namespace_not_served(ref.namespace, op.fl_namespaces)
     if unserved is not None:
         kopf.warn(cast(kopf.Body, body), reason=REASON_NOT_SERVED, message=unserved)
         status = invalid_status([unserved], generation, previous, now, reason=REASON_NOT_SERVED)
-        _write_status(op.kube, run, status)
+        _publish(op, run, status, fl)
         return None
     # The admin's policy, checked before anything is applied (the admission policy checked
     # the same at create time; this also covers a policy changed since then). A run that
@@ -681,7 +693,7 @@ def reconcile(
         message = "; ".join(refused)
         kopf.warn(cast(kopf.Body, body), reason=REASON_POLICY, message=message)
         status = invalid_status(refused, generation, previous, now, reason=REASON_POLICY)
-        _write_status(op.kube, run, status)
+        _publish(op, run, status, fl)
         return None
     seen = reports.version(ref.uid)  # before the snapshot: the status holds at least these
 
@@ -740,7 +752,7 @@ def reconcile(
         reason = exc.reason or (REASON_REFUSED if exc.internal else "InvalidSpec")
         kopf.warn(cast(kopf.Body, body), reason="Refused", message=exc.message)
         status = invalid_status([exc.message], generation, previous, now, reason=reason)
-        _write_status(op.kube, run, status)
+        _publish(op, run, status, fl)
         return None
     if run.conflicts:
         obs = replace(obs, conflicts={**run.conflicts, **obs.conflicts})
@@ -748,7 +760,7 @@ def reconcile(
     for event in story(previous, new):
         post = kopf.warn if event.type == "Warning" else kopf.info
         post(cast(kopf.Body, body), reason=event.reason, message=event.message)
-    _write_status(op.kube, run, new)
+    _publish(op, run, new, fl)
     # Written (or unchanged since the last write): the aggregator may ack these reports.
     reports.persisted(ref.uid, seen)
     if waiting_for_keys:
@@ -893,6 +905,7 @@ def cleanup(meta: kopf.Meta, memo: kopf.Memo, retry: int, logger: kopf.Logger, *
             raise kopf.TemporaryError(str(exc), delay=5) from exc
         raise
     (memo.get("reports") or NoReports()).forget(meta["uid"])
+    op.metrics.forget(ns, name)
     if left and retry < CLEANUP_WAIT_RETRIES:
         raise kopf.TemporaryError(f"waiting for {len(left)} ManifestWork(s) to go", delay=5)
     logger.info("cleaned up %s/%s", ns, name)

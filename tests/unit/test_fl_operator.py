@@ -179,6 +179,9 @@ def test_invalid_spec_fails_with_condition_and_event_and_applies_nothing(
     assert "lower minAvailableClients" in status["message"]
     assert kube.events[0][0] == "InvalidSpec"  # type: ignore[attr-defined]
     assert not kube.applied and not kube.created and not kube.deleted
+    # ...and /metrics says so (the chart's OcmFlFederationFailed alert reads it).
+    labels = {"namespace": REF.namespace, "name": REF.name, "phase": "Failed"}
+    assert op.metrics.registry.get_sample_value("ocmfl_federation_phase", labels) == 1.0
 
 
 def test_a_resource_outside_the_charts_fl_namespaces_fails_and_applies_nothing(
