@@ -4,10 +4,11 @@ set -euo pipefail
 # Container tools (hack/images, the kubelet nodes of hack/controlplane): podman and buildah
 # build the images, debootstrap makes their base from Debian's archive, containerd + runc run
 # pods under a real kubelet, the CNI plugins and iptables give them networks, gcc builds the
-# static pause binary of their sandboxes from Kubernetes' own pause.c.
+# static pause binary of their sandboxes from Kubernetes' own pause.c. prometheus (its
+# promtool too) scrapes the hub's /metrics and evaluates the chart's alert rules in the tests.
 pkgs=(nginx-light shellcheck util-linux iproute2
   podman buildah runc conmon uidmap debootstrap containerd containernetworking-plugins iptables
-  gcc libc6-dev)
+  gcc libc6-dev prometheus)
 # One dpkg-query for all of them (a `dpkg -s` each took 0.5 s, paid by every `make demo`).
 installed=$'\n'$(dpkg-query -W -f='${Package} ${Status}\n' "${pkgs[@]}" 2>/dev/null || true)$'\n'
 missing=()
