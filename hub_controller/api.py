@@ -635,6 +635,9 @@ class ModelArtifact(_Model):
     )
 
 
+GLOBAL_HISTORY: Final = "global"  # HistoryEntry.cluster of the federation as a whole
+
+
 class HistoryEntry(_Model):
     """Metrics of one round on one cluster; cluster "global" is the sample-weighted mean."""
 

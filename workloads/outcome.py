@@ -1,8 +1,10 @@
 """How one run of an app ends, for any app: the pure part of ``ocm-fl-server``.
 
 Inputs: Flower's final run status, the model store's manifest, and what the run's log said
-(``RunLog``: rounds started, client errors, result counts). Output: ``Outcome`` (ok, a
-one-line reason, rounds done, the final model's location, sha256 and metrics).
+(``RunLog``: rounds started, client errors, result counts, and each round's aggregated
+metrics as Flower's strategies log them). Output: ``Outcome`` (ok, a one-line reason, rounds
+done, the final model's location, sha256 and metrics, and the per-round history the log
+showed: any app's progress, with or without the SDK).
 
 - Flower says failed/stopped: Failed, with the app's own error text (trimmed).
 - Completed with a final model of this resource in the store: Completed, unless fewer rounds
@@ -15,9 +17,11 @@ one-line reason, rounds done, the final model's location, sha256 and metrics).
 
 from __future__ import annotations
 
+import ast
+import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 REASON_LIMIT = 400
@@ -25,6 +29,13 @@ _ROUND = re.compile(r"\[ROUND (\d+)/(\d+)\]")
 _RESULTS = re.compile(r"(aggregate_\w+): Received (\d+) results and (\d+) failures")
 _REPLY_ERROR = re.compile(r"Received error in reply from node (\d+): (.*)$")
 _FLOWER_REASON = re.compile(r"<class '(?:[\w.]+\.)?(\w+)'>:<'(.*?)'>", re.S)
+# Flower's strategies (flwr.serverapp.strategy) after each aggregation, and after the
+# ServerApp-side evaluation ("Global evaluation"): "└──> [Aggregated ]MetricRecord: {...}".
+_METRICS = re.compile(r"└──> (?:Aggregated )?MetricRecord: (\{.*\})\s*$")
+_METRICS_TEXT_LIMIT = 4000  # a longer record is not parsed (an app logging arrays)
+# The termination message is at most 4096 bytes (kubelet cuts the rest): the history it
+# carries is the latest rounds that fit in this many bytes.
+HISTORY_BYTES = 2000
 
 
 def one_line(text: str, limit: int = REASON_LIMIT) -> str:
@@ -46,19 +57,73 @@ class RunLog:
     rounds_started: int = 0
     client_errors: list[str] = field(default_factory=list)
     short_rounds: list[str] = field(default_factory=list)  # "aggregate_train: 0 results"
+    # round -> phase (train, evaluate, server) -> the numeric metrics Flower logged
+    round_metrics: dict[int, dict[str, dict[str, float]]] = field(default_factory=dict)
+    _round: int = 0
+    _phase: str = ""
 
     def feed(self, line: str) -> None:
         """Take one log line."""
         if m := _ROUND.search(line):
             self.rounds_started = max(self.rounds_started, int(m.group(1)))
+            self._round, self._phase = int(m.group(1)), ""
+        if "Global evaluation" in line:
+            self._phase = "server"
+        if (m := _METRICS.search(line)) and self._round and self._phase:
+            metrics = _numbers_from_text(m.group(1))
+            if metrics:
+                self.round_metrics.setdefault(self._round, {})[self._phase] = metrics
         if m := _REPLY_ERROR.search(line):
             error = readable_error(m.group(2).strip())
             if error not in self.client_errors:
                 self.client_errors.append(error)
         if m := _RESULTS.search(line):
+            self._phase = "train" if m.group(1) == "aggregate_train" else "evaluate"
             results, failures = int(m.group(2)), int(m.group(3))
             if failures and results < self.min_results:
                 self.short_rounds.append(f"{m.group(1)}: {results} results, {failures} failures")
+
+    def history(self) -> list[dict[str, float | int]]:
+        """One row per round the log showed metrics for: `round`, and `loss` and `accuracy`
+        when a metric name says so (server-side evaluation over the clients' evaluate over
+        their train values, as final_metrics chooses)."""
+        rows: list[dict[str, float | int]] = []
+        for rnd in sorted(self.round_metrics):
+            phases = self.round_metrics[rnd]
+            row: dict[str, float | int] = {"round": rnd}
+            for key, marker in (("loss", "loss"), ("accuracy", "acc")):
+                for phase in ("server", "evaluate", "train"):
+                    names = sorted(k for k in phases.get(phase, {}) if marker in k.lower())
+                    if names:
+                        row[key] = round(phases[phase][names[0]], 6)
+                        break
+            if len(row) > 1:
+                rows.append(row)
+        return rows
+
+
+def _numbers_from_text(text: str) -> dict[str, float]:
+    """The numeric entries of a logged MetricRecord ("{'loss': 0.5, ...}"); {} when it is not
+    a plain literal dict or too long."""
+    if len(text) > _METRICS_TEXT_LIMIT:
+        return {}
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return {}
+    return _numbers(value)
+
+
+def fitting_history(rows: list[dict[str, float | int]], limit: int = HISTORY_BYTES) -> list[Any]:
+    """The latest rows whose JSON fits in `limit` bytes (the termination message's room)."""
+    kept: list[dict[str, float | int]] = []
+    size = 2
+    for row in reversed(rows):
+        size += len(json.dumps(row, separators=(",", ":"))) + 1
+        if size > limit:
+            break
+        kept.append(row)
+    return kept[::-1]
 
 
 @dataclass(frozen=True)
@@ -72,6 +137,7 @@ class Outcome:
     sha256: str | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     details: Mapping[str, Any] = field(default_factory=dict)
+    history: tuple[Mapping[str, float | int], ...] = ()
 
     def termination_message(self) -> dict[str, Any]:
         """What the server container leaves in its termination message (read by the hub)."""
@@ -83,6 +149,8 @@ class Outcome:
             out["sha256"] = self.sha256
         if self.metrics:
             out["metrics"] = dict(self.metrics)
+        if self.history:
+            out["history"] = fitting_history([dict(row) for row in self.history])
         return out
 
 
@@ -123,8 +191,22 @@ def decide(
     uid: str,
     model_url: str | None,
 ) -> Outcome:
-    """The outcome of a finished run (see the module docstring). ``model_url`` is where the
-    manifest's final entry lives (None when there is none)."""
+    """The outcome of a finished run (see the module docstring), with the per-round history
+    its log showed. ``model_url`` is where the manifest's final entry lives (None when there
+    is none)."""
+    outcome = _decide(status, manifest, run_log, rounds=rounds, uid=uid, model_url=model_url)
+    return replace(outcome, history=tuple(run_log.history()))
+
+
+def _decide(
+    status: Mapping[str, Any],
+    manifest: Mapping[str, Any] | None,
+    run_log: RunLog,
+    *,
+    rounds: int | None,
+    uid: str,
+    model_url: str | None,
+) -> Outcome:
     state = str(status.get("status", ""))
     run_id = status.get("run-id")
     errors = "; ".join(run_log.client_errors)

@@ -24,6 +24,7 @@ from hub_controller.api import (
     CONDITION_SERVER_READY,
     CONDITION_TRAINING_COMPLETE,
     CONDITION_VALIDATED,
+    GLOBAL_HISTORY,
     TERMINAL_PHASES,
     ClusterPhase,
     ClusterStatus,
@@ -40,7 +41,7 @@ from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.server import SERVER_BACKOFF_LIMIT
 from hub_controller.operator.observed import Observations, PlacementState, ready_clusters
 
-GLOBAL = "global"  # history rows of the federation as a whole
+GLOBAL = GLOBAL_HISTORY  # history rows of the federation as a whole
 MAX_HISTORY = 500
 # Status stays small at any cluster count (docs/scale.md): at most this many per-cluster rows
 # (the worst first beyond it; clusterCounts counts all), at most this many names per message.
@@ -308,6 +309,7 @@ def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[Histor
     """Per-round metrics per cluster (evaluate values over fit values), kept across restarts
     of the report source by merging with the previous status; "global" rows are the
     sample-weighted mean of the clusters' rows of that round. The last MAX_HISTORY rows."""
+    previous = list(previous)
     entries = {(e.round, e.cluster): e for e in previous if e.cluster != GLOBAL}
     with_data = {r.name for r in obs.resolutions if r.has_data}
     for cluster, report in obs.reports.items():
@@ -340,6 +342,14 @@ def _history(previous: Iterable[HistoryEntry], obs: Observations) -> list[Histor
             entries[(rnd, GLOBAL)] = HistoryEntry(
                 round=rnd, cluster=GLOBAL, samples=samples, **mean
             )
+    # Rounds no cluster reported (an app without the SDK's metrics): the values of the
+    # server's own log (its termination message), kept after the server pod is gone.
+    reported = {rnd for rnd, cluster in entries if cluster != GLOBAL}
+    from_server = {e.round: e for e in previous if e.cluster == GLOBAL}
+    from_server.update({e.round: e for e in obs.server_history})
+    for rnd, entry in from_server.items():
+        if rnd not in reported:
+            entries[(rnd, GLOBAL)] = entry
     ordered = sorted(entries.values(), key=lambda e: (e.round, e.cluster))
     return ordered[-MAX_HISTORY:]
 
@@ -556,6 +566,8 @@ def fold(
     current_round = max(rounds, default=previous.round if previous else 0)
     if model is not None and model.round is not None:
         current_round = max(current_round, model.round)
+    if obs.server_rounds is not None and phase in TERMINAL_PHASES:  # an app without the SDK's store
+        current_round = max(current_round, obs.server_rounds)
     return FederatedLearningStatus(
         phase=phase,
         conditions=conditions,

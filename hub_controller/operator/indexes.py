@@ -28,7 +28,13 @@ from typing import Any, Final, Protocol
 import kopf
 
 from hub_controller import policy as policy_mod
-from hub_controller.api import FederatedLearningSpec, FLRef, ModelArtifact, data_claim_of
+from hub_controller.api import (
+    FederatedLearningSpec,
+    FLRef,
+    HistoryEntry,
+    ModelArtifact,
+    data_claim_of,
+)
 from hub_controller.membership import (
     AddonInfo,
     AddonMembers,
@@ -270,12 +276,16 @@ def gather(
     model: ModelArtifact | None = None
     reason = problem = ""
     succeeded = False
+    rounds: int | None = None
+    history: tuple[HistoryEntry, ...] = ()
     for item in idx.pods.get(key, []):
         if item.uid != ref.uid or item.value is None:
             continue
         reason = item.value.reason or reason
         problem = item.value.problem or problem
         succeeded = succeeded or item.value.succeeded
+        rounds = item.value.rounds if item.value.rounds is not None else rounds
+        history = item.value.history or history
         if item.value.model is not None:
             model = item.value.model.model_copy(
                 update={
@@ -294,6 +304,8 @@ def gather(
         server_reason=reason,
         server_problem=problem,
         server_succeeded=succeeded,
+        server_rounds=rounds,
+        server_history=history,
         reports=reports.snapshot(ref.uid),
         conflicts=conflicts,
     )

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hub_controller.api import FederatedLearningSpec, ModelArtifact
+from hub_controller.api import GLOBAL_HISTORY, FederatedLearningSpec, HistoryEntry, ModelArtifact
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.works import (
     FEEDBACK_ACTIVE,
@@ -156,6 +156,36 @@ class ServerOutcome:
     # (its one pod succeeded), so the run is Completed without waiting for the Job
     # controller to notice (about a second).
     succeeded: bool = False
+    # Rounds done and the per-round history the run's log showed (any app, with or without
+    # the SDK): history rows are the run's "global" values.
+    rounds: int | None = None
+    history: tuple[HistoryEntry, ...] = ()
+
+
+MAX_SERVER_HISTORY = 200  # rows taken from one termination message (it holds about 40)
+
+
+def _number(value: Any) -> float | None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    return float(value) if ok else None
+
+
+def _server_history(raw: Any) -> tuple[HistoryEntry, ...]:
+    """The termination message's `history` as "global" rows; anything malformed is left out
+    (the message is the server's, next to the tenant's app)."""
+    rows: list[HistoryEntry] = []
+    for item in raw[:MAX_SERVER_HISTORY] if isinstance(raw, list) else []:
+        if not isinstance(item, dict):
+            continue
+        loss, accuracy = (_number(item.get(k)) for k in ("loss", "accuracy"))
+        rnd = item.get("round")
+        if not isinstance(rnd, int) or isinstance(rnd, bool) or rnd < 1:
+            continue
+        if loss is not None or accuracy is not None:
+            rows.append(
+                HistoryEntry(round=rnd, cluster=GLOBAL_HISTORY, loss=loss, accuracy=accuracy)
+            )
+    return tuple(rows)
 
 
 def server_pod_state(pod: Mapping[str, Any] | None) -> ServerOutcome | None:
@@ -202,11 +232,14 @@ def outcome_from_termination_message(pod: Mapping[str, Any] | None) -> ServerOut
             except ValueError:
                 model = None
         ok = data.get("ok")
+        rounds = data.get("round")
         return ServerOutcome(
             ok=ok if isinstance(ok, bool) else None,
             reason=str(data.get("reason") or "")[:1000],
             model=model,
             succeeded=ok is True and terminated.get("exitCode") == 0,
+            rounds=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None,
+            history=_server_history(data.get("history")),
         )
     return None
 
@@ -302,6 +335,8 @@ class Observations:
     server_reason: str = ""  # the server's own one-line outcome (the app's error on failure)
     server_problem: str = ""  # why the server pod cannot run (ocmfl.podproblem), "" if none
     server_succeeded: bool = False  # a server pod exited 0 with a completed run (ServerOutcome)
+    server_rounds: int | None = None  # rounds done, as the server's own log showed them
+    server_history: tuple[HistoryEntry, ...] = ()  # per-round values from that log
     reports: Mapping[str, ClusterReport] = field(default_factory=dict)
     # cluster -> uid of the other resource whose ManifestWork holds this resource's work name
     # there (never overwritten; "" when the work names no owner)
@@ -330,6 +365,8 @@ def observation_digest(obs: Observations) -> str:
             repr(obs.model),
             repr(obs.server_reason),
             repr(obs.server_succeeded),
+            repr(obs.server_rounds),
+            repr(obs.server_history),
             sorted_repr(obs.conflicts),
         )
     )

@@ -217,6 +217,32 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
     assert json.loads(config["data"]["run-config.json"]) == {"lr": 0.02}
 
 
+def test_a_stock_flower_app_without_the_sdk_shows_its_rounds_and_history(
+    plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, data: dict[str, Path]
+) -> None:
+    """tests/apps/stock: FedAvg's own loop, nothing from this project. `kubectl get fl` reads
+    3/3 when it is done, and the history has each round's values, from Flower's log."""
+    create_fl(hub, NAMESPACE, resource("stock", "stock", rounds=3))
+    final = wait_fl(hub, NAMESPACE, "stock", 900, fed=fed)
+    assert final["status"]["phase"] == "Completed", final["status"].get("message")
+
+    def shown() -> dict[str, Any] | None:
+        """The status once the server's termination message (its log's rounds) is folded."""
+        st: dict[str, Any] = (get_fl(hub, NAMESPACE, "stock") or {}).get("status") or {}
+        return st if st.get("round") == 3 and st.get("history") else None
+
+    status = wait_for(shown, 90, "stock: 3 rounds and their history in the status")
+    assert status["phase"] == "Completed" and status["totalRounds"] == 3
+    rows = [h for h in status["history"] if h["cluster"] == "global"]
+    assert [h["round"] for h in rows] == [1, 2, 3], status["history"]
+    # The app's own metric names (eval_loss, eval_acc) became loss and accuracy; it learns.
+    assert all(h["loss"] >= 0 and 0 <= h["accuracy"] <= 1 for h in rows), rows
+    assert rows[-1]["loss"] < rows[0]["loss"], rows
+    assert "model" not in status  # it stored none: nothing is made up
+    hub.delete(f"/apis/{constants.API_VERSION}/namespaces/{NAMESPACE}/{constants.PLURAL}/stock")
+    wait_for(lambda: get_fl(hub, NAMESPACE, "stock") is None, 180, "stock deleted")
+
+
 def test_a_raising_clientapp_and_a_missing_app_fail_with_their_own_reason(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, data: dict[str, Path]
 ) -> None:

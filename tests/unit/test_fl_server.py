@@ -229,3 +229,24 @@ def test_the_superlink_database_lives_on_the_store_volume_per_resource() -> None
         persist = args[args.index("--persist-dir") + 1]
         assert persist == f"{MODEL_DIR}/.ocm-fl-server/{REF.uid}"
         assert args[args.index("--state-dir") + 1] not in persist
+
+
+def test_rounds_and_history_of_an_app_without_the_sdk_come_from_the_termination_message() -> None:
+    history = [
+        {"round": 1, "loss": 0.9, "accuracy": 0.3},
+        {"round": 2, "accuracy": 0.6},
+        {"round": 0, "loss": 1.0},  # not a round
+        {"round": True, "loss": 1.0},  # not an int
+        {"round": 3, "loss": "high"},  # no number
+        "not a row",
+    ]
+    msg = json.dumps({"ok": True, "reason": "run 4 completed 2 rounds", "round": 2,
+                      "history": history})  # fmt: skip
+    terminated = {"exitCode": 0, "message": msg}
+    pod = {
+        "status": {"containerStatuses": [{"name": "server", "state": {"terminated": terminated}}]}
+    }
+    outcome = outcome_from_termination_message(pod)
+    assert outcome is not None and outcome.model is None and outcome.rounds == 2
+    rows = [(h.round, h.cluster, h.loss, h.accuracy) for h in outcome.history]
+    assert rows == [(1, "global", 0.9, 0.3), (2, "global", None, 0.6)]

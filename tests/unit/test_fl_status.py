@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from fl_fixtures import spec
 
-from hub_controller.api import ClusterPhase, FederatedLearningStatus, Phase
+from hub_controller.api import ClusterPhase, FederatedLearningStatus, HistoryEntry, Phase
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.fold import (
     fold,
@@ -164,6 +164,31 @@ def test_completed_as_soon_as_the_server_pod_exits_with_a_completed_run() -> Non
     # Until then it is running.
     st = fold(spec(), 1, _obs(works=_applied("a", "b"), server_job=running), None, T0)
     assert st.phase == Phase.RUNNING
+
+
+def test_an_app_without_the_sdk_shows_its_rounds_and_history_from_the_servers_log() -> None:
+    """`kubectl get fl` reads 3/3 for a finished three-round app that posts no metrics."""
+    server_rows = tuple(
+        HistoryEntry(round=r, cluster="global", loss=1.0 / r, accuracy=a)
+        for r, a in ((1, 0.3), (2, 0.6), (3, 0.9))
+    )
+    done = JobState(exists=True, complete=True)
+    obs = _obs(works=_applied("a", "b"), server_job=done, server_rounds=3,
+               server_history=server_rows)  # fmt: skip
+    st = fold(spec(rounds=3), 1, obs, None, T0)
+    assert (st.phase, st.round, st.total_rounds) == (Phase.COMPLETED, 3, 3)
+    assert [(h.round, h.cluster, h.accuracy) for h in st.history] == [
+        (1, "global", 0.3),
+        (2, "global", 0.6),
+        (3, "global", 0.9),
+    ]
+    # Kept once the server pod (its termination message) is gone.
+    later = fold(spec(rounds=3), 1, _obs(works=_applied("a", "b"), server_job=done), st, T0)
+    assert later.history == st.history and later.round == 3
+    # While it runs, the log's round count does not claim rounds not yet done.
+    running = _obs(works=_applied("a", "b"), server_job=JobState(exists=True, active=1),
+                   server_rounds=2)  # fmt: skip
+    assert fold(spec(rounds=3), 1, running, None, T0).round == 0
 
 
 def test_too_few_clients_for_longer_than_the_timeout_fails() -> None:

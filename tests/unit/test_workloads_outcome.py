@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,64 @@ def test_run_config_takes_only_declared_keys_and_the_resource_rounds() -> None:
         run_config(app, {"learning-rate": 0.05}, None)
     tabular = inspect_app(EXAMPLES / "tabular")
     assert run_config(tabular, {}, None) == {}
+
+
+# Flower 1.42's strategy log for one round (flwr.serverapp.strategy), as `flwr log` streams it.
+def _round_log(rnd: int, train_loss: float, eval_loss: float, eval_acc: float) -> list[str]:
+    return [
+        "INFO :      ",
+        f"INFO :      [ROUND {rnd}/3]",
+        "INFO :      configure_train: Sampled 2 nodes (out of 2)",
+        "INFO :      aggregate_train: Received 2 results and 0 failures",
+        f"INFO :      \t└──> Aggregated MetricRecord: {{'train_loss': {train_loss}}}",
+        "INFO :      configure_evaluate: Sampled 2 nodes (out of 2)",
+        "INFO :      aggregate_evaluate: Received 2 results and 0 failures",
+        f"INFO :      \t└──> Aggregated MetricRecord: {{'eval_loss': {eval_loss}, "
+        f"'eval_acc': {eval_acc}}}",
+    ]
+
+
+def test_an_app_without_the_sdk_gets_its_rounds_and_history_from_flowers_log() -> None:
+    lines = [line for r in (1, 2, 3) for line in _round_log(r, 1.0 / r, 0.9 / r, 0.3 * r)]
+    out = decide(DONE, None, _log(*lines), rounds=3, uid="u", model_url=None)
+    assert out.ok and out.rounds == 3
+    message = out.termination_message()
+    assert message["round"] == 3
+    # Evaluate values over train values; the metric names are the app's own.
+    assert message["history"] == [
+        {"round": 1, "loss": 0.9, "accuracy": 0.3},
+        {"round": 2, "loss": 0.45, "accuracy": 0.6},
+        {"round": 3, "loss": 0.3, "accuracy": 0.9},
+    ]
+
+
+def test_serverapp_side_evaluation_wins_and_train_values_stand_in_for_missing_ones() -> None:
+    lines = [
+        "INFO :      [ROUND 1/1]",
+        "INFO :      aggregate_train: Received 2 results and 0 failures",
+        "INFO :      \t└──> Aggregated MetricRecord: {'loss': 0.7, 'num-examples': 40}",
+        "INFO :      Global evaluation",
+        "INFO :      \t└──> MetricRecord: {'test-accuracy': 0.81}",
+    ]
+    assert _log(*lines).history() == [{"round": 1, "loss": 0.7, "accuracy": 0.81}]
+
+
+def test_a_metric_record_that_is_not_a_plain_dict_or_is_huge_is_left_out() -> None:
+    lines = [
+        "INFO :      [ROUND 1/2]",
+        "INFO :      aggregate_train: Received 2 results and 0 failures",
+        "INFO :      \t└──> Aggregated MetricRecord: {'loss': __import__('os').getpid()}",
+        "INFO :      [ROUND 2/2]",
+        "INFO :      aggregate_train: Received 2 results and 0 failures",
+        "INFO :      \t└──> Aggregated MetricRecord: {'loss': [" + "1.0, " * 2000 + "]}",
+    ]
+    assert _log(*lines).history() == []
+
+
+def test_the_history_in_the_termination_message_keeps_the_latest_rounds_that_fit() -> None:
+    lines = [line for r in range(1, 401) for line in _round_log(r, 0.5, 0.25, 0.75)]
+    message = decide(DONE, None, _log(*lines), rounds=400, uid="u", model_url=None)
+    text = json.dumps(message.termination_message())
+    assert len(text.encode()) < 4096  # the kubelet keeps at most 4096 bytes
+    rounds = [row["round"] for row in message.termination_message()["history"]]
+    assert rounds == list(range(rounds[0], 401)) and len(rounds) > 20

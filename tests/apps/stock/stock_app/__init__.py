@@ -1,0 +1,1 @@
+"""A stock Flower app: FedAvg's own loop, nothing from this project (no workloads.sdk)."""
