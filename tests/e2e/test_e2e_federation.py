@@ -28,7 +28,7 @@ from hack.localfed import (
     set_cluster_claim,
     wait_fl,
 )
-from hack.testing import wait_for
+from hack.testing import WaitTimeout, wait_for
 from hub_controller.api import FLRef
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired.server import server_name
@@ -122,7 +122,11 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
         told = {"Running", "Completed"} <= reasons and all(c in joined for c in with_data)
         return events if told else None
 
-    events = wait_for(story_told, 60, "the run's Events")
+    try:
+        events = wait_for(story_told, 60, "the run's Events")
+    except WaitTimeout:
+        told = [(e["type"], e["reason"], e["message"]) for e in _events(hub, final)]
+        raise AssertionError(f"the run's Events are not all there: {told}") from None
     bad = {"Failed", "ClusterFailed", "ClusterBlocked", "ClusterLeft"}
     assert not [e for e in events if e["reason"] in bad], events
     assert not any(without in e["message"] for e in events), events
