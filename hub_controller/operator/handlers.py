@@ -53,7 +53,7 @@ from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
-from hub_controller.operator.events import story
+from hub_controller.operator.events import StoryEvent, story
 from hub_controller.operator.fold import (
     counting_down,
     finished,
@@ -364,6 +364,16 @@ class Run:
     # The decided clusters this loop acts on: OCM's decisions read mid-rewrite are not
     # taken as they are (membership.settle_decisions).
     decisions: DecisionView = field(default_factory=DecisionView)
+
+
+def _tell(body: Mapping[str, Any], event: StoryEvent) -> None:
+    """Post one Event on the resource. A Normal one goes through kopf.event: kopf.info is
+    dropped below the hub's posting level (WARNING, which keeps kopf's own log lines off the
+    API), and the story's Normal events are not log lines."""
+    if event.type == "Warning":
+        kopf.warn(cast(kopf.Body, body), reason=event.reason, message=event.message)
+    else:
+        kopf.event(cast(kopf.Body, body), type="Normal", reason=event.reason, message=event.message)
 
 
 def _publish(
@@ -758,8 +768,7 @@ def reconcile(
         obs = replace(obs, conflicts={**run.conflicts, **obs.conflicts})
     new = fold(fl, generation, obs, previous, now, ref.namespace)
     for event in story(previous, new):
-        post = kopf.warn if event.type == "Warning" else kopf.info
-        post(cast(kopf.Body, body), reason=event.reason, message=event.message)
+        _tell(body, event)
     _publish(op, run, new, fl)
     # Written (or unchanged since the last write): the aggregator may ack these reports.
     reports.persisted(ref.uid, seen)

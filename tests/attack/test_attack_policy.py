@@ -238,6 +238,7 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> RecordingKube:
     events: list[tuple[str, str]] = []
     monkeypatch.setattr(kopf, "warn", lambda body, reason, message: events.append((reason, "")))
     monkeypatch.setattr(kopf, "info", lambda body, reason, message: None)
+    monkeypatch.setattr(kopf, "event", lambda *a, **k: None)
     fake = RecordingKube()
     fake.events = events  # type: ignore[attr-defined]
     return fake

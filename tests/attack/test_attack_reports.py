@@ -539,6 +539,7 @@ class FakeKube:
 def quiet_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kopf, "warn", lambda *a, **k: None)
     monkeypatch.setattr(kopf, "info", lambda *a, **k: None)
+    monkeypatch.setattr(kopf, "event", lambda *a, **k: None)
 
 
 def reconcile(kube: FakeKube, idx: Indexes, tmp_path: Path) -> dict[str, Any]:

@@ -83,6 +83,7 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
         kopf, "warn", lambda body, reason, message: events.append((reason, message))
     )
     monkeypatch.setattr(kopf, "info", lambda body, reason, message: None)
+    monkeypatch.setattr(kopf, "event", lambda *a, **k: None)
     fake.events = events  # type: ignore[attr-defined]
     return fake
 

@@ -207,6 +207,7 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
         kopf, "warn", lambda body, reason, message: events.append((reason, message))
     )
     monkeypatch.setattr(kopf, "info", lambda body, reason, message: None)
+    monkeypatch.setattr(kopf, "event", lambda *a, **k: None)
     return events
 
 
