@@ -7,6 +7,7 @@ Local control plane (hack/controlplane, test infrastructure):
   `python -m hack.controlplane up` is left running. Only tests marked `integration` or `e2e`
   may use it; nothing starts unless a test asks for it.
 - `namespace` (function): a fresh hub namespace, deleted after the test.
+- `helm` (session): the helm binary setup builds, for tests that render the chart.
 
 With OCMFL_NO_SKIPS=1 (hack/run-tests.sh sets it, so `make test` and CI do) a skipped test is
 reported as failed: `make test` runs the set-up first, which installs every tool a test could
@@ -71,6 +72,17 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.outcome = "failed"
         report.longrepr = f"module skipped where the set-up guarantees every tool: {reason}"
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """The helm binary setup builds (hack/helm.py); skipped (so failed in make test) without."""
+    from hack.helm import helm_binary
+
+    path = helm_binary()
+    if path is None:
+        pytest.skip("helm binary absent: build it with `bash hack/tools/build-helm.sh`")
+    return path
 
 
 @pytest.fixture

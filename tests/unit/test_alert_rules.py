@@ -26,8 +26,6 @@ from typing import Any
 import pytest
 import yaml
 
-from hack.helm import helm_binary
-
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ocm-federated-learning"
 NAMESPACE = "ocm-fl-system"
@@ -43,14 +41,6 @@ ALERTS = (
     "OcmFlRoundSlowerThanTimeout",
     "OcmFlFederationFailed",
 )
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    path = helm_binary()
-    if path is None:
-        pytest.skip("helm binary absent: build it with `bash hack/tools/build-helm.sh`")
-    return path
 
 
 @pytest.fixture(scope="module")

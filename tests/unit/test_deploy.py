@@ -23,7 +23,6 @@ import pytest
 import yaml
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from hack.helm import helm_binary
 from hack.images.deploy import dockerfile_instructions
 from hub_controller import policy
 from hub_controller.bootstrap import ca_init, rbac
@@ -38,14 +37,6 @@ HUB_ROLE = f"{RELEASE}-ocm-federated-learning"  # the hub controller's ClusterRo
 
 
 # --- helm ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    path = helm_binary()
-    if path is None:
-        pytest.skip("helm binary absent: build it with `bash hack/tools/build-helm.sh`")
-    return path
 
 
 def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:

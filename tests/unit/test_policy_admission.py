@@ -7,25 +7,15 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from hack.codegen import admissiongen
-from hack.helm import helm_binary
 from hub_controller import policy
 from hub_controller.api import parse_spec
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "ocm-federated-learning"
 RELEASE = "ocm-fl"
 WRITE = {"create", "update", "patch", "delete", "deletecollection", "*"}
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    path = helm_binary()
-    if path is None:
-        pytest.skip("helm binary absent: build it with `bash hack/tools/build-helm.sh`")
-    return path
 
 
 def render(helm: str, *sets: str) -> list[dict[str, Any]]:
