@@ -119,6 +119,11 @@ def prometheus(tmp_path: Path, hub_metrics: str) -> Iterator[str]:
     log = (tmp_path / "prometheus.log").open("w")
     proc = subprocess.Popen(
         [
+            # Stops with the test run even when pytest itself is killed (as localfed's).
+            "setpriv",
+            "--pdeathsig",
+            "TERM",
+            "--",
             binary,
             f"--config.file={tmp_path / 'prometheus.yml'}",
             f"--storage.tsdb.path={tmp_path / 'tsdb'}",
