@@ -20,6 +20,7 @@ import grpc.aio
 
 from agent_addon.buffer import ReportBuffer
 from ocmfl import pki
+from ocmfl.status.stream import hub_acks
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -175,7 +176,8 @@ class HubStreamer:
 
     # --- one stream --------------------------------------------------------------------------
     async def _stream(self, channel: grpc.aio.Channel, sig: _FileSig) -> bool:
-        """Stream until error or rotation; True if an ack arrived. Raises AioRpcError."""
+        """Stream until error or rotation; True if an ack arrived. Raises AioRpcError (the
+        hub's announced HubRefusal when it refused the stream)."""
         stub = report_pb2_grpc.StatusServiceStub(channel)
         call = stub.StreamReports()
         rotate = asyncio.Event()
@@ -183,7 +185,7 @@ class HubStreamer:
         watcher = asyncio.create_task(self._watch_files(sig, rotate))
         acked = False
         try:
-            async for ack in call:
+            async for ack in hub_acks(call):
                 if not acked:
                     acked = True
                     self.connects += 1

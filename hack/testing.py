@@ -7,6 +7,7 @@ registered afresh for one in-process kopf run).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import importlib
 import ssl
@@ -164,6 +165,7 @@ async def report_probe(address: str, cert_dir: Path, ca: bytes, cluster: str, se
     import grpc.aio
     from google.protobuf.timestamp_pb2 import Timestamp
 
+    from ocmfl.status.stream import read_ack
     from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
     ts = Timestamp()
@@ -179,14 +181,16 @@ async def report_probe(address: str, cert_dir: Path, ca: bytes, cluster: str, se
     )
     async with grpc.aio.secure_channel(address, creds) as ch:
         call = report_pb2_grpc.StatusServiceStub(ch).StreamReports()
-        try:
+        # A refused stream can end while the report is written: its reason comes from the read.
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             await call.write(report)
-            ack = await call.read()
-            await call.done_writing()
+        try:
+            ack = await read_ack(call)
         except grpc.aio.AioRpcError as e:
             return f"{e.code().name}: {e.details()}"
-        in_scope = isinstance(ack, report_pb2.Ack) and ack.refused.startswith("not_in_scope")
-        return "accepted" if in_scope else str(ack)
+        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+            await call.done_writing()
+        return "accepted" if ack.refused.startswith("not_in_scope") else str(ack)
 
 
 class ReportProbe:

@@ -161,9 +161,12 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         code: grpc.StatusCode,
         reason: str,
         details: str,
-    ) -> None:
+    ) -> AsyncIterator[report_pb2.Ack]:
+        """End the stream with `code`: first an Ack that carries the status, because a status
+        that lands while the agent is writing reaches it as INTERNAL (grpc/grpc#36066)."""
         self.metrics.rejected.labels(reason).inc()
         log.info("refused %s: %s", context.peer(), details)
+        yield report_pb2.Ack(closing_code=code.name, closing_details=details)
         await context.abort(code, details)
 
     async def StreamReports(  # gRPC method name
@@ -174,12 +177,13 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         ctx: grpc.aio.ServicerContext[object, object] = context
         cluster = self.identify(ctx)
         if cluster is None:
-            await self._refuse(
+            async for ack in self._refuse(
                 ctx,
                 grpc.StatusCode.UNAUTHENTICATED,
                 "no_identity",
                 "client certificate does not name a cluster",
-            )
+            ):
+                yield ack
             return
         async for ack in self.serve_cluster(cluster, request_iterator, ctx):
             yield ack
@@ -193,28 +197,31 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         """Handle one stream whose peer has been authenticated as `cluster`."""
         if not self.registry.is_registered(cluster):
             if not self.registry.complete():
-                await self._refuse(
+                async for ack in self._refuse(
                     ctx,
                     grpc.StatusCode.UNAVAILABLE,
                     "hub_starting",
                     "the hub has not listed its clusters yet: retry shortly",
-                )
+                ):
+                    yield ack
                 return
-            await self._refuse(
+            async for ack in self._refuse(
                 ctx,
                 grpc.StatusCode.PERMISSION_DENIED,
                 "not_registered",
                 f"cluster {cluster!r} is not an accepted ManagedCluster with the addon enabled",
-            )
+            ):
+                yield ack
             return
         limits = self.limits
         if self._streams.get(cluster, 0) >= limits.max_streams_per_cluster:
-            await self._refuse(
+            async for ack in self._refuse(
                 ctx,
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "too_many_streams",
                 f"cluster {cluster!r} already has {limits.max_streams_per_cluster} open streams",
-            )
+            ):
+                yield ack
             return
         bucket = self._buckets.get(cluster)
         if bucket is None:
@@ -252,44 +259,51 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                 reading = None
                 wait = bucket.reserve(limits.max_wait_s)
                 if wait is None:
-                    await self._refuse(
+                    async for ack in self._refuse(
                         ctx,
                         grpc.StatusCode.RESOURCE_EXHAUSTED,
                         "rate_limited",
                         f"cluster {cluster!r} sends more than {limits.reports_per_s:g} "
                         "reports/s: slow down and resend",
-                    )
+                    ):
+                        yield ack
                     return
                 if wait > 0:
                     await asyncio.sleep(wait)
                 if report.cluster != cluster:
-                    await self._refuse(
+                    async for ack in self._refuse(
                         ctx,
                         grpc.StatusCode.PERMISSION_DENIED,
                         "cluster_mismatch",
                         f"report for cluster {report.cluster!r} on a certificate for {cluster!r}",
-                    )
+                    ):
+                        yield ack
                     return
                 if not self.registry.is_registered(cluster):
-                    await self._refuse(
+                    async for ack in self._refuse(
                         ctx,
                         grpc.StatusCode.PERMISSION_DENIED,
                         "not_registered",
                         f"cluster {cluster!r} is no longer registered",
-                    )
+                    ):
+                        yield ack
                     return
                 try:
                     validate_report(report)
                 except ReportInvalid as e:
-                    await self._refuse(ctx, grpc.StatusCode.INVALID_ARGUMENT, "invalid", str(e))
+                    async for ack in self._refuse(
+                        ctx, grpc.StatusCode.INVALID_ARGUMENT, "invalid", str(e)
+                    ):
+                        yield ack
                     return
                 if not self.scope.ready():
-                    await self._refuse(
+                    async for ack in self._refuse(
                         ctx,
                         grpc.StatusCode.UNAVAILABLE,
                         "hub_starting",
                         "the hub has not loaded its ManifestWorks yet: retry shortly",
-                    )
+                    ):
+                        yield ack
                     return
                 outcome: asyncio.Future[str] = loop.create_future()
                 unacked.append((report.sequence, outcome))

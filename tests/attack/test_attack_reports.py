@@ -42,6 +42,7 @@ from hub_controller.reports import NoReports
 from ocmfl import constants, pki
 from ocmfl.kube import object_path
 from ocmfl.names import cluster_side_name
+from ocmfl.status.stream import read_ack
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
 pytestmark = [pytest.mark.attack, pytest.mark.timeout(120)]
@@ -122,7 +123,7 @@ async def exchange(
         try:
             for r in reports:
                 await call.write(r)
-                acks.append(await call.read())
+                acks.append(await read_ack(call))
             await call.done_writing()
         except grpc.aio.AioRpcError as e:
             return acks, e

@@ -19,6 +19,7 @@ from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServer
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import AddonMembers, ClusterInfo, StaticMembers
 from ocmfl import pki
+from ocmfl.status.stream import HubRefusal, ReportCall, hub_acks, read_ack
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
@@ -95,7 +96,7 @@ async def send(
         acks = []
         for r in reports:
             await call.write(r)
-            acks.append((await call.read()).sequence)
+            acks.append((await read_ack(call)).sequence)
         await call.done_writing()
         return acks
 
@@ -148,11 +149,14 @@ async def opening_status(
     server: AggregatorServer, tpki: TestPKI, cluster: str
 ) -> tuple[grpc.StatusCode, str]:
     """The status a stream gets when it only opens: a refusal that comes before any report
-    is read, without racing a write against the server's close."""
+    is read."""
     ca = pki.cert_to_pem(tpki.ca.cert)
     async with channel_for(server.port, tpki.client_dir(cluster), ca) as channel:
         call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
-        return await call.code(), await call.details()
+        with pytest.raises(HubRefusal) as refusal:
+            await read_ack(call)
+        assert await call.code() == refusal.value.code()  # nothing wrote: no race to lose it
+        return refusal.value.code(), refusal.value.details() or ""
 
 
 async def test_a_starting_hub_says_come_back_until_its_clusters_are_listed(
@@ -207,8 +211,37 @@ async def test_cluster_removed_from_registry_is_refused_mid_stream(
         registry.remove("cluster-a")
         await call.write(make_report("cluster-a", 2))
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await call.read()
+            await read_ack(call)
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+
+
+async def test_a_writing_client_learns_the_hubs_own_reason_for_ending_its_stream(
+    hub: AggregatorServer, tpki: TestPKI
+) -> None:
+    # An agent writes while the hub refuses it. gRPC's Python client turns a status that lands
+    # during a write into INTERNAL "Internal error from Core" most of the time; the hub's
+    # closing Ack, which arrives before the status, keeps the real reason.
+    ca = pki.cert_to_pem(tpki.ca.cert)
+    seen: list[str] = []
+    for _ in range(20):
+        async with channel_for(hub.port, tpki.client_dir("cluster-x"), ca) as channel:
+            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+
+            async def write_on(call: ReportCall = call) -> None:
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    for seq in range(1, 200):
+                        await call.write(make_report("cluster-x", seq))
+
+            writer = asyncio.create_task(write_on())
+            with pytest.raises(HubRefusal) as err:
+                async for _ack in hub_acks(call):
+                    pass
+            await writer
+            seen.append(f"{err.value.code().name}: {err.value.details()}")
+    assert set(seen) == {
+        "PERMISSION_DENIED: cluster 'cluster-x' is not an accepted ManagedCluster with the "
+        "addon enabled"
+    }
 
 
 @pytest.mark.parametrize("case", ["expired", "other_ca", "no_cert", "bad_subject"])
@@ -384,7 +417,7 @@ async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
             acks = []
             for r in reports:
                 await call.write(r)
-                acks.append((await call.read()).sequence)
+                acks.append((await read_ack(call)).sequence)
             await call.done_writing()
             return acks
 
@@ -547,7 +580,7 @@ async def test_revoked_membership_stops_reports_at_once_and_csr_approvals(
                 addons.pop("cluster-a")
             await call.write(make_report("cluster-a", 2))
             with pytest.raises(grpc.aio.AioRpcError) as err:
-                await call.read()
+                await read_ack(call)
             assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
             assert "no longer registered" in (err.value.details() or "")
         decision = decide_csr(agent_csr(), members)

@@ -223,6 +223,8 @@ class Ack(_message.Message):
 
     SEQUENCE_FIELD_NUMBER: _builtins.int
     REFUSED_FIELD_NUMBER: _builtins.int
+    CLOSING_CODE_FIELD_NUMBER: _builtins.int
+    CLOSING_DETAILS_FIELD_NUMBER: _builtins.int
     sequence: _builtins.int
     """Sequence number of the report the hub has stored, or has refused for good."""
     refused: _builtins.str
@@ -230,15 +232,24 @@ class Ack(_message.Message):
     has no ManifestWork of that FederatedLearning uid): the agent drops it and does not
     resend it. Refusals that may pass later (rate limits) end the stream instead.
     """
+    closing_code: _builtins.str
+    """Set only on the last message of a stream the hub is about to end with an error status:
+    that status's code name (e.g. PERMISSION_DENIED) and details. The message arrives before
+    the status, and gRPC's Python client replaces a status that lands while the agent is
+    writing with INTERNAL "Internal error from Core" (grpc/grpc#36066): this keeps the reason.
+    """
+    closing_details: _builtins.str
     def __init__(
         self,
         *,
         sequence: _builtins.int = ...,
         refused: _builtins.str = ...,
+        closing_code: _builtins.str = ...,
+        closing_details: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["refused", b"refused", "sequence", b"sequence"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["closing_code", b"closing_code", "closing_details", b"closing_details", "refused", b"refused", "sequence", b"sequence"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
