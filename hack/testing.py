@@ -165,7 +165,7 @@ async def report_probe(address: str, cert_dir: Path, ca: bytes, cluster: str, se
     import grpc.aio
     from google.protobuf.timestamp_pb2 import Timestamp
 
-    from ocmfl.status.stream import read_ack
+    from ocmfl.status.stream import first_ack
     from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
     ts = Timestamp()
@@ -185,7 +185,7 @@ async def report_probe(address: str, cert_dir: Path, ca: bytes, cluster: str, se
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             await call.write(report)
         try:
-            ack = await read_ack(call)
+            ack = await first_ack(call)
         except grpc.aio.AioRpcError as e:
             return f"{e.code().name}: {e.details()}"
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):

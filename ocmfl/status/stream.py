@@ -9,7 +9,7 @@ still delivered.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TypeAlias
 
 import grpc
@@ -38,7 +38,7 @@ class HubRefusal(grpc.aio.AioRpcError):  # type: ignore[misc]  # the stubs leave
         return f"{self.code().name}: {self.details()}"
 
 
-async def hub_acks(call: ReportCall) -> AsyncIterator[report_pb2.Ack]:
+async def hub_acks(call: ReportCall) -> AsyncGenerator[report_pb2.Ack, None]:
     """The call's acks until the hub ends the stream. An error ending raises HubRefusal with
     the status of the hub's closing Ack when it sent one, else the call's own status."""
     closing: HubRefusal | None = None
@@ -53,8 +53,22 @@ async def hub_acks(call: ReportCall) -> AsyncIterator[report_pb2.Ack]:
         raise closing
 
 
+async def first_ack(call: ReportCall) -> report_pb2.Ack:
+    """The first ack of a stream the hub may refuse as it opens, while the client writes:
+    read as an iterator, because `call.read()` gives up at once on a call that a failed
+    write has ended (and would never see the closing Ack). HubRefusal as hub_acks."""
+    acks = hub_acks(call)
+    try:
+        return await anext(acks)
+    except StopAsyncIteration:
+        raise EOFError("the hub ended the stream without an error and without an ack") from None
+    finally:
+        await acks.aclose()
+
+
 async def read_ack(call: ReportCall) -> report_pb2.Ack:
-    """The next ack (`call.read()`); HubRefusal if the hub ends the stream with an error."""
+    """The next ack (`call.read()`); HubRefusal if the hub ends the stream with an error.
+    Only for a call whose writes the hub has read (else use hub_acks or first_ack)."""
     try:
         ack = await call.read()
     except grpc.aio.AioRpcError as e:

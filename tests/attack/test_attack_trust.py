@@ -33,7 +33,7 @@ from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
-from ocmfl.status.stream import read_ack
+from ocmfl.status.stream import first_ack
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 from tests.integration.test_controller import (  # noqa: F401 (fixtures by name)
     bound,
@@ -110,7 +110,7 @@ async def _spoof(aggregator: AggregatorServer, hub_ca: bytes, cert: bytes, key: 
         call = report_pb2_grpc.StatusServiceStub(ch).StreamReports()
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             await call.write(_report("cluster-a"))
-        await read_ack(call)
+        await first_ack(call)
 
 
 async def test_report_spoofed_with_a_fleet_key_is_refused(

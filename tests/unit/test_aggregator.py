@@ -19,7 +19,7 @@ from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServer
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import AddonMembers, ClusterInfo, StaticMembers
 from ocmfl import pki
-from ocmfl.status.stream import HubRefusal, ReportCall, hub_acks, read_ack
+from ocmfl.status.stream import HubRefusal, ReportCall, first_ack, hub_acks, read_ack
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
 pytestmark = pytest.mark.timeout(60)
@@ -237,6 +237,14 @@ async def test_a_writing_client_learns_the_hubs_own_reason_for_ending_its_stream
                 async for _ack in hub_acks(call):
                     pass
             await writer
+            seen.append(f"{err.value.code().name}: {err.value.details()}")
+        # One report, then its answer (the probe's way): the write may fail, the answer not.
+        async with channel_for(hub.port, tpki.client_dir("cluster-x"), ca) as channel:
+            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                await call.write(make_report("cluster-x", 1))
+            with pytest.raises(HubRefusal) as err:
+                await first_ack(call)
             seen.append(f"{err.value.code().name}: {err.value.details()}")
     assert set(seen) == {
         "PERMISSION_DENIED: cluster 'cluster-x' is not an accepted ManagedCluster with the "
