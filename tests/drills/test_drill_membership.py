@@ -47,6 +47,11 @@ NS = "drill-membership"
 NAME = "membership"
 ROUNDS = 18  # enough for the three steps with rounds to spare on a loaded machine
 ROUND_S = 20  # timeouts.roundSeconds: a round whose message went to a leaving cluster ends then
+# The digits app holds each round to at least this long (`round-min-seconds`): rounds of one
+# cluster alone take ~2 s, and on a loaded CI machine the 18 rounds once ended before the
+# returning cluster's new client was up (it needs 15-17 s, more under load); >= 5 s per round
+# leaves it ~50 s after step 4 starts.
+ROUND_MIN_S = 5
 OWNER = f"{constants.LABEL_OWNER_NAMESPACE}={NS},{constants.LABEL_OWNER_NAME}={NAME}"
 
 
@@ -100,6 +105,7 @@ def test_drill_clusters_join_leave_and_come_back(
     body = demo_resource(rounds=ROUNDS, min_clients=1)
     body["metadata"]["name"] = NAME
     body["spec"]["server"]["timeouts"]["roundSeconds"] = ROUND_S
+    body["spec"]["server"]["app"]["runConfig"]["round-min-seconds"] = ROUND_MIN_S
     claim = body["spec"]["client"]["dataClaim"]
     paths = prepare_data(plane, tmp_path / "data", [first, second], claim)
     set_cluster_claim(plane, second, claim, None)
