@@ -56,6 +56,9 @@ class AgentConfig:
     # Unsent reports are saved here (and reloaded on start); None keeps them in memory only.
     state_dir: Path | None = None
     save_interval_s: float = 1.0
+    # Whether a client's log tail (its launcher's POST /v1/client-log) goes to the hub; the
+    # cluster's admin switches it off with the addon variable CLIENT_LOGS=off.
+    client_logs: bool = True
 
 
 def _env(*names: str, default: str | None = None) -> str | None:
@@ -123,6 +126,11 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         default=_env(constants.ENV_AGENT_STATE_DIR),
         help=f"keep unsent reports here (default {constants.AGENT_STATE_DIR} when it exists)",
     )
+    p.add_argument(
+        "--client-logs",
+        default=_env(constants.ENV_CLIENT_LOGS, default="on"),
+        help="on (default) or off: whether a failed client's last log lines go to the hub",
+    )
     p.add_argument("--log-level", default=_env(constants.ENV_LOG_LEVEL, default="INFO"))
     a = p.parse_args(argv)
     logging.basicConfig(
@@ -145,7 +153,14 @@ def parse_args(argv: list[str] | None = None) -> AgentConfig:
         server_name=a.server_name,
         hub_kubeconfig=a.hub_kubeconfig,
         state_dir=_state_dir(a.state_dir),
+        client_logs=client_logs_on(a.client_logs),
     )
+
+
+def client_logs_on(value: str) -> bool:
+    """The CLIENT_LOGS switch: only "off" (or false, no, 0) turns client logs off; an
+    unset template variable (OCM leaves "{{CLIENT_LOGS}}" as is) keeps the default, on."""
+    return value.strip().lower() not in ("off", "false", "no", "0")
 
 
 class Agent:
@@ -210,6 +225,7 @@ class Agent:
             "dropped": self.buffer.dropped,
             "delivered": self.buffer.acked,
             "lastError": self.streamer.last_error,
+            "clientLogs": self.config.client_logs,
         }
 
     def client_at(self, address: str) -> tuple[RunKey, str] | None:
@@ -240,7 +256,14 @@ class Agent:
             self._saver = asyncio.create_task(self._save_loop(), name="save-reports")
         tokens = self._token_check()
         self._runner = web.AppRunner(
-            make_app(self.state, self.health, self.client_at, tokens, persist=self.save)
+            make_app(
+                self.state,
+                self.health,
+                self.client_at,
+                tokens,
+                persist=self.save,
+                client_logs=self.config.client_logs,
+            )
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.config.listen_host, self.config.port)

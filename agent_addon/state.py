@@ -21,6 +21,7 @@ from ocmfl.reports import (
     ROUND_PHASES_BY_NAME,
     ClientPhase,
     ReportInvalid,
+    client_log_tail,
     is_valid_namespace,
     is_valid_object_name,
     validate_report,
@@ -85,35 +86,18 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     return value
 
 
-def parse_metrics_post(
-    body: Any,
+def run_of_post(
+    body: Mapping[str, Any],
     *,
     cluster: str,
     runs: Mapping[RunKey, str],
     sender: tuple[RunKey, str] | None = None,
-) -> MetricsPost:
-    """Validate a POST /v1/metrics JSON body; BadRequest names the bad field.
-
-    `sender` is the run (and uid) of the client pod the post came from, when the watcher
-    knows its address: the post then counts for that run only, and naming another is
-    Forbidden (one tenant's client cannot write another tenant's status). Otherwise
-    `fl_namespace`/`fl_name` may be left out when exactly one run is active here (`runs`:
-    run -> uid, from the watcher). `cluster`, when sent, must be this agent's cluster.
-    """
-    if not isinstance(body, dict):
-        raise BadRequest("body must be a JSON object")
+) -> tuple[str, str, str]:
+    """(fl_namespace, fl_name, fl_uid) a post from a client pod counts for (see
+    parse_metrics_post); BadRequest or Forbidden names the field."""
     sent_cluster = body.get("cluster")
     if sent_cluster is not None and sent_cluster != cluster:
         raise BadRequest(f"cluster: {sent_cluster!r} is not this agent's cluster {cluster!r}")
-    phase = body.get("phase")
-    if phase not in ROUND_PHASES_BY_NAME:
-        raise BadRequest("phase: must be 'fit' or 'evaluate'")
-    accuracy = _number(body, "accuracy", required=False)
-    if accuracy is not None and not 0.0 <= accuracy <= 1.0:
-        raise BadRequest("accuracy: must be within [0, 1]")
-    duration = _number(body, "duration_s", required=False) or 0.0
-    if duration < 0:
-        raise BadRequest("duration_s: must not be negative")
     ns, name, uid = body.get("fl_namespace"), body.get("fl_name"), body.get("fl_uid") or ""
     if sender is not None:
         (own_ns, own_name), own_uid = sender
@@ -139,6 +123,36 @@ def parse_metrics_post(
         raise BadRequest("fl_name: must be an object name")
     if not isinstance(uid, str):
         raise BadRequest("fl_uid: must be a string")
+    return ns, name, uid
+
+
+def parse_metrics_post(
+    body: Any,
+    *,
+    cluster: str,
+    runs: Mapping[RunKey, str],
+    sender: tuple[RunKey, str] | None = None,
+) -> MetricsPost:
+    """Validate a POST /v1/metrics JSON body; BadRequest names the bad field.
+
+    `sender` is the run (and uid) of the client pod the post came from, when the watcher
+    knows its address: the post then counts for that run only, and naming another is
+    Forbidden (one tenant's client cannot write another tenant's status). Otherwise
+    `fl_namespace`/`fl_name` may be left out when exactly one run is active here (`runs`:
+    run -> uid, from the watcher). `cluster`, when sent, must be this agent's cluster.
+    """
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    phase = body.get("phase")
+    if phase not in ROUND_PHASES_BY_NAME:
+        raise BadRequest("phase: must be 'fit' or 'evaluate'")
+    accuracy = _number(body, "accuracy", required=False)
+    if accuracy is not None and not 0.0 <= accuracy <= 1.0:
+        raise BadRequest("accuracy: must be within [0, 1]")
+    duration = _number(body, "duration_s", required=False) or 0.0
+    if duration < 0:
+        raise BadRequest("duration_s: must not be negative")
+    ns, name, uid = run_of_post(body, cluster=cluster, runs=runs, sender=sender)
     return MetricsPost(
         cluster=cluster,
         round=_int(body, "round", 1, MAX_ROUND),
@@ -151,6 +165,35 @@ def parse_metrics_post(
         fl_name=name,
         fl_uid=uid,
     )
+
+
+@dataclass(frozen=True)
+class ClientLogPost:
+    """The last lines of a client's log, posted by its launcher when its ClientApp raised
+    or the client failed (already cut and escaped: ocmfl.reports.client_log_tail)."""
+
+    fl_namespace: str
+    fl_name: str
+    fl_uid: str
+    log: str
+
+
+def parse_client_log_post(
+    body: Any,
+    *,
+    cluster: str,
+    runs: Mapping[RunKey, str],
+    sender: tuple[RunKey, str] | None = None,
+) -> ClientLogPost:
+    """Validate a POST /v1/client-log JSON body ({"log": text} plus the run, as for
+    metrics); BadRequest names the bad field."""
+    if not isinstance(body, dict):
+        raise BadRequest("body must be a JSON object")
+    text = body.get("log")
+    if not isinstance(text, str) or not text.strip():
+        raise BadRequest("log: must be a non-empty string")
+    ns, name, uid = run_of_post(body, cluster=cluster, runs=runs, sender=sender)
+    return ClientLogPost(ns, name, uid, client_log_tail(text.splitlines()))
 
 
 @dataclass
@@ -232,6 +275,18 @@ class AgentState:
             extra["data"] = report_pb2.DataSummary(sample_count=post.samples)
         try:
             return self._report(key, run, **extra)
+        except ReportInvalid as e:
+            raise BadRequest(str(e)) from e
+
+    def on_client_log(self, post: ClientLogPost) -> report_pb2.Report:
+        """A client's launcher posted its log tail: report it with the run's current state."""
+        key = (post.fl_namespace, post.fl_name)
+        run = self.runs.get(key)
+        if run is None or (post.fl_uid and run.uid and post.fl_uid != run.uid):
+            run = self.runs[key] = RunState(uid=post.fl_uid)
+        run.uid = run.uid or post.fl_uid
+        try:
+            return self._report(key, run, client_log=post.log)
         except ReportInvalid as e:
             raise BadRequest(str(e)) from e
 

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.alias_generators import to_camel
 
 from ocmfl import constants
+from ocmfl.reports import MAX_CLIENT_LOG
 
 # A Kubernetes resource.Quantity ("500m", "2Gi", "1e3").
 _QUANTITY = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+|[numkKMGTPE]i?)?$")
@@ -619,6 +620,13 @@ class ClusterStatus(_Model):
     )
     work_applied: bool = Field(
         default=False, description="Its ManifestWork is applied on the cluster."
+    )
+    client_log: str | None = Field(
+        default=None,
+        max_length=MAX_CLIENT_LOG,
+        description="The last lines of its client's log (at most 4096 characters) when its "
+        "ClientApp raised or its client failed, as its agent sent them; `ocm-fl logs` shows "
+        "them. Never sent from a cluster whose admin switched client logs off.",
     )
 
 

@@ -44,6 +44,9 @@ class ClusterReport:
     rounds: dict[tuple[int, str], RoundRow] = field(default_factory=dict)
     reports: int = 0
     problem: str = ""  # why the client pod cannot run (the kubelet's reason), "" when none
+    # The last lines of its client's log when its ClientApp raised or its client failed (the
+    # latest the agent sent; ocmfl.reports.client_log_tail), "" when none
+    client_log: str = ""
     # (round, phase order) and value of the latest row carrying loss / accuracy
     _latest: dict[str, tuple[tuple[int, int], float]] = field(
         default_factory=dict, repr=False, compare=False

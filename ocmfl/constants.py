@@ -80,6 +80,11 @@ AGENT_HEALTH_PORT: Final = 8089  # cluster: agent /healthz
 SUPERLINK_PORT: Final = 9092  # hub server pod: SuperLink, loopback only (all three APIs)
 FLEET_PROXY_PORT: Final = 9443  # hub server pod: mTLS proxy exposing only /v1/fleet/
 SUPERNODE_PORT: Final = 9094  # cluster client pod: SuperNode local runtime API
+# cluster: the client's launcher -> agent, its log's last lines when its ClientApp raised
+CLIENT_LOG_PATH: Final = "/v1/client-log"
+# The agent's switch (AddOnDeploymentConfig variable CLIENT_LOGS): "off" keeps client logs
+# on the cluster; anything else (default "on") sends them with the reports.
+ENV_CLIENT_LOGS: Final = "OCMFL_CLIENT_LOGS"
 
 # --- env vars passed to workloads ----------------------------------------------------------
 ENV_AGENT_ENDPOINT: Final = "OCMFL_AGENT_ENDPOINT"  # e.g. http://127.0.0.1:8088
@@ -143,6 +148,7 @@ ADDON_VAR_HUB_CA_BUNDLE_CHUNKS: Final = 4
 ADDON_VAR_MAX_LENGTH: Final = 1024
 ADDON_VAR_IMAGE: Final = "IMAGE"
 ADDON_VAR_LOG_LEVEL: Final = "LOG_LEVEL"
+ADDON_VAR_CLIENT_LOGS: Final = "CLIENT_LOGS"  # "off": the agent's ENV_CLIENT_LOGS
 ADDON_VAR_HUB_KUBECONFIG: Final = "HUB_KUBECONFIG"  # set by OCM for a KubeClient registration
 ENV_HUB_AGGREGATOR_ADDRESS: Final = "OCMFL_HUB_AGGREGATOR_ADDRESS"  # hub (cert SAN) and agent
 ENV_LOG_LEVEL: Final = "OCMFL_LOG_LEVEL"

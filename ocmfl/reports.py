@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import re
+from collections.abc import Iterable
 from typing import Final, TypeAlias
 
 from ocmfl.pki import is_valid_cluster_name
@@ -21,6 +22,11 @@ MAX_HISTOGRAM_LABELS: Final = 1000
 MAX_ROUND: Final = 1_000_000
 MAX_FUTURE_SKEW: Final = dt.timedelta(minutes=5)
 MAX_SAMPLES: Final = 2**53
+# A failed client's log tail (Report.client_log): at most this many characters, lines cut at
+# MAX_LOG_LINE, printable text plus newlines and tabs only (client_log_tail makes it so).
+MAX_CLIENT_LOG: Final = 4096
+MAX_LOG_LINE: Final = 300
+_UNPRINTABLE = re.compile(r"[^\t\n\x20-\x7e\u00a0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -51,6 +57,33 @@ class ReportInvalid(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+def _escape(match: re.Match[str]) -> str:
+    return ascii(match.group())[1:-1] or "?"
+
+
+def client_log_tail(lines: Iterable[str], limit: int = MAX_CLIENT_LOG) -> str:
+    """The last lines of a client's log that fit `limit` characters, safe to carry in a report
+    and show anywhere: control and other unprintable characters escaped (\\x1b, \\x00),
+    each line cut at MAX_LOG_LINE characters ("[... N characters cut]"), and a first line
+    that says how many earlier lines were left out."""
+    kept: list[str] = []
+    size = 0
+    all_lines = [part for ln in lines for part in ln.rstrip("\r\n").split("\n")]
+    for line in reversed(all_lines):
+        line = _UNPRINTABLE.sub(_escape, line)
+        if len(line) > MAX_LOG_LINE:
+            cut = len(line) - MAX_LOG_LINE
+            line = f"{line[:MAX_LOG_LINE]}[... {cut} characters cut]"
+        note = len(f"[{len(all_lines)} earlier lines cut]\n")
+        if size + len(line) + 1 + note > limit:
+            break
+        kept.append(line)
+        size += len(line) + 1
+    left_out = len(all_lines) - len(kept)
+    head = [f"[{left_out} earlier lines cut]"] if left_out else []
+    return "\n".join(head + kept[::-1])
 
 
 def is_valid_namespace(name: str) -> bool:
@@ -116,6 +149,10 @@ def validate_report(report: report_pb2.Report, now: dt.datetime | None = None) -
                 raise ReportInvalid(f"data.label_histogram[{label!r}]", "must not be negative")
     if len(report.client_problem) > MAX_PROBLEM:
         raise ReportInvalid("client_problem", f"at most {MAX_PROBLEM} characters")
+    if len(report.client_log) > MAX_CLIENT_LOG:
+        raise ReportInvalid("client_log", f"at most {MAX_CLIENT_LOG} characters")
+    if _UNPRINTABLE.search(report.client_log):
+        raise ReportInvalid("client_log", "only printable text, newlines and tabs")
     if len(report.agent_version) > 64:
         raise ReportInvalid("agent_version", "at most 64 characters")
     if not report.HasField("timestamp"):

@@ -405,5 +405,43 @@ def model(target: Target) -> None:
     console.print(table, soft_wrap=True)  # never wrapped: the path and digest stay whole
 
 
+@command
+def logs(
+    target: Target,
+    cluster: Annotated[
+        str | None,
+        typer.Option("--cluster", "-c", help="only this cluster [default: every cluster]"),
+    ] = None,
+) -> None:
+    """The last lines of a failed client's log, per cluster, as its agent sent them when its
+    ClientApp raised (exit 1 if there are none)."""
+    fl = target.get()
+    rows = [r for r in (fl.get("status") or {}).get("clusters") or [] if r.get("clientLog")]
+    known = {r.get("name") for r in (fl.get("status") or {}).get("clusters") or []}
+    if cluster is not None:
+        if cluster not in known:
+            raise _fail(
+                f"cluster {cluster!r} is not in {target.name}'s status.clusters "
+                f"(it has {len(known)}): check --cluster",
+                EXIT_USAGE,
+            )
+        rows = [r for r in rows if r.get("name") == cluster]
+    if not rows:
+        where = f"cluster {cluster}" if cluster else "any cluster"
+        raise _fail(
+            f"no client log from {where}: no ClientApp there has raised, or the cluster's "
+            "admin switched client logs off (addon variable CLIENT_LOGS=off)",
+            EXIT_NOT_YET,
+        )
+    if target.json:
+        _echo_json({r["name"]: r["clientLog"] for r in rows})
+        return
+    for i, row in enumerate(rows):
+        if i:
+            typer.echo("")
+        typer.echo(f"==> {row['name']} <==")
+        typer.echo(row["clientLog"])
+
+
 if __name__ == "__main__":
     app()

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
@@ -31,6 +32,7 @@ from typing import IO
 import tomli_w
 
 from ocmfl.constants import (
+    CLIENT_LOG_PATH,
     ENV_AGENT_ENDPOINT,
     ENV_CLUSTER_NAME,
     ENV_DATA_DIR,
@@ -359,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"(after {time.monotonic() - began:.1f}s)", flush=True)  # fmt: skip
             connect_timeout = max(1.0, connect_timeout - (time.monotonic() - began))
         command = supernode_command(args, config_file, tunnel)
-        return supervise(command, env, connect_timeout)
+        return supervise(command, env, connect_timeout, args.agent_endpoint or "")
     finally:
         fe.stop(worker, timeout=5.0)
         if socket_path is not None:
@@ -435,20 +437,88 @@ def flower_exit_code(line: str) -> int | None:
 STALE_RUN_MARKER = "is not in `RUNNING` status. Ignoring reply message"
 
 
-class _Output:
-    """Echoes the SuperNode's output and notes what it says about connecting and exiting."""
+# Flower's log line when a ClientApp raised (flwr.supernode.runtime.run_clientapp: "ClientApp
+# raised an exception", the traceback follows): the launcher then sends the log's last lines
+# to the agent, which reports them to the hub unless the cluster's admin switched that off.
+APP_ERROR_MARKER = "ClientApp raised an exception"
+LOG_TAIL_LINES = 200  # lines kept for that (the agent keeps the last 4096 characters)
+LOG_SETTLE_S = 1.0  # wait for the traceback after the marker line
+LOG_MIN_INTERVAL_S = 30.0  # at most one post per this many seconds (every round may raise)
 
-    def __init__(self, on_stale_run: Callable[[], None] | None = None) -> None:
+
+class LogReporter:
+    """Sends the SuperNode output's last lines to the agent (POST /v1/client-log), shortly
+    after a ClientApp raised, at most once per LOG_MIN_INTERVAL_S."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        tail: Callable[[], list[str]],
+        *,
+        settle_s: float = LOG_SETTLE_S,
+        min_interval_s: float = LOG_MIN_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.endpoint, self.tail = endpoint, tail
+        self.settle_s, self.min_interval_s, self.clock = settle_s, min_interval_s, clock
+        self._lock = threading.Lock()
+        self._pending = False
+        self._last: float | None = None
+        self.sent = 0
+
+    def app_raised(self) -> None:
+        """Post the tail in `settle_s` (once the traceback is out), unless one is pending or
+        was posted less than `min_interval_s` ago."""
+        with self._lock:
+            now = self.clock()
+            recent = self._last is not None and now - self._last < self.min_interval_s
+            if self._pending or recent or not self.endpoint:
+                return
+            self._pending = True
+        timer = threading.Timer(self.settle_s, self.post)
+        timer.daemon = True
+        timer.start()
+
+    def post(self) -> str:
+        """Post the tail now: post_json's answer ("taken", "refused", "transient")."""
+        from workloads.sdk.metrics import post_json
+
+        lines = self.tail()
+        try:
+            got = post_json(self.endpoint, CLIENT_LOG_PATH, {"log": "".join(lines)}, 5.0)
+        finally:
+            with self._lock:
+                self._pending, self._last = False, self.clock()
+        self.sent += got == "taken"
+        print(f"{PREFIX}: sent the last {len(lines)} log lines to the agent: {got}", flush=True)
+        return got
+
+
+class _Output:
+    """Echoes the SuperNode's output and notes what it says about connecting and exiting;
+    keeps its last LOG_TAIL_LINES lines."""
+
+    def __init__(
+        self,
+        on_stale_run: Callable[[], None] | None = None,
+        on_app_error: Callable[[], None] | None = None,
+        tail: deque[str] | None = None,
+    ) -> None:
         self.connected_at: float | None = None
         self.flower_code: int | None = None
         self.stale_run = False
         self._on_stale_run = on_stale_run
+        self._on_app_error = on_app_error
+        self.tail: deque[str] = deque(maxlen=LOG_TAIL_LINES) if tail is None else tail
 
     def pump(self, stream: IO[str] | None) -> None:
         if stream is None:
             return
         for line in stream:
             sys.stdout.write(line)
+            self.tail.append(line)
+            if APP_ERROR_MARKER in line and self._on_app_error is not None:
+                self._on_app_error()
             if "SuperNode ID:" in line:
                 self.connected_at = time.monotonic()
             if STALE_RUN_MARKER in line and not self.stale_run:
@@ -458,7 +528,19 @@ class _Output:
             self.flower_code = flower_exit_code(line) or self.flower_code
 
 
-def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> int:
+def _snapshot(lines: deque[str]) -> list[str]:
+    """A copy of a deque another thread appends to."""
+    for _ in range(10):
+        try:
+            return list(lines)
+        except RuntimeError:  # appended to while copied
+            continue
+    return []
+
+
+def supervise(
+    cmd: list[str], env: dict[str, str], connect_timeout: float, agent_endpoint: str = ""
+) -> int:
     """Run the SuperNode; restart it while it cannot connect, until ``connect_timeout``.
 
     The server may register this node's key after the client starts (exit code 305 until
@@ -478,6 +560,8 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
     signal.signal(signal.SIGINT, forward)
     last_connected = time.monotonic()
     backoff = 1.0
+    tail: deque[str] = deque(maxlen=LOG_TAIL_LINES)  # across restarts of the SuperNode
+    reporter = LogReporter(agent_endpoint, lambda: _snapshot(tail))
     while True:
         proc = subprocess.Popen(
             cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -490,7 +574,7 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
                   flush=True)  # fmt: skip
             p.kill()
 
-        seen = _Output(restart_stale)
+        seen = _Output(restart_stale, reporter.app_raised, tail)
         reader = threading.Thread(target=seen.pump, args=(proc.stdout,), daemon=True)
         reader.start()
         # Wait on the process, not on its output: its SuperExec helper inherits the pipe
@@ -524,6 +608,9 @@ def supervise(cmd: list[str], env: dict[str, str], connect_timeout: float) -> in
                 f"not connected for {waited:.0f}s",
                 flush=True,
             )
+            tail.append(f"{PREFIX}: failed: {reason}\n")
+            if agent_endpoint:
+                reporter.post()
             return EXIT_REFUSED if flower_code == 305 else EXIT_DISCONNECTED
         time.sleep(backoff)
         backoff = min(backoff * 2, 10.0)

@@ -96,6 +96,8 @@ def _fold_into(state: ClusterReport, report: report_pb2.Report) -> None:
         if report.HasField("data"):
             state.sample_count = report.data.sample_count
             state.label_histogram = dict(report.data.label_histogram)
+    if report.client_log:  # sent once per failure, kept until the next
+        state.client_log = report.client_log
     state.final = state.final or report.final
 
 

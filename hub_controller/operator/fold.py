@@ -46,6 +46,8 @@ MAX_HISTORY = 500
 # Status stays small at any cluster count (docs/scale.md): at most this many per-cluster rows
 # (the worst first beyond it; clusterCounts counts all), at most this many names per message.
 MAX_CLUSTER_ROWS = 200
+# At most this many rows carry their client log (4 KiB each) in one status.
+MAX_ROWS_WITH_LOG = 20
 MAX_NAMES = 5
 # In the reason of a Left row whose cluster is selected again but has not trained since.
 BACK = "back in the placement since"
@@ -81,6 +83,27 @@ def bounded_rows(
         return list(rows), counts
     worst = sorted(rows, key=lambda r: (_ROW_ORDER[r.phase], r.name))[:limit]
     return sorted(worst, key=lambda r: r.name), counts
+
+
+def log_last_line(log: str, limit: int = 200) -> str:
+    """The last non-empty line of a client log, cut at `limit` characters."""
+    line = next((ln.strip() for ln in reversed(log.splitlines()) if ln.strip()), "")
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def bounded_logs(
+    rows: Sequence[ClusterStatus], limit: int = MAX_ROWS_WITH_LOG
+) -> list[ClusterStatus]:
+    """`rows` with a client log kept on the first `limit` rows that have one (each is up to
+    4 KiB of the status; the reason keeps every row's last log line)."""
+    out, logs = [], 0
+    for row in rows:
+        if row.client_log:
+            logs += 1
+            if logs > limit:
+                row = row.model_copy(update={"client_log": None})
+        out.append(row)
+    return out
 
 
 def gate_open(spec: FederatedLearningSpec, obs: Observations) -> bool:
@@ -204,6 +227,11 @@ def _cluster_row(
     reason = r.reason
     if report is not None and r.has_data and report.problem:
         reason += f"; client pod cannot run: {report.problem}"
+    client_log = (report.client_log if report is not None else "") or (
+        previous.client_log if previous is not None else None
+    )
+    if client_log and r.has_data:
+        reason += f"; its client's log ends: {log_last_line(client_log)} (ocm-fl logs)"
     if not r.has_data:
         phase = ClusterPhase.NO_DATA
     elif work is None:
@@ -238,6 +266,7 @@ def _cluster_row(
         data_path=r.data_path,
         reason=reason,
         work_applied=bool(work and work.applied),
+        client_log=(client_log or None) if r.has_data else None,
     )
     if r.has_data and (report is not None or previous is not None):
         # A restarted hub's store holds only what agents sent since (e.g. an evaluate row
@@ -561,6 +590,7 @@ def fold(
             for r in rows
         ]
     kept, counts = bounded_rows(rows)
+    kept = bounded_logs(kept)
     rounds = [row.round for row in rows if row.round is not None]
     model = obs.model or (previous.model if previous else None)
     current_round = max(rounds, default=previous.round if previous else 0)

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from typer.testing import CliRunner
 
 from hack import controlplane as cp
 from hack.controlplane.podplan import register_local_image
@@ -36,6 +37,7 @@ from hack.testing import wait_for
 from hub_controller.api import claim_placement
 from ocmfl import constants
 from ocmfl.kube import Kube
+from ocmfl_cli import commands as cli
 from tests.apps.byo.myapp.model import accuracy, load, make_model
 from workloads.sdk import ModelStore
 
@@ -254,6 +256,28 @@ def test_a_raising_clientapp_and_a_missing_app_fail_with_their_own_reason(
     assert wait_fl(hub, NAMESPACE, "raising", 1200, fed=fed)["status"]["phase"] == "Failed"
     raising = _settled(hub, "raising", "Failed", "ValueError: cannot parse")
     assert "no column 'label'" in raising["message"]
+    # Each cluster's launcher sent its ClientApp's traceback (issue 35): on its status row,
+    # the last line in its reason, and through `ocm-fl logs`.
+
+    def logged() -> dict[str, Any] | None:
+        status = (get_fl(hub, NAMESPACE, "raising") or {}).get("status") or {}
+        rows = status.get("clusters") or []
+        return next((r for r in rows if "cannot parse" in (r.get("clientLog") or "")), None)
+
+    row = wait_for(logged, 120, "a cluster's client log on raising's status")
+    assert "ClientApp raised an exception" in row["clientLog"], row["clientLog"]
+    assert "Traceback (most recent call last)" in row["clientLog"], row["clientLog"]
+    assert "no column 'label'" in row["reason"] and row["reason"].endswith("(ocm-fl logs)")
+    shown = CliRunner().invoke(
+        cli.app,
+        ["logs", "raising", "-n", NAMESPACE, "--cluster", row["name"],
+         "--kubeconfig", plane.hub_kubeconfig],
+    )  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.startswith(f"==> {row['name']} <==\n") and "cannot parse" in shown.stdout
+    for other in ("byo", "lost"):  # no other resource's view holds any of it
+        rows = ((get_fl(hub, NAMESPACE, other) or {}).get("status") or {}).get("clusters") or []
+        assert not any(r.get("clientLog") for r in rows), other
     for name in ("byo", "raising", "lost"):
         hub.delete(
             f"/apis/{constants.API_VERSION}/namespaces/{NAMESPACE}/{constants.PLURAL}/{name}"

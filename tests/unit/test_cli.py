@@ -389,6 +389,22 @@ def test_model_prints_the_artifact(source: FakeSource) -> None:
     assert "final.pt" in res.output and "ab" * 32 in res.output and "0.9300" in res.output
 
 
+def test_logs_prints_each_failed_clients_log_tail(source: FakeSource) -> None:
+    fl = resource("Running")
+    fl["status"]["clusters"][0]["clientLog"] = "Traceback (most recent call last):\nValueError: x"
+    source.items.append(fl)
+    res = runner.invoke(cli.app, ["logs", "digits"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout == "==> cluster2 <==\nTraceback (most recent call last):\nValueError: x\n"
+    res = runner.invoke(cli.app, ["logs", "digits", "--cluster", "cluster2", "-o", "json"])
+    assert json.loads(res.stdout) == {"cluster2": fl["status"]["clusters"][0]["clientLog"]}
+    res = runner.invoke(cli.app, ["logs", "digits", "--cluster", "cluster1"])
+    assert res.exit_code == 1
+    assert "no client log from cluster cluster1" in res.stderr and "CLIENT_LOGS=off" in res.stderr
+    res = runner.invoke(cli.app, ["logs", "digits", "--cluster", "cluster9"])
+    assert res.exit_code == 2 and "cluster 'cluster9' is not in digits" in res.stderr
+
+
 def test_model_exits_one_before_there_is_a_model(source: FakeSource) -> None:
     source.items.append(resource("Running"))
     res = runner.invoke(cli.app, ["model", "digits"])

@@ -385,8 +385,22 @@ def test_every_template_variable_is_set_by_the_deployment_config(helm: str) -> N
         constants.ADDON_VAR_HUB_AGGREGATOR_ADDRESS,
         constants.ADDON_VAR_IMAGE,
         constants.ADDON_VAR_LOG_LEVEL,
+        constants.ADDON_VAR_CLIENT_LOGS,
     } <= adc_vars
     assert bundle <= used
+
+
+def test_client_logs_are_on_by_default_and_reach_the_agent_as_its_switch(helm: str) -> None:
+    docs = render(helm)
+    adc = one(docs, "AddOnDeploymentConfig")["spec"]["customizedVariables"]
+    assert {"name": constants.ADDON_VAR_CLIENT_LOGS, "value": "on"} in adc
+    off = render(helm, "addon.clientLogs=off")
+    variables = one(off, "AddOnDeploymentConfig")["spec"]["customizedVariables"]
+    assert {"name": constants.ADDON_VAR_CLIENT_LOGS, "value": "off"} in variables
+    [deployment] = [m for m in agent_manifests(docs) if m["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]
+           ["containers"][0]["env"]}  # fmt: skip
+    assert env[constants.ENV_CLIENT_LOGS] == "{{" + constants.ADDON_VAR_CLIENT_LOGS + "}}"
 
 
 def test_agent_rbac_only_reads_pods_jobs_namespaces_applied_works_and_touches_two_secrets(

@@ -92,12 +92,18 @@ def post_metrics(
 
 
 def _post_once(endpoint: str | None, metrics: LocalMetrics, timeout_s: float) -> str:
-    """One POST: "taken", "refused" (no endpoint, a bad URL, a 4xx: trying again cannot
-    help) or "transient" (no answer, no connection, a 5xx)."""
+    """One POST of `metrics`: see post_json."""
+    return post_json(endpoint, METRICS_PATH, asdict(metrics), timeout_s)
+
+
+def post_json(endpoint: str | None, path: str, payload: Mapping[str, Any], timeout_s: float) -> str:
+    """One POST of `payload` (plus the resource's identity, with the federation's token) to
+    the agent: "taken", "refused" (no endpoint, a bad URL, a 4xx: trying again cannot help)
+    or "transient" (no answer, no connection, a 5xx)."""
     if not endpoint:
         return "refused"
-    url = endpoint.rstrip("/") + METRICS_PATH
-    body = json.dumps({**asdict(metrics), **resource_identity()}).encode()
+    url = endpoint.rstrip("/") + path
+    body = json.dumps({**payload, **resource_identity()}).encode()
     headers = {"Content-Type": "application/json"}
     token = client_token()
     if token:
@@ -107,13 +113,13 @@ def _post_once(endpoint: str | None, metrics: LocalMetrics, timeout_s: float) ->
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return "taken" if 200 <= int(response.status) < 300 else "refused"
     except urllib.error.HTTPError as exc:
-        log.info("metrics agent at %s answered %s", url, exc.code)
+        log.info("agent at %s answered %s", url, exc.code)
         return "transient" if exc.code >= 500 else "refused"
     except ValueError as exc:
-        log.info("metrics agent endpoint %s is not usable (%s)", url, exc)
+        log.info("agent endpoint %s is not usable (%s)", url, exc)
         return "refused"
     except (urllib.error.URLError, OSError) as exc:
-        log.info("metrics agent at %s unavailable (%s); continuing", url, exc)
+        log.info("agent at %s unavailable (%s); continuing", url, exc)
         return "transient"
 
 

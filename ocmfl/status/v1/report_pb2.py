@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cocmfl/status/v1/report.proto\x12\x0focmfl.status.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x01\n\x0cRoundMetrics\x12\r\n\x05round\x18\x01 \x01(\r\x12*\n\x05phase\x18\x02 \x01(\x0e\x32\x1b.ocmfl.status.v1.RoundPhase\x12\x11\n\x04loss\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\x42\x07\n\x05_lossB\x0b\n\t_accuracy\"\xa5\x01\n\x0b\x44\x61taSummary\x12\x14\n\x0csample_count\x18\x01 \x01(\x04\x12I\n\x0flabel_histogram\x18\x02 \x03(\x0b\x32\x30.ocmfl.status.v1.DataSummary.LabelHistogramEntry\x1a\x35\n\x13LabelHistogramEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\xee\x02\n\x06Report\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x66l_namespace\x18\x02 \x01(\t\x12\x0f\n\x07\x66l_name\x18\x03 \x01(\t\x12\x0e\n\x06\x66l_uid\x18\x04 \x01(\t\x12\x32\n\x0c\x63lient_phase\x18\x05 \x01(\x0e\x32\x1c.ocmfl.status.v1.ClientPhase\x12\r\n\x05round\x18\x06 \x01(\r\x12.\n\x07metrics\x18\x07 \x03(\x0b\x32\x1d.ocmfl.status.v1.RoundMetrics\x12*\n\x04\x64\x61ta\x18\x08 \x01(\x0b\x32\x1c.ocmfl.status.v1.DataSummary\x12\x15\n\ragent_version\x18\t \x01(\t\x12-\n\ttimestamp\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x66inal\x18\x0b \x01(\x08\x12\x10\n\x08sequence\x18\x0c \x01(\x04\x12\x16\n\x0e\x63lient_problem\x18\r \x01(\t\"W\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0f\n\x07refused\x18\x02 \x01(\t\x12\x14\n\x0c\x63losing_code\x18\x03 \x01(\t\x12\x17\n\x0f\x63losing_details\x18\x04 \x01(\t*\x94\x01\n\x0b\x43lientPhase\x12\x1c\n\x18\x43LIENT_PHASE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43LIENT_PHASE_PENDING\x10\x01\x12\x18\n\x14\x43LIENT_PHASE_RUNNING\x10\x02\x12\x1a\n\x16\x43LIENT_PHASE_SUCCEEDED\x10\x03\x12\x17\n\x13\x43LIENT_PHASE_FAILED\x10\x04*X\n\nRoundPhase\x12\x1b\n\x17ROUND_PHASE_UNSPECIFIED\x10\x00\x12\x13\n\x0fROUND_PHASE_FIT\x10\x01\x12\x18\n\x14ROUND_PHASE_EVALUATE\x10\x02\x32S\n\rStatusService\x12\x42\n\rStreamReports\x12\x17.ocmfl.status.v1.Report\x1a\x14.ocmfl.status.v1.Ack(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cocmfl/status/v1/report.proto\x12\x0focmfl.status.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x01\n\x0cRoundMetrics\x12\r\n\x05round\x18\x01 \x01(\r\x12*\n\x05phase\x18\x02 \x01(\x0e\x32\x1b.ocmfl.status.v1.RoundPhase\x12\x11\n\x04loss\x18\x03 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08\x61\x63\x63uracy\x18\x04 \x01(\x01H\x01\x88\x01\x01\x12\x0f\n\x07samples\x18\x05 \x01(\x04\x12\x12\n\nduration_s\x18\x06 \x01(\x01\x42\x07\n\x05_lossB\x0b\n\t_accuracy\"\xa5\x01\n\x0b\x44\x61taSummary\x12\x14\n\x0csample_count\x18\x01 \x01(\x04\x12I\n\x0flabel_histogram\x18\x02 \x03(\x0b\x32\x30.ocmfl.status.v1.DataSummary.LabelHistogramEntry\x1a\x35\n\x13LabelHistogramEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"\x82\x03\n\x06Report\x12\x0f\n\x07\x63luster\x18\x01 \x01(\t\x12\x14\n\x0c\x66l_namespace\x18\x02 \x01(\t\x12\x0f\n\x07\x66l_name\x18\x03 \x01(\t\x12\x0e\n\x06\x66l_uid\x18\x04 \x01(\t\x12\x32\n\x0c\x63lient_phase\x18\x05 \x01(\x0e\x32\x1c.ocmfl.status.v1.ClientPhase\x12\r\n\x05round\x18\x06 \x01(\r\x12.\n\x07metrics\x18\x07 \x03(\x0b\x32\x1d.ocmfl.status.v1.RoundMetrics\x12*\n\x04\x64\x61ta\x18\x08 \x01(\x0b\x32\x1c.ocmfl.status.v1.DataSummary\x12\x15\n\ragent_version\x18\t \x01(\t\x12-\n\ttimestamp\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\r\n\x05\x66inal\x18\x0b \x01(\x08\x12\x10\n\x08sequence\x18\x0c \x01(\x04\x12\x16\n\x0e\x63lient_problem\x18\r \x01(\t\x12\x12\n\nclient_log\x18\x0e \x01(\t\"W\n\x03\x41\x63k\x12\x10\n\x08sequence\x18\x01 \x01(\x04\x12\x0f\n\x07refused\x18\x02 \x01(\t\x12\x14\n\x0c\x63losing_code\x18\x03 \x01(\t\x12\x17\n\x0f\x63losing_details\x18\x04 \x01(\t*\x94\x01\n\x0b\x43lientPhase\x12\x1c\n\x18\x43LIENT_PHASE_UNSPECIFIED\x10\x00\x12\x18\n\x14\x43LIENT_PHASE_PENDING\x10\x01\x12\x18\n\x14\x43LIENT_PHASE_RUNNING\x10\x02\x12\x1a\n\x16\x43LIENT_PHASE_SUCCEEDED\x10\x03\x12\x17\n\x13\x43LIENT_PHASE_FAILED\x10\x04*X\n\nRoundPhase\x12\x1b\n\x17ROUND_PHASE_UNSPECIFIED\x10\x00\x12\x13\n\x0fROUND_PHASE_FIT\x10\x01\x12\x18\n\x14ROUND_PHASE_EVALUATE\x10\x02\x32S\n\rStatusService\x12\x42\n\rStreamReports\x12\x17.ocmfl.status.v1.Report\x1a\x14.ocmfl.status.v1.Ack(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_DATASUMMARY_LABELHISTOGRAMENTRY']._loaded_options = None
   _globals['_DATASUMMARY_LABELHISTOGRAMENTRY']._serialized_options = b'8\001'
-  _globals['_CLIENTPHASE']._serialized_start=886
-  _globals['_CLIENTPHASE']._serialized_end=1034
-  _globals['_ROUNDPHASE']._serialized_start=1036
-  _globals['_ROUNDPHASE']._serialized_end=1124
+  _globals['_CLIENTPHASE']._serialized_start=906
+  _globals['_CLIENTPHASE']._serialized_end=1054
+  _globals['_ROUNDPHASE']._serialized_start=1056
+  _globals['_ROUNDPHASE']._serialized_end=1144
   _globals['_ROUNDMETRICS']._serialized_start=83
   _globals['_ROUNDMETRICS']._serialized_end=257
   _globals['_DATASUMMARY']._serialized_start=260
@@ -45,9 +45,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DATASUMMARY_LABELHISTOGRAMENTRY']._serialized_start=372
   _globals['_DATASUMMARY_LABELHISTOGRAMENTRY']._serialized_end=425
   _globals['_REPORT']._serialized_start=428
-  _globals['_REPORT']._serialized_end=794
-  _globals['_ACK']._serialized_start=796
-  _globals['_ACK']._serialized_end=883
-  _globals['_STATUSSERVICE']._serialized_start=1126
-  _globals['_STATUSSERVICE']._serialized_end=1209
+  _globals['_REPORT']._serialized_end=814
+  _globals['_ACK']._serialized_start=816
+  _globals['_ACK']._serialized_end=903
+  _globals['_STATUSSERVICE']._serialized_start=1146
+  _globals['_STATUSSERVICE']._serialized_end=1229
 # @@protoc_insertion_point(module_scope)

@@ -171,6 +171,7 @@ class Report(_message.Message):
     FINAL_FIELD_NUMBER: _builtins.int
     SEQUENCE_FIELD_NUMBER: _builtins.int
     CLIENT_PROBLEM_FIELD_NUMBER: _builtins.int
+    CLIENT_LOG_FIELD_NUMBER: _builtins.int
     cluster: _builtins.str
     fl_namespace: _builtins.str
     fl_name: _builtins.str
@@ -185,6 +186,11 @@ class Report(_message.Message):
     client_problem: _builtins.str
     """Why the client pod cannot run, in the kubelet's or scheduler's words
     ("ImagePullBackOff: ...", "Unschedulable: ..."); empty when nothing is wrong.
+    """
+    client_log: _builtins.str
+    """The last lines of the client's log when its ClientApp raised or its client failed
+    (ocmfl.reports.client_log_tail: at most 4096 printable characters, a note when cut);
+    empty otherwise, and always when the cluster's admin switched client logs off.
     """
     @_builtins.property
     def metrics(self) -> _containers.RepeatedCompositeFieldContainer[Global___RoundMetrics]: ...
@@ -208,10 +214,11 @@ class Report(_message.Message):
         final: _builtins.bool = ...,
         sequence: _builtins.int = ...,
         client_problem: _builtins.str = ...,
+        client_log: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["data", b"data", "timestamp", b"timestamp"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "client_phase", b"client_phase", "client_problem", b"client_problem", "cluster", b"cluster", "data", b"data", "final", b"final", "fl_name", b"fl_name", "fl_namespace", b"fl_namespace", "fl_uid", b"fl_uid", "metrics", b"metrics", "round", b"round", "sequence", b"sequence", "timestamp", b"timestamp"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["agent_version", b"agent_version", "client_log", b"client_log", "client_phase", b"client_phase", "client_problem", b"client_problem", "cluster", b"cluster", "data", b"data", "final", b"final", "fl_name", b"fl_name", "fl_namespace", b"fl_namespace", "fl_uid", b"fl_uid", "metrics", b"metrics", "round", b"round", "sequence", b"sequence", "timestamp", b"timestamp"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
