@@ -26,6 +26,8 @@ MAX_SAMPLES: Final = 2**53
 # MAX_LOG_LINE, printable text plus newlines and tabs only (client_log_tail makes it so).
 MAX_CLIENT_LOG: Final = 4096
 MAX_LOG_LINE: Final = 300
+# Terminal colour and cursor codes (ANSI CSI): Flower colours its log levels; they go.
+_ANSI_CSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 _UNPRINTABLE = re.compile(r"[^\t\n\x20-\x7e\u00a0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 _NAMESPACE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -65,14 +67,15 @@ def _escape(match: re.Match[str]) -> str:
 
 def client_log_tail(lines: Iterable[str], limit: int = MAX_CLIENT_LOG) -> str:
     """The last lines of a client's log that fit `limit` characters, safe to carry in a report
-    and show anywhere: control and other unprintable characters escaped (\\x1b, \\x00),
+    and show anywhere: terminal colour codes removed, control and other unprintable
+    characters escaped (\\x1b, \\x00),
     each line cut at MAX_LOG_LINE characters ("[... N characters cut]"), and a first line
     that says how many earlier lines were left out."""
     kept: list[str] = []
     size = 0
     all_lines = [part for ln in lines for part in ln.rstrip("\r\n").split("\n")]
     for line in reversed(all_lines):
-        line = _UNPRINTABLE.sub(_escape, line)
+        line = _UNPRINTABLE.sub(_escape, _ANSI_CSI.sub("", line))
         if len(line) > MAX_LOG_LINE:
             cut = len(line) - MAX_LOG_LINE
             line = f"{line[:MAX_LOG_LINE]}[... {cut} characters cut]"

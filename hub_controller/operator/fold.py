@@ -85,9 +85,18 @@ def bounded_rows(
     return sorted(worst, key=lambda r: r.name), counts
 
 
-def log_last_line(log: str, limit: int = 200) -> str:
-    """The last non-empty line of a client log, cut at `limit` characters."""
-    line = next((ln.strip() for ln in reversed(log.splitlines()) if ln.strip()), "")
+TRACEBACK_START = "Traceback (most recent call last):"
+
+
+def log_headline(log: str, limit: int = 200) -> str:
+    """What a client log says went wrong: the exception line of its last Python traceback
+    (the first unindented line after it), else its last non-empty line; cut at `limit`."""
+    lines = log.splitlines()
+    starts = [i for i, ln in enumerate(lines) if ln.strip().endswith(TRACEBACK_START)]
+    after = lines[starts[-1] + 1 :] if starts else []
+    line = next((ln.strip() for ln in after if ln.strip() and not ln[:1].isspace()), "")
+    if not line:
+        line = next((ln.strip() for ln in reversed(lines) if ln.strip()), "")
     return line if len(line) <= limit else line[:limit] + "..."
 
 
@@ -231,7 +240,7 @@ def _cluster_row(
         previous.client_log if previous is not None else None
     )
     if client_log and r.has_data:
-        reason += f"; its client's log ends: {log_last_line(client_log)} (ocm-fl logs)"
+        reason += f"; its client's log says: {log_headline(client_log)} (ocm-fl logs)"
     if not r.has_data:
         phase = ClusterPhase.NO_DATA
     elif work is None:

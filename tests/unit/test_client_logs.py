@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import io
 import json
+import re
 from collections import deque
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from hack.testing import TestPKI, await_for, free_port
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import ClusterResolution, StaticMembers
-from hub_controller.operator.fold import MAX_ROWS_WITH_LOG, fold
+from hub_controller.operator.fold import MAX_ROWS_WITH_LOG, fold, log_headline
 from hub_controller.operator.observed import JobState, Observations, PlacementState, WorkState
 from ocmfl import constants
 from ocmfl.reports import MAX_CLIENT_LOG, MAX_LOG_LINE, ReportInvalid, client_log_tail
@@ -31,14 +32,17 @@ from ocmfl.status.v1 import report_pb2
 from workloads import client_launcher as launcher
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+# As Flower prints it: coloured levels, and the SuperNode's own lines after the traceback.
 TRACEBACK = [
-    "INFO :      Received: train message 1a2b\n",
-    "ERROR :     ClientApp raised an exception\n",
+    "\x1b[92mINFO \x1b[0m:      Received: train message 1a2b\n",
+    "\x1b[91mERROR \x1b[0m:     ClientApp raised an exception\n",
     "Traceback (most recent call last):\n",
     '  File "/app/task.py", line 12, in train\n',
     "    raise ValueError('labels 10 and 11 are not in the data of this cluster')\n",
     "ValueError: labels 10 and 11 are not in the data of this cluster\n",
+    "\x1b[92mINFO \x1b[0m:      Sent successfully\n",
 ]
+PLAIN = [re.sub(r"\x1b\[[0-9;]*m", "", line).rstrip("\n") for line in TRACEBACK]
 
 
 def _report(log: str) -> report_pb2.Report:
@@ -53,14 +57,14 @@ def _report(log: str) -> report_pb2.Report:
 # --- the tail --------------------------------------------------------------------------------
 def test_the_tail_escapes_control_bytes_and_cuts_long_lines_and_old_ones() -> None:
     lines = [f"line {i}\n" for i in range(5000)]
-    lines += ["\x1b[31mred\x1b[0m and a NUL \x00 here\r\n", "x" * 1000, "ünïcødé 😀\n"]
+    lines += ["\x1b[31mred\x1b[0m and a NUL \x00 here\r\n", "x" * 1000, "ünïcødé 😀\x07\n"]
     tail = client_log_tail(lines)
     assert len(tail) <= MAX_CLIENT_LOG
     out = tail.splitlines()
     assert out[0].startswith("[") and out[0].endswith(" earlier lines cut]")
-    assert out[-3] == "\\x1b[31mred\\x1b[0m and a NUL \\x00 here"
+    assert out[-3] == "red and a NUL \\x00 here"  # colour codes go, other control bytes show
     assert out[-2] == "x" * MAX_LOG_LINE + "[... 700 characters cut]"
-    assert out[-1] == "ünïcødé 😀"
+    assert out[-1] == "ünïcødé 😀\\x07"
     assert out[-4] == "line 4999"
     validate(_report(tail), now=T0)  # what the agent makes, the hub takes
 
@@ -141,7 +145,7 @@ async def test_a_raising_clientapps_traceback_reaches_the_hub(
             lambda: "cluster-a" in hub.store.snapshot(REF.uid), 10, "the report at the hub"
         )
         log = hub.store.snapshot(REF.uid)["cluster-a"].client_log
-        assert log.splitlines()[1:] == [ln.rstrip("\n") for ln in TRACEBACK[1:]]
+        assert log.splitlines() == PLAIN
         # every round may raise: one post per LOG_MIN_INTERVAL_S
         await _pump(reporter, tail, TRACEBACK)
         assert reporter.sent == 1 and not reporter._pending
@@ -201,7 +205,7 @@ def test_the_log_reaches_the_clusters_row_and_its_reason() -> None:
     rows = {r.name: r for r in status.clusters}
     assert rows["cluster-a"].client_log and "ValueError: labels 10" in rows["cluster-a"].client_log
     assert rows["cluster-a"].reason.endswith(
-        "its client's log ends: ValueError: labels 10 and 11 are not in the data of this "
+        "its client's log says: ValueError: labels 10 and 11 are not in the data of this "
         "cluster (ocm-fl logs)"
     )
     assert rows["cluster-b"].client_log is None and "log" not in rows["cluster-b"].reason
@@ -226,10 +230,26 @@ def test_at_most_twenty_rows_carry_a_log() -> None:
     status = fold(spec(), 1, _obs(store, clusters), None, T0)
     with_log = [r.name for r in status.clusters if r.client_log]
     assert with_log == clusters[:MAX_ROWS_WITH_LOG]
-    assert all("its client's log ends" in r.reason for r in status.clusters)
+    assert all("its client's log says" in r.reason for r in status.clusters)
 
 
 def _with(cluster: str) -> report_pb2.Report:
     r = _report(client_log_tail(["y" * 250] * 20))
     r.cluster = cluster
     return r
+
+
+@pytest.mark.parametrize(
+    ("log", "headline"),
+    [
+        ("\n".join(PLAIN), "ValueError: labels 10 and 11 are not in the data of this cluster"),
+        (  # chained: the last traceback's exception
+            "Traceback (most recent call last):\n  x\nKeyError: 'a'\n\nDuring handling...\n"
+            "Traceback (most recent call last):\n  y\nRuntimeError: b\nINFO : done",
+            "RuntimeError: b",
+        ),
+        ("ocm-fl-client: failed: no server\n\n", "ocm-fl-client: failed: no server"),
+    ],
+)
+def test_the_reason_names_the_exception_not_the_lines_after_it(log: str, headline: str) -> None:
+    assert log_headline(log) == headline
