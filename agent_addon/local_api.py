@@ -10,8 +10,8 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 
@@ -40,6 +40,20 @@ CLIENT_LOGS_OFF_REASON = (
     "CLIENT_LOGS to off)"
 )
 _Post = TypeVar("_Post", MetricsPost, ClientLogPost)
+_Parsed = TypeVar("_Parsed", MetricsPost, ClientLogPost, covariant=True)
+
+
+class _Parser(Protocol[_Parsed]):
+    """parse_metrics_post, parse_client_log_post: a post's body for this agent's runs."""
+
+    def __call__(
+        self,
+        body: Any,
+        *,
+        cluster: str,
+        runs: Mapping[RunKey, str],
+        sender: tuple[RunKey, str] | None = None,
+    ) -> _Parsed: ...
 
 
 def make_app(
@@ -60,7 +74,7 @@ def make_app(
 
     async def accept(
         request: web.Request,
-        parse: Callable[[Any, tuple[RunKey, str] | None], _Post],
+        parse: _Parser[_Post],
         apply: Callable[[_Post], report_pb2.Report],
         what: str,
     ) -> web.Response | report_pb2.Report:
@@ -72,7 +86,7 @@ def make_app(
             return web.json_response({"error": f"body is not JSON: {e}"}, status=400)
         who = sender(request.remote) if sender is not None and request.remote else None
         try:
-            post = parse(body, who)
+            post = parse(body, cluster=state.cluster, runs=state.active_runs(), sender=who)
             if tokens is not None:
                 presented = bearer_token(request.headers.get("Authorization"))
                 run = (post.fl_namespace, post.fl_name)
@@ -97,14 +111,7 @@ def make_app(
         return report
 
     async def post_metrics(request: web.Request) -> web.Response:
-        got = await accept(
-            request,
-            lambda body, who: parse_metrics_post(
-                body, cluster=state.cluster, runs=state.active_runs(), sender=who
-            ),
-            state.on_metrics,
-            "metrics",
-        )
+        got = await accept(request, parse_metrics_post, state.on_metrics, "metrics")
         if isinstance(got, web.Response):
             return got
         return web.json_response(
@@ -123,14 +130,7 @@ def make_app(
             return web.json_response(
                 {"accepted": False, "reason": CLIENT_LOGS_OFF_REASON}, status=200
             )
-        got = await accept(
-            request,
-            lambda body, who: parse_client_log_post(
-                body, cluster=state.cluster, runs=state.active_runs(), sender=who
-            ),
-            state.on_client_log,
-            "client log",
-        )
+        got = await accept(request, parse_client_log_post, state.on_client_log, "client log")
         if isinstance(got, web.Response):
             return got
         return web.json_response({"accepted": True, "sequence": got.sequence}, status=202)
