@@ -241,7 +241,7 @@ class AddonMembers:
     """Addon membership read from the hub process's kopf indexes (no API call): the
     ManagedClusters (`ClusterInfo` by name), the addon's ManagedClusterAddOns (`AddonInfo` by
     cluster namespace) and the addon's hub-credential CSRs (`HubIdentity` by cluster, see
-    indexes.hub_csr_idx). The indexes are live, so one instance serves for the process's
+    membership_indexes.hub_csr_idx). The indexes are live, so one instance serves for the process's
     life."""
 
     def __init__(

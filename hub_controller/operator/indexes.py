@@ -2,13 +2,10 @@
 
 Placements, PlacementDecisions and the server Job, Service and Pod are indexed under the
 owning resource's (namespace, name), as the small values `observed.py` reads from them (the
-ManifestWorks likewise, but by a watch of the operator's own: workwatch.py); ManagedClusters
-by name and the addon's ManagedClusterAddOns by cluster (with their hub-identities ledger).
-The last two are the hub's one source of cluster membership: the operator resolves federation
-members from them, and the aggregator and the signers ask `membership.AddonMembers` over them
-who may report or get a certificate. The addon's hub-credential CSRs (OCM KubeClient
-registration) are indexed by cluster as the `HubIdentity` they prove, so a credential issued
-seconds ago is trusted before its ledger entry lands. The hub admin's FederationPolicy
+ManifestWorks likewise, but by a watch of the operator's own: workwatch.py). The membership
+indexes (ManagedClusters, the addon's ManagedClusterAddOns and hub-credential CSRs) live in
+`hub_controller.membership_indexes`, shared with the aggregator and the signers, which run
+without this module in `ocm-fl-hub --role signer`. The hub admin's FederationPolicy
 `default` is indexed (its spec) by namespace.
 `gather` turns what the indexes hold for one resource into its `Observations`, without any
 API read.
@@ -27,6 +24,8 @@ from typing import Any, Final, Protocol
 
 import kopf
 
+# Registers the membership indexes (clusters, addons, hub-credential CSRs) this bundle reads.
+from hub_controller import membership_indexes  # noqa: F401
 from hub_controller import policy as policy_mod
 from hub_controller.api import (
     FederatedLearningSpec,
@@ -39,8 +38,6 @@ from hub_controller.membership import (
     AddonInfo,
     AddonMembers,
     ClusterInfo,
-    addon_info,
-    cluster_info,
     decided_clusters,
     decision_clusters,
     decision_index,
@@ -61,7 +58,7 @@ from hub_controller.operator.observed import (
     server_pod_state,
 )
 from hub_controller.reports import ReportSource
-from hub_controller.signer.hub_identity import HubIdentity, classify
+from hub_controller.signer.hub_identity import HubIdentity
 from ocmfl import constants
 
 log = logging.getLogger(__name__)
@@ -118,44 +115,6 @@ async def decision_idx(
     owner = controller_uid(body, "Placement", placement)
     state = DecisionState(owner, decision_clusters(body), decision_index(name))
     return {(namespace or "", placement): state}
-
-
-@kopf.index(constants.CLUSTER_GROUP, "v1", "managedclusters")
-async def cluster_idx(name: str, body: Any, **_: Any) -> Any:
-    return {name: cluster_info(body)}
-
-
-@kopf.index(
-    constants.ADDON_GROUP,
-    "v1alpha1",
-    "managedclusteraddons",
-    when=lambda name, **_: name == constants.ADDON_NAME,
-)
-async def addon_idx(namespace: str | None, body: Any, **_: Any) -> Any:
-    """The cluster's addon (None while it is being deleted: no longer a member), with its
-    hub-identities ledger; a malformed ledger is logged and trusts nothing."""
-    info = addon_info(body)
-    if info is None:
-        return None
-    if info.ledger_problem:
-        log.warning("%s", info.ledger_problem)
-    return {namespace or "": info}
-
-
-@kopf.index(
-    "certificates.k8s.io",
-    "v1",
-    "certificatesigningrequests",
-    field="spec.signerName",
-    value=constants.KUBE_APISERVER_CLIENT_SIGNER,
-    labels={constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME},
-)
-async def hub_csr_idx(body: Any, **_: Any) -> Any:
-    """The addon's hub-credential CSRs that prove a `HubIdentity` (issued, asked by the
-    cluster's own registration agent), by cluster; forged ones are never indexed
-    (signer/ledger.py warns about them)."""
-    found = classify(body)
-    return {found.cluster: found} if isinstance(found, HubIdentity) else None
 
 
 @kopf.index("batch", "v1", "jobs", labels=SERVER_OWNED)
@@ -223,7 +182,7 @@ class Indexes:
         return None
 
     def members(self) -> AddonMembers:
-        """Addon membership over these (live) indexes."""
+        """Addon membership over these (live) indexes (membership_indexes.members_of)."""
         return AddonMembers(self.clusters, self.addons, self.hub_csrs)
 
 

@@ -13,9 +13,9 @@ from typing import Any, cast
 import pytest
 from hub_creds import issue_hub_credential, registration_agent
 
+from hub_controller import membership_indexes as indexes
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from hub_controller.membership import AddonInfo, AddonMembers, ClusterInfo, addon_info
-from hub_controller.operator import indexes
 from hub_controller.signer import hub_identity as hi
 from hub_controller.signer.hub_identity import Forged, HubIdentity
 from hub_controller.signer.ledger import FORGED_REASON, Ledger, addon_path
