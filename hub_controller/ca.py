@@ -8,7 +8,9 @@
   certificates, through the project's CSR signer; the aggregator trusts only it for clients.
   It is never published to clusters.
 
-Both are read through one `CADir`, again only when the files change (rotation).
+Both are read through one `CADir`, again only when the files change (rotation). Both keys are
+mounted only into the signer part (`ocm-fl-hub --role signer`); the controller part mounts
+the agent CA's tls.crt alone (`trust_bundle` reads no key).
 """
 
 from __future__ import annotations
@@ -17,8 +19,6 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-
-from cryptography import x509
 
 from ocmfl import constants, pki
 
@@ -31,7 +31,6 @@ class CAUnavailable(RuntimeError):
 class _Loaded:
     mtime: float
     pair: pki.CertAndKey
-    certificates: tuple[x509.Certificate, ...]  # every certificate in tls.crt, first = pair's
 
 
 class CADir:
@@ -67,7 +66,13 @@ class CADir:
         )
 
     def available(self) -> bool:
+        """Its certificate and key are there (what a signer needs)."""
         return (self.directory / pki.KEY_FILE).exists()
+
+    def has_certificate(self) -> bool:
+        """Its certificate is there (what a verifier needs; the key may be absent: the
+        controller mounts only the agent CA's tls.crt)."""
+        return (self.directory / pki.CERT_FILE).exists()
 
     def _load(self) -> _Loaded:
         cert, key = self.directory / pki.CERT_FILE, self.directory / pki.KEY_FILE
@@ -76,15 +81,13 @@ class CADir:
                 mtime = max(cert.stat().st_mtime, key.stat().st_mtime)
                 if self._cached and self._cached.mtime == mtime:
                     return self._cached
-                cert_pem = cert.read_bytes()
-                pair = pki.load_cert_and_key(cert_pem, key.read_bytes())
-                certificates = tuple(pki.load_certs_pem(cert_pem))
+                pair = pki.load_cert_and_key(cert.read_bytes(), key.read_bytes())
             except (OSError, ValueError) as exc:
                 raise CAUnavailable(
                     f"{self.what} not usable at {self.directory} ({exc}): mount its Secret "
                     f"there or set {self.env} (the Helm chart's ca-init hook creates it)"
                 ) from exc
-            self._cached = _Loaded(mtime, pair, certificates)
+            self._cached = _Loaded(mtime, pair)
             return self._cached
 
     def get(self) -> pki.CertAndKey:
@@ -93,5 +96,12 @@ class CADir:
 
     def trust_bundle(self) -> bytes:
         """PEM of every certificate in tls.crt (the CA first; an old CA appended to it stays
-        trusted while certificates it issued are still in use)."""
-        return pki.certs_to_pem(self._load().certificates)
+        trusted while certificates it issued are still in use). Reads no key."""
+        path = self.directory / pki.CERT_FILE
+        try:
+            return pki.certs_to_pem(pki.load_certs_pem(path.read_bytes()))
+        except (OSError, ValueError) as exc:
+            raise CAUnavailable(
+                f"{self.what} certificate not usable at {path} ({exc}): mount its Secret's "
+                f"tls.crt there or set {self.env}"
+            ) from exc

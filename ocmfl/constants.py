@@ -164,6 +164,12 @@ ENV_POD_NAMESPACE: Final = "OCMFL_POD_NAMESPACE"  # hub: its own namespace
 # it at its first start and keeps it (Prometheus reads the same Secret).
 METRICS_TOKEN_SECRET: Final = "ocm-fl-metrics-token"
 METRICS_TOKEN_KEY: Final = "token"
+# hub: the aggregator's server certificate (kubernetes.io/tls), in the hub's namespace: the
+# signer issues it from the hub CA and renews it; the aggregator reads it (never the CA key).
+AGGREGATOR_TLS_SECRET: Final = "ocm-fl-aggregator-tls"
+# hub: which parts `ocm-fl-hub` runs: "all" (default), "controller" (operator + aggregator,
+# no CA key) or "signer" (the CSR signers, the ledger and the aggregator's certificate).
+ENV_HUB_ROLE: Final = "OCMFL_HUB_ROLE"
 ENV_WATCH_NAMESPACES: Final = "OCMFL_WATCH_NAMESPACES"  # hub: comma-separated; empty = all
 # hub: where the aggregator's gRPC and /metrics listen (host:port); defaults 0.0.0.0 with the
 # ports above. The local federation binds them to loopback addresses of its own.

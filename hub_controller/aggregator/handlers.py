@@ -1,11 +1,12 @@
 """Runs the aggregator inside the kopf hub process. Import this module to register it.
 
-On startup: the AggregatorService from the Deployment's env (server certificate issued from the
-hub CA at OCMFL_CA_DIR, client certificates verified against the agent CA at
-OCMFL_AGENT_CA_DIR only, gRPC on AGGREGATOR_PORT, /metrics on HUB_METRICS_PORT, limits from
-OCMFL_AGGREGATOR_*); it accepts reports from the addon's member clusters (the operator's
-ManagedCluster and ManagedClusterAddOn indexes), for the federations that have a ManifestWork
-on the reporting cluster (`workwatch.WorkStore.owners`), and its report store goes to
+On startup: the AggregatorService from the Deployment's env (the server certificate from the
+Secret the signer keeps, signer/aggregator_cert.py; client certificates verified against the
+agent CA's certificate at OCMFL_AGENT_CA_DIR only; gRPC on AGGREGATOR_PORT, /metrics on
+HUB_METRICS_PORT, limits from OCMFL_AGGREGATOR_*); it accepts reports from the addon's member
+clusters (the ManagedCluster and ManagedClusterAddOn indexes of membership_indexes), for the
+federations that have a ManifestWork on the reporting cluster (`workwatch.WorkStore.owners`),
+and its report store goes to
 `memo.reports`, where the operator's reconcile loops read and subscribe to it. On cleanup:
 stopped.
 """
@@ -20,24 +21,24 @@ import kopf
 
 from hub_controller.aggregator.metrics_http import ensure_token
 from hub_controller.aggregator.scope import WorkScope
+from hub_controller.aggregator.server_cert import SecretServerCert
 from hub_controller.aggregator.service import AggregatorService, AggregatorSettings
 from hub_controller.ca import CADir
 from hub_controller.membership import AddonMembers
-from hub_controller.operator.indexes import Indexes
+from hub_controller.membership_indexes import members_of
 from ocmfl import constants
 from ocmfl.kube import KubeError
 
 
 @kopf.on.startup()
 async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
-    ca: CADir = memo.setdefault("ca", CADir.hub())
     agent_ca: CADir = memo.setdefault("agent_ca", CADir.agent())
-    for missing in (c for c in (ca, agent_ca) if not c.available()):
+    if not agent_ca.has_certificate():
         logger.warning(
-            "no %s at %s (set %s): the aggregator is not started",
-            missing.what,
-            missing.directory,
-            missing.env,
+            "no %s certificate at %s (set %s): the aggregator is not started",
+            agent_ca.what,
+            agent_ca.directory,
+            agent_ca.env,
         )
         return
     # The operator's own ManifestWork streams (configure, a startup handler registered
@@ -46,10 +47,10 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
     scope = WorkScope(works.owners)
     works.when_synced(scope.mark_ready)
     memo.report_scope = scope
-    members = memo.report_members = Indexes.of(kwargs).members()
+    members = memo.report_members = members_of(kwargs)
     settings = AggregatorSettings.from_env()
+    namespace = os.environ.get(constants.ENV_POD_NAMESPACE) or constants.HUB_NAMESPACE
     if settings.metrics_port is not None:
-        namespace = os.environ.get(constants.ENV_POD_NAMESPACE) or constants.HUB_NAMESPACE
         try:
             settings.metrics_token = await asyncio.to_thread(
                 ensure_token, memo.operator.kube, namespace
@@ -58,7 +59,8 @@ async def start_aggregator(memo: kopf.Memo, logger: Any, **kwargs: Any) -> None:
             logger.warning("no /metrics token (%s): /metrics is not served", e)
     # One /metrics for the hub: the controller's per-resource gauges and the aggregator's.
     registry = memo.operator.metrics.registry
-    service = AggregatorService(settings, members, ca, scope, agent_ca, registry)
+    server_cert = SecretServerCert(memo.operator.kube, namespace)
+    service = AggregatorService(settings, members, server_cert, scope, agent_ca, registry)
     port = await service.start()
     memo.aggregator = service
     memo.reports = service.store

@@ -1,12 +1,12 @@
-"""The aggregator as the hub runs it: a server certificate issued from the hub CA and renewed,
-client certificates verified against the agent CA only (never the hub CA), the gRPC server,
-and Prometheus /metrics. `handlers.py` starts it inside `ocm-fl-hub`."""
+"""The aggregator as the hub runs it: the server certificate the signer keeps in a Secret
+(server_cert.py; followed as it is renewed), client certificates verified against the agent
+CA's certificate only (never the hub CA; no CA key here), the gRPC server, and Prometheus
+/metrics. `handlers.py` starts it inside `ocm-fl-hub`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import os
 import shutil
@@ -22,41 +22,36 @@ from hub_controller.aggregator.limits import Limits
 from hub_controller.aggregator.metrics import AggregatorMetrics
 from hub_controller.aggregator.metrics_http import serve_metrics
 from hub_controller.aggregator.scope import Scope
+from hub_controller.aggregator.server_cert import ServerCertSource
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore, StoreLimits
 from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
-from ocmfl import certlife, constants, pki
+from ocmfl import constants, pki
+from ocmfl.kube import KubeError
 
 log = logging.getLogger(__name__)
 
-SERVER_CERT_LIFETIME = dt.timedelta(days=7)
-SERVER_CERT_RENEW_AT = 0.3  # renew with 30 % of the lifetime left
-RENEW_RETRY_S = 5.0  # after a failed renewal
+CERT_CHECK_S = 5.0  # how often the server certificate's Secret is read (the signer renews it)
 TRUST_CHECK_S = 30.0  # how often the agent CA's certificate is compared with the trusted one
-
-
-def _host_of(address: str) -> str:
-    host = address.rsplit(":", 1)[0] if ":" in address else address
-    return host.strip("[]")
+CERT_WAIT_S = 120.0  # at start, how long to wait for the signer's first certificate
 
 
 @dataclass
 class AggregatorSettings:
     listen: str = f"0.0.0.0:{constants.AGGREGATOR_PORT}"
-    server_names: list[str] = field(default_factory=lambda: ["localhost"])
-    server_ips: list[str] = field(default_factory=lambda: ["127.0.0.1"])
     metrics_port: int | None = constants.HUB_METRICS_PORT
     metrics_host: str = "0.0.0.0"
     # /metrics asks for this bearer token (metrics_http.ensure_token); None: not served.
     metrics_token: str | None = None
     max_message_bytes: int = 256 * 1024
+    cert_wait_s: float = CERT_WAIT_S
     limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def from_env(cls) -> AggregatorSettings:
         """Settings from the hub Deployment's env (OCMFL_AGGREGATOR_LISTEN,
-        OCMFL_METRICS_LISTEN, OCMFL_HUB_AGGREGATOR_ADDRESS, OCMFL_AGGREGATOR_<limit>)."""
+        OCMFL_METRICS_LISTEN, OCMFL_AGGREGATOR_<limit>)."""
         s = cls(limits=Limits.from_env())
         listen = os.environ.get(constants.ENV_AGGREGATOR_LISTEN, "")
         if listen:
@@ -65,13 +60,6 @@ class AggregatorSettings:
         if metrics:
             host, _, port = metrics.rpartition(":")
             s.metrics_host, s.metrics_port = host.strip("[]") or "0.0.0.0", int(port)
-        address = os.environ.get(constants.ENV_HUB_AGGREGATOR_ADDRESS, "")
-        if address:
-            host = _host_of(address)
-            if host.replace(".", "").isdigit() or ":" in host:
-                s.server_ips.append(host)
-            else:
-                s.server_names.append(host)
         return s
 
 
@@ -82,16 +70,17 @@ class AggregatorService:
         self,
         settings: AggregatorSettings,
         registry: Registry,
-        ca: CADir,
+        server_cert: ServerCertSource,
         scope: Scope,
         client_ca: CADir,
         metrics_registry: CollectorRegistry | None = None,
     ) -> None:
-        """`ca`: the hub CA (issues the server certificate); `client_ca`: the agent CA (the
-        only issuer of client certificates the server accepts); `metrics_registry`: the
-        hub's Prometheus registry, shared with the controller's gauges (default: its own)."""
+        """`server_cert`: where the signer keeps the server certificate; `client_ca`: the
+        agent CA (its certificate only: the only issuer of client certificates the server
+        accepts); `metrics_registry`: the hub's Prometheus registry, shared with the
+        controller's gauges (default: its own)."""
         self.settings = settings
-        self.ca = ca
+        self.server_cert = server_cert
         self.client_ca = client_ca
         lim = settings.limits
         self.store = ReportStore(
@@ -109,26 +98,26 @@ class AggregatorService:
         self.server: AggregatorServer | None = None
         self._tls_dir: Path | None = None
         self._client_bundle: bytes | None = None
+        self._server_pem: tuple[bytes, bytes] | None = None
         self._trust_lock = threading.Lock()
         self._renewer: asyncio.Task[None] | None = None
         self._trust: asyncio.Task[None] | None = None
         self._metrics_server: Any = None
 
-    def _issue_server_cert(self) -> pki.CertAndKey:
+    def _take_server_cert(self) -> bool:
+        """Write the Secret's certificate and key as the server's when they changed and
+        match (the servicer's credentials pick the files up for new connections); False
+        while the Secret holds none."""
         assert self._tls_dir is not None
-        ca = self.ca.get()
-        pair = pki.issue_server_cert(
-            ca,
-            dns_names=self.settings.server_names,
-            ip_addresses=self.settings.server_ips,
-            lifetime=certlife.leaf_lifetime(SERVER_CERT_LIFETIME),
-        )
-        pki.save_tls_dir(self._tls_dir, pair, None)
-        self._write_client_trust()
-        log.info(
-            "aggregator server certificate issued, valid until %s", pair.cert.not_valid_after_utc
-        )
-        return pair
+        pem = self.server_cert.read()
+        if pem is None or pem == self._server_pem:
+            return pem is not None
+        pair = pki.load_cert_and_key(*pem)  # ValueError: a mismatched pair, kept out
+        pki.write_atomic(self._tls_dir / pki.KEY_FILE, pem[1], mode=0o600)
+        pki.write_atomic(self._tls_dir / pki.CERT_FILE, pem[0])
+        self._server_pem = pem
+        log.info("aggregator server certificate valid until %s", pair.cert.not_valid_after_utc)
+        return True
 
     def _write_client_trust(self) -> bool:
         """Write the agent CA's certificates as the server's client trust (ca.crt) when they
@@ -153,23 +142,34 @@ class AggregatorService:
             except (OSError, CAUnavailable):
                 log.exception("reading the agent CA failed; keeping the current client trust")
 
-    async def _renew_loop(self, cert: Any) -> None:
-        """Renew the server certificate when SERVER_CERT_RENEW_AT of its lifetime is left
-        (the servicer's credentials pick the new files up for new connections)."""
+    async def _cert_loop(self) -> None:
+        """Follow the signer's renewals of the server certificate."""
         while True:
-            await asyncio.sleep(certlife.renew_in(cert, SERVER_CERT_RENEW_AT, pki.utcnow()))
+            await asyncio.sleep(CERT_CHECK_S)
             try:
-                cert = (await asyncio.to_thread(self._issue_server_cert)).cert
-            except (OSError, ValueError, CAUnavailable):
-                log.exception("renewing the aggregator certificate failed; retrying")
-                await asyncio.sleep(RENEW_RETRY_S)
+                await asyncio.to_thread(self._take_server_cert)
+            except (KubeError, OSError, ValueError):  # keep serving the current one
+                log.exception("reading the aggregator certificate failed; keeping the current one")
+
+    async def _first_server_cert(self, wait_s: float) -> None:
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while not await asyncio.to_thread(self._take_server_cert):
+            if asyncio.get_running_loop().time() > deadline:
+                raise RuntimeError(
+                    f"no aggregator certificate in {self.server_cert.where()} after "
+                    f"{wait_s:.0f} s: the signer issues it (ocm-fl-hub --role signer, the "
+                    "chart's signer Deployment, with the hub CA mounted); is it running?"
+                )
+            await asyncio.sleep(1.0)
 
     async def start(self) -> int:
-        """Issue the server certificate, start serving; returns the gRPC port."""
+        """Take the signer's server certificate (waiting up to `CERT_WAIT_S` for the first),
+        start serving; returns the gRPC port."""
         s = self.settings
         self._tls_dir = Path(tempfile.mkdtemp(prefix="ocmfl-aggregator-tls-"))
-        pair = self._issue_server_cert()
-        self._renewer = asyncio.create_task(self._renew_loop(pair.cert))
+        await self._first_server_cert(s.cert_wait_s)
+        self._write_client_trust()
+        self._renewer = asyncio.create_task(self._cert_loop())
         self._trust = asyncio.create_task(self._trust_loop())
         self.server = AggregatorServer(
             self.store,

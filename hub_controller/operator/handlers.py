@@ -14,10 +14,8 @@ excluded) changed since the last successful apply, or at the periodic resync; it
 only when the fold changed it. The daemon is the only writer of the resource's status.
 
 Process-wide handles (the API client, the work writer, the wakers) live in kopf's memo
-(`memo.operator`; the aggregator puts its report store at `memo.reports`; the aggregator
-reads the hub CA at `memo.ca`, and it and the agent signer the agent CA at `memo.agent_ca`).
-The operator itself never uses either: each federation's Fleet CA is in its credentials
-Secret.
+(`memo.operator`; the aggregator puts its report store at `memo.reports`). The operator never
+uses the hub CA or the agent CA: each federation's Fleet CA is in its credentials Secret.
 """
 
 from __future__ import annotations
@@ -79,6 +77,7 @@ from hub_controller.operator.observed import (
     Observations,
     observation_digest,
     ready_clusters,
+    signed_fleet_csr,
 )
 from hub_controller.operator.workwatch import WorkStore
 from hub_controller.operator.writer import AioKube, AsyncKube, ThreadedKube, Writer
@@ -178,13 +177,21 @@ class Operator:
     # Each resource's phase, rounds and progress for Prometheus (one registry with the
     # aggregator's series: the hub's /metrics).
     metrics: FederationMetrics = field(default_factory=FederationMetrics)
-    # Resource -> how many SuperNode keys the Fleet signer (same process) has enrolled for
-    # it: part of a pass's inputs, so a key that arrives while nothing else changes is copied
-    # to the server's node-keys shards at once (not at the next resync, minutes later).
+    # Resource -> how many SuperNode keys the Fleet signer (in this process or in its own
+    # Deployment) has enrolled for it, from the signed Fleet CSRs it watches: part of a pass's
+    # inputs, so a key that arrives while nothing else changes is copied to the server's
+    # node-keys shards at once (not at the next resync, minutes later).
     enrolled: dict[Key, int] = field(default_factory=dict)
+    signed_csrs: set[str] = field(default_factory=set)  # the CSR uids counted in `enrolled`
+    keys_by_uid: dict[str, Key] = field(default_factory=dict)  # running resources' uids
 
-    def key_enrolled(self, key: Key) -> None:
-        """The Fleet signer stored a SuperNode key for this resource: apply again now."""
+    def key_enrolled(self, csr_uid: str, federation_uid: str) -> None:
+        """The Fleet signer signed a CSR of this federation (having stored its SuperNode
+        key): apply again now, once per CSR."""
+        key = self.keys_by_uid.get(federation_uid)
+        if key is None or csr_uid in self.signed_csrs:
+            return
+        self.signed_csrs.add(csr_uid)
         self.enrolled[key] = self.enrolled.get(key, 0) + 1
         self.wake(key)
 
@@ -752,8 +759,8 @@ def reconcile(
                     jobs = path_of("batch/v1", "Job", ref.namespace)
                     _refusable(lambda: op.kube.create(jobs, job), job)
                     obs = replace(obs, server_job=JobState(exists=True))
-            # Waiting for keys: look again soon (the signer's write also wakes the loop,
-            # but only when the signer runs in this process: Operator.key_enrolled).
+            # Waiting for keys: look again soon (a signed Fleet CSR also wakes the loop:
+            # Operator.key_enrolled).
             run.applied, run.applied_at = (None if keys_missing else inputs), clock()
             if keys_missing:
                 waiting_for_keys = True
@@ -814,6 +821,7 @@ async def run(
             loop.call_soon_threadsafe(wake_now)
 
     op.wakers[key] = waker
+    op.keys_by_uid[ref.uid] = key
     unsubscribe = reports.subscribe(ref.uid, waker)
     state = Run(ref, status=copy.deepcopy(dict(body.get("status") or {})))
     failures = 0
@@ -839,6 +847,7 @@ async def run(
         unsubscribe()
         if op.wakers.get(key) is waker:
             del op.wakers[key]
+            op.keys_by_uid.pop(ref.uid, None)
 
 
 # --- waking the owner up when related objects change ---------------------------------------
@@ -867,6 +876,20 @@ async def decision_changed(
 @kopf.on.event(constants.CLUSTER_GROUP, "v1", "managedclusters")
 async def cluster_changed(memo: kopf.Memo, **_: Any) -> None:
     memo.operator.wake_all()
+
+
+@kopf.on.event(
+    "certificates.k8s.io",
+    "v1",
+    "certificatesigningrequests",
+    field="spec.signerName",
+    value=constants.FLEET_SIGNER_NAME,
+)
+async def fleet_csr_signed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A cluster's SuperNode key was enrolled (its Fleet CSR signed): the server needs it."""
+    signed = None if type == "DELETED" else signed_fleet_csr(body)
+    if signed is not None:
+        memo.operator.key_enrolled(*signed)
 
 
 @kopf.on.event(

@@ -8,6 +8,8 @@ server Service's address and the model in the server pod's termination message.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import dataclasses
 import hashlib
 import json
@@ -24,7 +26,7 @@ from hub_controller.operator.desired.works import (
     SPEC_HASH_ANNOTATION,
 )
 from hub_controller.reports import ClusterReport
-from ocmfl import constants
+from ocmfl import constants, pki
 from ocmfl.podproblem import pod_problem
 
 
@@ -381,3 +383,23 @@ def ready_clusters(obs: Observations) -> list[str]:
         if r.has_data and work is not None and work.applied and not work.deleting:
             out.append(r.name)
     return out
+
+
+def signed_fleet_csr(csr: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(CSR uid, federation uid) of a Fleet CSR that holds its certificate, else None. The
+    Fleet signer stores the cluster's SuperNode key before it writes the certificate, so a
+    signed one means a key to copy to that federation's server; only a signer may write
+    `status.certificate`, so one a requester forged never holds it."""
+    if not (csr.get("status") or {}).get("certificate"):
+        return None
+    try:
+        request = pki.load_csr_pem(base64.b64decode((csr.get("spec") or {}).get("request", "")))
+    except (ValueError, binascii.Error):
+        return None
+    for uri in pki.uris_of(request):
+        try:
+            federation, _cluster = pki.parse_fleet_uri(uri)
+        except pki.IdentityError:
+            continue
+        return str((csr.get("metadata") or {}).get("uid", "")), federation
+    return None

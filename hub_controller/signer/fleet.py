@@ -24,9 +24,9 @@ import kopf
 
 from hub_controller.api import FLRef
 from hub_controller.membership import Registry
+from hub_controller.membership_indexes import members_of
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
-from hub_controller.operator.indexes import Indexes
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
@@ -268,16 +268,12 @@ def fleet_csr_changed(
     if type == "DELETED":
         return
     signer: FleetSigner = memo.fleet_signer
-    members = Indexes.of(kwargs).members()
+    members = members_of(kwargs)
 
     def handle(csr: dict[str, Any]) -> str | None:
+        # An approved key reaches the running server through the controller, which watches
+        # the signed CSR (operator/handlers.py fleet_csr_signed): same process or not.
         decision = signer.handle(csr, members)
-        if isinstance(decision, ApproveFleet):
-            # A key that changed (a cluster that came back has a new one) must reach the
-            # running server: the resource's loop copies it to the node-keys shards.
-            operator = getattr(memo, "operator", None)
-            if operator is not None:
-                operator.key_enrolled((decision.ref.namespace, decision.ref.name))
         # A Fleet CSR can come before its federation's CA Secret, or a moment after the
         # requester's hub credential was issued: wait for them a little.
         if isinstance(decision, Ignore) and decision.why in (NO_CA_YET, WAITING_FOR_LEDGER):

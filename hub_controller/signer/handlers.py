@@ -21,7 +21,7 @@ import kopf
 
 from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
-from hub_controller.operator.indexes import Indexes
+from hub_controller.membership_indexes import members_of
 from hub_controller.signer.addon_status import Outcome
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
@@ -146,7 +146,7 @@ def csr_changed(
     if type == "DELETED":
         return
     signer: Signer = memo.signer
-    members = Indexes.of(kwargs).members()
+    members = members_of(kwargs)
 
     def handle(csr: dict[str, Any]) -> str | None:
         decision = signer.handle(csr, members)

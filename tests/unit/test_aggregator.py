@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
@@ -15,10 +16,12 @@ import pytest
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from hack.testing import TestPKI
+from hub_controller.aggregator.server_cert import SecretServerCert
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import AddonMembers, ClusterInfo, StaticMembers
 from ocmfl import pki
+from ocmfl.kube import Kube
 from ocmfl.status.stream import HubRefusal, ReportCall, first_ack, hub_acks, read_ack
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
@@ -93,11 +96,16 @@ async def send(
     ca = pki.cert_to_pem(tpki.ca.cert)
     async with channel_for(hub.port, client_dir, ca) as channel:
         call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+        answers = hub_acks(call)  # an iterator: it sees a refusal that ends a failed write
         acks = []
-        for r in reports:
-            await call.write(r)
-            acks.append((await read_ack(call)).sequence)
-        await call.done_writing()
+        try:
+            for r in reports:
+                with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                    await call.write(r)  # the hub may refuse the stream during this write
+                acks.append((await anext(answers)).sequence)
+            await call.done_writing()
+        finally:
+            await answers.aclose()
         return acks
 
 
@@ -391,12 +399,27 @@ async def test_concurrent_streams_from_many_clusters(
     assert sorted(hub.store.snapshot(UID)) == names
 
 
+def signer_issued(tmp_path: Path, hub_ca: pki.CertAndKey) -> tuple[Any, SecretServerCert]:
+    """What the signer part does (its issuer, on an in-memory Secret API) and the aggregator's
+    view of that Secret."""
+    from secrets_kube import SecretsKube
+
+    from hub_controller.ca import CADir
+    from hub_controller.signer.aggregator_cert import AggregatorCertIssuer, ServerNames
+
+    kube = cast(Kube, SecretsKube())
+    ca_dir = CADir.hub(pki.save_tls_dir(tmp_path / "hub-ca", hub_ca, None))
+    issuer = AggregatorCertIssuer(kube, ca_dir, ServerNames(), "hub")
+    issuer.ensure()
+    return issuer, SecretServerCert(kube, "hub")
+
+
 async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
     tmp_path: Path,
 ) -> None:
-    """The server certificate comes from the hub CA (what agents trust for the aggregator);
-    client certificates must come from the agent CA: one the hub CA signed for a cluster is
-    refused in the handshake."""
+    """The server certificate is the one the signer issued from the hub CA into its Secret
+    (what agents trust for the aggregator), and follows its renewal; client certificates must
+    come from the agent CA: one the hub CA signed for a cluster is refused in the handshake."""
     import urllib.request
 
     from hub_controller.aggregator.scope import WorkScope
@@ -405,14 +428,16 @@ async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
 
     agents = TestPKI(tmp_path / "agents", key_kind="rsa")  # the agent CA and agent certificates
     hub_ca = pki.create_ca("hub", key_kind="rsa")
-    hub_ca_dir = pki.save_tls_dir(tmp_path / "hub-ca", hub_ca, None)
+    issuer, secret = signer_issued(tmp_path, hub_ca)
     agent_ca_dir = pki.save_tls_dir(tmp_path / "agent-ca", agents.ca, None)
+    # The aggregator gets the agent CA's certificate only, never a key.
+    (agent_ca_dir / pki.KEY_FILE).unlink()
     service = AggregatorService(
         AggregatorSettings(
             listen="127.0.0.1:0", metrics_port=0, metrics_host="127.0.0.1", metrics_token="t0k"
         ),
         StaticMembers(["cluster-a"]),
-        CADir.hub(hub_ca_dir),
+        secret,
         WorkScope({("cluster-a", UID): [("fl", "mnist")]}, grace_s=0),
         CADir.agent(agent_ca_dir),
     )
@@ -467,6 +492,15 @@ async def test_service_serves_with_the_hub_ca_and_trusts_only_agent_ca_clients(
             b'ocmfl_cluster_accuracy{cluster="cluster-a",name="mnist",namespace="fl"} 0.8' in body
         )
         assert port == service.server.port
+        # The signer renews (here: a new hub CA); the aggregator serves the new certificate.
+        new_ca = pki.create_ca("hub-2", key_kind="rsa")
+        pki.save_tls_dir(tmp_path / "hub-ca", new_ca, None)
+        await asyncio.to_thread(issuer.ensure)
+        assert await asyncio.to_thread(service._take_server_cert)
+        served = await asyncio.to_thread(
+            ssl.get_server_certificate, ("127.0.0.1", port), timeout=10
+        )
+        assert pki.verify_issued_by(pki.load_cert_pem(served), new_ca.cert)
     finally:
         await service.stop()
 
@@ -481,7 +515,7 @@ async def test_a_rotated_agent_ca_becomes_the_client_trust(tmp_path: Path) -> No
     service = AggregatorService(
         AggregatorSettings(listen="127.0.0.1:0", metrics_port=None),
         StaticMembers(["cluster-a"]),
-        CADir.hub(pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("hub"), None)),
+        signer_issued(tmp_path, pki.create_ca("hub"))[1],
         WorkScope({}, grace_s=0),
         CADir.agent(agent_ca_dir),
     )
@@ -540,7 +574,7 @@ async def test_revoked_membership_stops_reports_at_once_and_csr_approvals(
     from hub_creds import issue_hub_credential, requested_with
 
     from agent_addon.csr import csr_object
-    from hub_controller.operator import indexes
+    from hub_controller import membership_indexes as indexes
     from hub_controller.signer.policy import Approve, Deny, decide_csr
 
     # kopf.index types a decorated handler as kopf's IndexingFn (every kwarg required); kopf

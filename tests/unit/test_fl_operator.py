@@ -19,7 +19,13 @@ from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
 from hub_controller.operator.indexes import Indexes, Owned
-from hub_controller.operator.observed import DecisionState, JobState, PlacementState, WorkState
+from hub_controller.operator.observed import (
+    DecisionState,
+    JobState,
+    PlacementState,
+    WorkState,
+    signed_fleet_csr,
+)
 from hub_controller.reports import ClusterReport, NoReports
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import object_path
@@ -415,13 +421,26 @@ def _node_keys(kube: FakeKube) -> dict[str, str]:
     return out
 
 
+def _fleet_csr(federation_uid: str, cluster: str) -> dict[str, Any]:
+    _, node_public = nodekeys.generate_keypair()
+    request = pki.create_fleet_csr(federation_uid, cluster, pki.generate_key(), node_public)
+    return {
+        "metadata": {"name": f"fleet-{cluster}", "uid": f"csr-uid-{cluster}"},
+        "spec": {
+            "signerName": constants.FLEET_SIGNER_NAME,
+            "request": base64.b64encode(pki.csr_to_pem(request)).decode(),
+        },
+    }
+
+
 def test_a_key_enrolled_while_nothing_else_changes_reaches_the_server_at_once(
     op: handlers.Operator, kube: FakeKube
 ) -> None:
     """Drill 4: a cluster that comes back gets a new SuperNode key; its work and client Job
     can be observed before the Fleet signer enrols the key, so no observed input changes
-    afterwards. The signer's note (Operator.key_enrolled) makes the next pass copy the key to
-    the node-keys shards; the run was otherwise refused that cluster until the resync."""
+    afterwards. The signed Fleet CSR, which the controller watches whether the signer runs
+    in its process or not (Operator.key_enrolled), makes the next pass copy the key to the
+    node-keys shards; the run was otherwise refused that cluster until the resync."""
     spec = spec_dict(advertiseAddress="127.0.0.1:9443")
     works = [
         WorkState(cluster=c, name=work_name(REF), applied=True, job=JobState(True, active=1))
@@ -435,7 +454,16 @@ def test_a_key_enrolled_while_nothing_else_changes_reaches_the_server_at_once(
     kube.objects["secrets"] = enrolled_keys_secrets("c1", "c2")
     woken: list[bool] = []
     op.wakers[KEY] = lambda: woken.append(True)
-    op.key_enrolled(KEY)
+    op.keys_by_uid[REF.uid] = KEY
+    # What the controller sees of the signer (its own Deployment): c2's Fleet CSR, signed.
+    csr = _fleet_csr(REF.uid, "c2")
+    assert signed_fleet_csr(csr) is None  # not signed yet: no key stored yet
+    csr["status"] = {"certificate": "c2ln bmVk"}
+    signed = signed_fleet_csr(csr)
+    assert signed == ("csr-uid-c2", REF.uid)
+    op.key_enrolled(*signed)
+    op.key_enrolled(*signed)  # the same CSR again (a later event): counted once
+    op.key_enrolled("csr-uid-x", "another-federation")  # not one of ours: nothing
     assert woken == [True]
     run(op, spec, idx, state)
     new = _node_keys(kube)["c2.pub"]
