@@ -1,8 +1,10 @@
 """A whole federation on the local control plane (DEMO AND TEST INFRASTRUCTURE).
 
-On a real hub the controller, aggregator and CSR signers run in the Helm chart's Deployment;
-here they run as one local process (`ocm-fl-hub`) against the real local apiservers
-(hack.controlplane), on the plane's first host address, which pods reach. Everything on the
+On a real hub the controller and aggregator run in the Helm chart's hub Deployment and the CSR
+signers in its signer Deployment; here they run as the same two parts, two local processes
+(`ocm-fl-hub --role controller` as "hub", `--role signer` as "signer"; only the signer has
+the CA keys), against the real local apiservers (hack.controlplane), on the plane's first host
+address, which pods reach. Everything on the
 clusters' side is what a hub admin's install does, for real:
 
 * the chart's addon objects (ClusterManagementAddOn, AddOnTemplate, AddOnDeploymentConfig, the
@@ -65,6 +67,8 @@ ADMISSION_PATHS = {
 }
 # Names the admission policy's objects like a chart release "ocm-fl-local" would.
 ADMISSION_PREFIX = "ocm-fl-local"
+# The signer process's kopf liveness port, on the hub's address (the controller has 8080).
+SIGNER_HEALTH_PORT = constants.HUB_HEALTH_PORT + 1
 POLICY_PATH = f"/apis/{constants.API_VERSION}/namespaces/{{ns}}/{policy.PLURAL}"
 MCA_PATH = f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{{ns}}/managedclusteraddons"
 PODS_PATH = f"/api/v1/namespaces/{constants.AGENT_NAMESPACE}/pods"
@@ -621,25 +625,57 @@ class LocalFederation:
         what = f"{proc.name} to listen on {host}:{port} (log {proc.log})"
         wait_for(up, timeout, what, error=FederationError)
 
-    def _start_hub(self) -> None:
-        env = {
+    def _hub_env(self) -> dict[str, str]:
+        return {
             "KUBECONFIG": self.plane.hub_kubeconfig,
-            constants.ENV_CA_DIR: str(self.ca_dir),
-            constants.ENV_AGENT_CA_DIR: str(self.agent_ca_dir),
-            constants.ENV_HUB_AGGREGATOR_ADDRESS: self.aggregator_address,
-            constants.ENV_AGGREGATOR_LISTEN: self.aggregator_address,
-            constants.ENV_METRICS_LISTEN: f"{self.hub_host}:{constants.HUB_METRICS_PORT}",
-            constants.ENV_RUN_CSR_SIGNER: "true",
             constants.ENV_HOSTPATH_ROOT: str(self.hostpath_root),
             **self.hub_env,
         }
+
+    def _start_signer(self) -> None:
+        """The signer part (`ocm-fl-hub --role signer`, the chart's signer Deployment): the
+        only process with the CA keys; it issues the aggregator's certificate into its Secret
+        before the controller's aggregator looks for it."""
+        env = {
+            **self._hub_env(),
+            constants.ENV_CA_DIR: str(self.ca_dir),
+            constants.ENV_AGENT_CA_DIR: str(self.agent_ca_dir),
+            constants.ENV_HUB_AGGREGATOR_ADDRESS: self.aggregator_address,
+            constants.ENV_RUN_CSR_SIGNER: "true",
+        }
         argv = [
             str(VENV_BIN / "ocm-fl-hub"),
+            "--role=signer",
+            "--liveness",
+            f"http://{self.hub_host}:{SIGNER_HEALTH_PORT}/healthz",
+        ]
+        proc = self._spawn("signer", argv, env)
+        self._wait_port(proc, self.hub_host, SIGNER_HEALTH_PORT, 90)
+
+    def _start_hub(self) -> None:
+        """The signer part when it is not running, then the controller part (`ocm-fl-hub
+        --role controller`, the chart's hub Deployment): operator and aggregator, with the
+        agent CA's certificate and no CA key, as the chart mounts them."""
+        if not any(p.name == "signer" for p in self.procs):
+            self._start_signer()
+        agent_ca_public = self.agent_ca_dir.parent / "agent-ca-public"
+        pki.write_atomic(
+            agent_ca_public / pki.CERT_FILE, (self.agent_ca_dir / pki.CERT_FILE).read_bytes()
+        )
+        env = {
+            **self._hub_env(),
+            constants.ENV_AGENT_CA_DIR: str(agent_ca_public),
+            constants.ENV_AGGREGATOR_LISTEN: self.aggregator_address,
+            constants.ENV_METRICS_LISTEN: f"{self.hub_host}:{constants.HUB_METRICS_PORT}",
+        }
+        argv = [
+            str(VENV_BIN / "ocm-fl-hub"),
+            "--role=controller",
             "--liveness",
             f"http://{self.hub_host}:{constants.HUB_HEALTH_PORT}/healthz",
         ]
         proc = self._spawn("hub", argv, env)
-        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 90)
+        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 150)
 
     def agent_health(self, cluster: str) -> dict[str, Any] | None:
         """The agent's /healthz answer (hubConnected, pending, ...), None when it does not
@@ -775,7 +811,8 @@ class LocalFederation:
         self._wait_agent(cluster)
 
     def start_hub(self) -> None:
-        """(Re)start the hub process, e.g. after `kill("hub")`; returns once it listens."""
+        """(Re)start the hub's controller process, e.g. after `kill("hub")` (and the signer
+        process, after `kill("signer")`); returns once the aggregator listens."""
         self._start_hub()
 
     def start_agent(self, cluster: str) -> None:

@@ -1,8 +1,16 @@
-"""`ocm-fl-hub`: the hub process. kopf runs the FederatedLearning controller
-(hub_controller.operator), the agents' report aggregator (hub_controller.aggregator), the CSR
-signers for agent and Fleet identities and the hub-identity ledger they check requesters
-against (hub_controller.signer). OCMFL_RUN_CSR_SIGNER=false leaves the agent signer out
-(agents then get no identity); any other value, or none, runs it.
+"""`ocm-fl-hub`: the hub process. kopf runs, by `--role` ($OCMFL_HUB_ROLE):
+
+- `controller`: the FederatedLearning controller (hub_controller.operator) and the agents'
+  report aggregator (hub_controller.aggregator). It parses tenant specs and serves gRPC, and
+  holds no CA key: the aggregator's certificate comes from a Secret the signer keeps, and
+  client certificates are checked against the agent CA's certificate alone;
+- `signer`: the CSR signers for agent and Fleet identities, the hub-identity ledger they check
+  requesters against, and the aggregator's certificate (hub_controller.signer). Only this
+  part reads the hub CA's and the agent CA's keys;
+- `all` (the default): both, in one process (the local plane's hub).
+
+The chart runs `controller` and `signer` as two Deployments. OCMFL_RUN_CSR_SIGNER=false leaves
+the agent signer out (agents then get no identity); any other value, or none, runs it.
 
 Cluster-wide by default. `--namespace` (repeatable, globs allowed) limits the namespaced
 watches, which include the ManifestWorks in the cluster namespaces: list those too (or a glob
@@ -17,6 +25,8 @@ import os
 
 from ocmfl import certlife, constants
 
+ROLES = ("all", "controller", "signer")
+
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="ocm-fl-hub", description=__doc__)
@@ -26,12 +36,18 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         help="watch only these namespaces (repeatable); default: all",
     )
+    parser.add_argument(
+        "--role",
+        choices=ROLES,
+        default=os.environ.get(constants.ENV_HUB_ROLE) or "all",
+        help="which parts to run (default: $OCMFL_HUB_ROLE, else all)",
+    )
     parser.add_argument("--verbose", action="store_true", help="debug logging")
     parser.add_argument(
         "--no-aggregator",
         action="store_true",
-        help="do not run the report aggregator in this process (it starts only when the hub "
-        "CA is mounted anyway)",
+        help="do not run the report aggregator in this process (it starts only when the agent "
+        "CA's certificate is mounted anyway)",
     )
     parser.add_argument(
         "--liveness", default=None, help="kopf liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
@@ -47,18 +63,24 @@ def main(argv: list[str] | None = None) -> None:
 
     import kopf
 
-    # Importing a part's handlers module registers its kopf handlers.
-    import hub_controller.operator.handlers
+    # Importing a part's handlers module registers its kopf handlers (startup handlers run in
+    # import order: the signer's aggregator certificate before the aggregator looks for it).
+    import hub_controller.membership_indexes
 
-    if not args.no_aggregator:
-        import hub_controller.aggregator.handlers
-    if os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").strip().lower() != "false":
-        import hub_controller.signer.handlers
-    # Always: client Fleet identities come only through this signer (keys made on clusters),
-    # and both signers trust requesters only through the ledger.
-    import hub_controller.signer.addon_status
-    import hub_controller.signer.fleet
-    import hub_controller.signer.ledger  # noqa: F401
+    if args.role in ("all", "signer"):
+        if os.environ.get(constants.ENV_RUN_CSR_SIGNER, "").strip().lower() != "false":
+            import hub_controller.signer.handlers
+        # Always: client Fleet identities come only through this signer (keys made on
+        # clusters), and both signers trust requesters only through the ledger.
+        import hub_controller.signer.addon_status
+        import hub_controller.signer.aggregator_cert
+        import hub_controller.signer.fleet
+        import hub_controller.signer.ledger
+    if args.role in ("all", "controller"):
+        import hub_controller.operator.handlers
+
+        if not args.no_aggregator:
+            import hub_controller.aggregator.handlers  # noqa: F401
 
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

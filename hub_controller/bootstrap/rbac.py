@@ -1,9 +1,11 @@
-"""Every Kubernetes permission the hub controller + aggregator needs, declared in one place.
+"""Every Kubernetes permission the hub's two parts need, declared in one place: the controller
+(operator + aggregator, CONTROLLER_RULES) and the signer (SIGNER_RULES), each with its own
+ServiceAccount in the chart.
 
 The Helm chart (deploy/helm/ocm-federated-learning/templates/rbac.yaml) grants these;
-tests/unit/test_deploy.py renders the chart and fails when a rule below is not covered, and
-when controller code names a resource that is missing here. Add a rule here first when the
-controller starts calling a new API.
+tests/unit/test_deploy.py renders the chart and fails when a rule below is not covered for
+that part's ServiceAccount, and when a part's code names a resource that is missing here. Add
+a rule here first when a part starts calling a new API.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from ocmfl import constants
 
 # Default names of the two CA Secrets in the hub's namespace (chart values ca.secretName,
 # agentCA.secretName): the hub CA (aggregator server certificate) and the agent CA (agent
-# client certificates). The hub mounts both; it never reads them through the API.
+# client certificates). The signer part mounts both; no part reads them through the API.
 DEFAULT_CA_SECRET: Final = "ocm-fl-ca"
 DEFAULT_AGENT_CA_SECRET: Final = "ocm-fl-agent-ca"
 
@@ -45,30 +47,44 @@ class Rule:
     why: str = ""
 
 
-HUB_RULES: Final[tuple[Rule, ...]] = (
+# kopf itself, in either part: discovers CRDs, watches namespaces, posts events on the
+# objects it handles.
+_KOPF: Final[tuple[Rule, ...]] = (
+    Rule("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), why="kopf scan"),
+    Rule("", "namespaces", ("list", "watch"), why="kopf namespace discovery"),
+    Rule("events.k8s.io", "events", ("create",), why="kopf events (new API)"),
+    Rule("", "events", ("create",), why="kopf events"),
+)
+# Addon membership (hub_controller/membership_indexes.py), in either part: the clusters, the
+# addon's ManagedClusterAddOns, and OCM's addon hub-credential CSRs
+# (kubernetes.io/kube-apiserver-client), which the hub only watches.
+_MEMBERSHIP: Final[tuple[Rule, ...]] = (
+    Rule(constants.CLUSTER_GROUP, "managedclusters", READ, why="cluster claims and health"),
+    Rule(constants.ADDON_GROUP, "managedclusteraddons", READ, why="addon members, ledger"),
+    Rule(
+        "certificates.k8s.io",
+        "certificatesigningrequests",
+        READ,
+        why="addon hub-credential CSRs (watched only); agent and Fleet CSRs",
+    ),
+)
+
+# `ocm-fl-hub --role controller`: the operator and the aggregator. It parses tenant specs and
+# serves gRPC, so it gets no CA key and no way to sign anything.
+CONTROLLER_RULES: Final[tuple[Rule, ...]] = (
+    *_KOPF,
+    *_MEMBERSHIP,
     # The FederatedLearning API.
     Rule(constants.GROUP, constants.PLURAL, (*READ, "update", "patch"), why="reconcile, finalizer"),
     Rule(constants.GROUP, f"{constants.PLURAL}/status", ("get", "update", "patch"), why="status"),
     # The hub admin's tenant policy (hub_controller/policy.py): read, never written.
     Rule(constants.GROUP, constants.POLICY_PLURAL, READ, why="tenant policy per namespace"),
-    # kopf itself: discovers CRDs, watches namespaces, posts events on the objects it handles.
-    Rule("apiextensions.k8s.io", "customresourcedefinitions", ("list", "watch"), why="kopf scan"),
-    Rule("", "namespaces", ("list", "watch"), why="kopf namespace discovery"),
-    Rule("events.k8s.io", "events", ("create",), why="kopf events (new API)"),
-    Rule("", "events", ("create",), why="kopf events"),
     # OCM: one Placement per resource (in its namespace), its decisions, the chosen clusters.
     Rule(constants.CLUSTER_GROUP, "placements", CRUD, why="Placement per FederatedLearning"),
     Rule(constants.CLUSTER_GROUP, "placementdecisions", READ, why="chosen clusters"),
-    Rule(constants.CLUSTER_GROUP, "managedclusters", READ, why="cluster claims and health"),
     Rule(constants.CLUSTER_GROUP, "managedclustersetbindings", READ, why="explain no decisions"),
     # One ManifestWork per chosen cluster, in that cluster's namespace on the hub.
     Rule(constants.WORK_GROUP, "manifestworks", CRUD, why="per-cluster FL client"),
-    Rule(constants.ADDON_GROUP, "managedclusteraddons", READ, why="addon members, ledger"),
-    # The hub-identity ledger annotation (hub_controller/signer/ledger.py); only the hub
-    # writes it (registration agents may patch only managedclusteraddons/status).
-    Rule(constants.ADDON_GROUP, "managedclusteraddons", ("patch",), why="hub-identity ledger"),
-    # Its own condition on each (why the agent has no identity: signer/addon_status.py).
-    Rule(constants.ADDON_GROUP, "managedclusteraddons/status", ("patch",), why="agent condition"),
     # The FL server side on the hub, next to the FederatedLearning resource. kopf indexes
     # watch Jobs, Services and Pods cluster-wide (by label); writes stay in FL namespaces.
     Rule("batch", "jobs", READ, why="kopf index of server Jobs"),
@@ -79,15 +95,34 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
     Rule("", "secrets", CRUD, Scope.FL_NAMESPACES, why="server TLS, node keys"),
     Rule("", "configmaps", CRUD, Scope.FL_NAMESPACES, why="server config"),
     Rule("", "persistentvolumeclaims", CRUD, Scope.FL_NAMESPACES, why="model storage"),
-    # CSRs: the project's signers' own (agent and Fleet identities), and OCM's addon
-    # hub-credential CSRs (kubernetes.io/kube-apiserver-client), which the hub only watches
-    # (the ledger): it may approve and sign for its own two signers, nothing else.
+    # Its own namespace: leader lease (if enabled), the /metrics token it makes once, and the
+    # aggregator's server certificate, which the signer keeps (read by name only).
+    Rule("coordination.k8s.io", "leases", CRUD, Scope.RELEASE_NAMESPACE, why="leader lease"),
     Rule(
-        "certificates.k8s.io",
-        "certificatesigningrequests",
-        READ,
-        why="agent and Fleet CSRs; addon hub-credential CSRs (watched only)",
+        "",
+        "secrets",
+        ("get",),
+        Scope.RELEASE_NAMESPACE,
+        resource_names=(constants.METRICS_TOKEN_SECRET, constants.AGGREGATOR_TLS_SECRET),
+        why="the /metrics bearer token, the aggregator's certificate",
     ),
+    Rule("", "secrets", ("create",), Scope.RELEASE_NAMESPACE, why="the /metrics token, once"),
+)
+
+# `ocm-fl-hub --role signer`: the CSR signers (agent and Fleet identities), the hub-identity
+# ledger, the addon condition, the aggregator's certificate. The only part with the hub CA's
+# and the agent CA's keys (mounted; never read through the API).
+SIGNER_RULES: Final[tuple[Rule, ...]] = (
+    *_KOPF,
+    *_MEMBERSHIP,
+    # The hub-identity ledger annotation (hub_controller/signer/ledger.py); only the hub
+    # writes it (registration agents may patch only managedclusteraddons/status).
+    Rule(constants.ADDON_GROUP, "managedclusteraddons", ("patch",), why="hub-identity ledger"),
+    # Its own condition on each (why the agent has no identity: signer/addon_status.py).
+    Rule(constants.ADDON_GROUP, "managedclusteraddons/status", ("patch",), why="agent condition"),
+    # A Fleet CSR's federation must have a ManifestWork on the requesting cluster.
+    Rule(constants.WORK_GROUP, "manifestworks", ("get", "list"), why="Fleet CSR's federation"),
+    # CSRs: it may approve and sign for its own two signers, nothing else.
     Rule(
         "certificates.k8s.io",
         "certificatesigningrequests/approval",
@@ -107,18 +142,23 @@ HUB_RULES: Final[tuple[Rule, ...]] = (
         resource_names=(constants.SIGNER_NAME, constants.FLEET_SIGNER_NAME),
         why="only our signers",
     ),
-    # Its own namespace: leader lease (if enabled), and the /metrics token it makes once.
-    Rule("coordination.k8s.io", "leases", CRUD, Scope.RELEASE_NAMESPACE, why="leader lease"),
+    # Each federation's Fleet CA (its credentials Secret) and its enrolled-keys shards.
+    Rule("", "secrets", ("get", "create", "patch"), Scope.FL_NAMESPACES, why="Fleet CA, keys"),
+    # The aggregator's server certificate in its own namespace (create cannot be limited by
+    # name; get and update are).
     Rule(
         "",
         "secrets",
-        ("get",),
+        ("get", "update"),
         Scope.RELEASE_NAMESPACE,
-        resource_names=(constants.METRICS_TOKEN_SECRET,),
-        why="the /metrics bearer token",
+        resource_names=(constants.AGGREGATOR_TLS_SECRET,),
+        why="the aggregator's certificate",
     ),
-    Rule("", "secrets", ("create",), Scope.RELEASE_NAMESPACE, why="the /metrics token, once"),
+    Rule("", "secrets", ("create",), Scope.RELEASE_NAMESPACE, why="the aggregator's certificate"),
 )
+
+# One `ocm-fl-hub` running both parts (`--role all`, the local plane's hub) needs both.
+HUB_RULES: Final[tuple[Rule, ...]] = (*CONTROLLER_RULES, *SIGNER_RULES)
 
 # The CA init hook Job (chart hook): create the CA Secrets (hub CA, agent CA) if absent,
 # publish the hub CA certificate into the AddOnDeploymentConfig. Only in the release namespace.

@@ -178,10 +178,12 @@ def test_drill_certificates_rotate_mid_run(
     prepare_data(plane, tmp_path / "data", clusters, body["spec"]["client"]["dataClaim"])
     hub_log = fed.log_file("hub")
     try:
-        # Short lifetimes from here: the hub (aggregator certificate, both signers) and
+        # Short lifetimes from here: the hub's two parts (the signer: the aggregator
+        # certificate, both signers; the controller: gateway and SuperLink certificates) and
         # freshly installed agents (no certificate, so theirs come from the short signer).
         fed.hub_env[certlife.ENV_CERT_LIFETIME] = str(LIFETIME_S)
         fed.kill("hub", signal.SIGTERM)
+        fed.kill("signer", signal.SIGTERM)
         log_from = hub_log.stat().st_size
         fed.start_hub()
         for c in clusters:
@@ -286,6 +288,7 @@ def test_drill_certificates_rotate_mid_run(
             hub.delete(f"{FL_PATH.format(ns=NS)}/{NAME}")
             wait_for(lambda: get_fl(hub, NS, NAME) is None, 180, f"{NAME} deleted")
         # The later drills run with the default lifetimes again.
-        if any(p.name == "hub" for p in fed.procs):
-            fed.kill("hub", signal.SIGTERM)
+        for part in ("hub", "signer"):
+            if any(p.name == part for p in fed.procs):
+                fed.kill(part, signal.SIGTERM)
         fed.start_hub()

@@ -166,9 +166,12 @@ def test_rendered_chart_passes_server_side_dry_run_and_installs(
         hub.request("POST", _collection(hook), hook, query={"dryRun": "All"})
 
 
-def test_hub_service_account_is_allowed_exactly_what_rbac_py_declares(
+def test_each_hub_part_is_allowed_exactly_what_rbac_py_declares(
     hub: Kube, namespace: str, rendered: tuple[str, str, list[dict[str, Any]]]
 ) -> None:
+    """The controller's and the signer's ServiceAccounts, judged by the apiserver's own
+    authorizer: each may do what rbac.py declares for its part, and the controller can
+    neither sign nor read a CA Secret."""
     _, _, docs = rendered
     for obj in docs:
         if obj["kind"] in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding") or (
@@ -176,12 +179,18 @@ def test_hub_service_account_is_allowed_exactly_what_rbac_py_declares(
             and "helm.sh/hook" not in obj["metadata"].get("annotations", {})
         ):
             hub.create(_collection(obj), obj, exist_ok=False)
-    sa = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"][
-        "serviceAccountName"
-    ]
-    user = f"system:serviceaccount:{namespace}:{sa}"
+    accounts = {
+        d["spec"]["template"]["spec"]["containers"][0]["args"][0]: d["spec"]["template"]["spec"][
+            "serviceAccountName"
+        ]
+        for d in docs
+        if d["kind"] == "Deployment"
+    }
+    assert set(accounts) == {"--role=controller", "--role=signer"}, accounts
 
-    def allowed(rule: rbac.Rule, verb: str, ns: str | None, name: str | None = None) -> bool:
+    def allowed(
+        sa: str, rule: rbac.Rule, verb: str, ns: str | None, name: str | None = None
+    ) -> bool:
         resource, _, subresource = rule.resource.partition("/")
         attrs: dict[str, Any] = {
             "group": rule.group,
@@ -196,28 +205,44 @@ def test_hub_service_account_is_allowed_exactly_what_rbac_py_declares(
         review = {
             "apiVersion": "authorization.k8s.io/v1",
             "kind": "SubjectAccessReview",
-            "spec": {"user": user, "resourceAttributes": attrs},
+            "spec": {
+                "user": f"system:serviceaccount:{namespace}:{sa}",
+                "resourceAttributes": attrs,
+            },
         }
         res = hub.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review)
         return bool(res["status"].get("allowed"))
 
     denied = []
-    for rule in rbac.HUB_RULES:
-        ns = {
-            rbac.Scope.CLUSTER: None,
-            rbac.Scope.FL_NAMESPACES: namespace,  # rbac.flNamespaces={namespace} above
-            rbac.Scope.RELEASE_NAMESPACE: namespace,
-        }[rule.scope]
-        for verb in rule.verbs:
-            names = rule.resource_names or (None,)
-            if not all(allowed(rule, verb, ns, n) for n in names):
-                denied.append(f"{verb} {rule.group}/{rule.resource} in {ns}")
+    for role, rules in (
+        ("--role=controller", rbac.CONTROLLER_RULES),
+        ("--role=signer", rbac.SIGNER_RULES),
+    ):
+        for rule in rules:
+            ns = {
+                rbac.Scope.CLUSTER: None,
+                rbac.Scope.FL_NAMESPACES: namespace,  # rbac.flNamespaces={namespace} above
+                rbac.Scope.RELEASE_NAMESPACE: namespace,
+            }[rule.scope]
+            for verb in rule.verbs:
+                names = rule.resource_names or (None,)
+                if not all(allowed(accounts[role], rule, verb, ns, n) for n in names):
+                    denied.append(f"{role}: {verb} {rule.group}/{rule.resource} in {ns}")
     assert not denied, denied
+    controller, signer = accounts["--role=controller"], accounts["--role=signer"]
     # Least privilege: FL-namespace grants do not leak to other namespaces, other signers fail.
-    jobs = next(r for r in rbac.HUB_RULES if r.resource == "jobs")
-    assert not allowed(jobs, "create", "kube-system")
-    signers = next(r for r in rbac.HUB_RULES if r.resource == "signers")
-    assert not allowed(signers, "sign", None, "kubernetes.io/kube-apiserver-client")
+    jobs = next(r for r in rbac.CONTROLLER_RULES if r.resource == "jobs")
+    assert not allowed(controller, jobs, "create", "kube-system")
+    signers = next(r for r in rbac.SIGNER_RULES if r.resource == "signers")
+    assert not allowed(signer, signers, "sign", None, "kubernetes.io/kube-apiserver-client")
+    # The controller (it parses tenant specs, serves gRPC) signs nothing, reads no CA.
+    assert not allowed(controller, signers, "sign", None, constants.SIGNER_NAME)
+    approval = next(r for r in rbac.SIGNER_RULES if r.resource.endswith("/approval"))
+    assert not allowed(controller, approval, "update", None)
+    secret = rbac.Rule("", "secrets", ("get",))
+    for ca in (rbac.DEFAULT_CA_SECRET, rbac.DEFAULT_AGENT_CA_SECRET):
+        assert not allowed(controller, secret, "get", namespace, ca), ca
+        assert not allowed(signer, secret, "get", namespace, ca), ca  # mounted, never read
 
 
 def test_ca_hook_creates_the_ca_once_and_publishes_it_to_the_deployment_config(

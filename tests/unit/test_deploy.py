@@ -33,7 +33,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "deploy" / "helm" / "ocm-federated-learning"
 NAMESPACE = "ocm-fl-system"
 RELEASE = "ocm-fl"
-HUB_ROLE = f"{RELEASE}-ocm-federated-learning"  # the hub controller's ClusterRole
+HUB_ROLE = f"{RELEASE}-ocm-federated-learning"  # the hub controller's ClusterRole, Deployment
+SIGNER = f"{HUB_ROLE}-signer"  # the signer part's Deployment, ServiceAccount and ClusterRole
 
 
 # --- helm ---------------------------------------------------------------------------------------
@@ -123,11 +124,12 @@ def test_crds_render_from_the_charts_crds_dir(helm: str) -> None:
 
 
 def test_hub_deployment_runs_ocm_fl_hub_non_root_with_read_only_root(helm: str) -> None:
-    dep = one(render(helm), "Deployment")
+    dep = one(render(helm), "Deployment", HUB_ROLE)
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert c["image"] == constants.ADDON_IMAGE
     assert c["command"] == ["ocm-fl-hub"]
+    assert "--role=controller" in c["args"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
@@ -139,18 +141,51 @@ def test_hub_deployment_runs_ocm_fl_hub_non_root_with_read_only_root(helm: str) 
     }
     assert f"--liveness=http://0.0.0.0:{constants.HUB_HEALTH_PORT}/healthz" in c["args"]
     mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
-    assert {constants.HUB_CA_DIR, constants.AGENT_CA_DIR, "/tmp"} <= set(mounts)
+    # No CA key in the process that parses tenant specs and serves gRPC: only the agent CA's
+    # certificate, as the trust for client certificates.
+    assert set(mounts) == {constants.AGENT_CA_DIR, "/tmp"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    agent_ca = volumes[mounts[constants.AGENT_CA_DIR]]["secret"]
+    assert agent_ca["secretName"] == rbac.DEFAULT_AGENT_CA_SECRET
+    assert agent_ca["items"] == [{"key": "tls.crt", "path": "tls.crt"}]
+    env = {e["name"]: e for e in c["env"]}
+    assert constants.ENV_CA_DIR not in env
+    assert env[constants.ENV_AGENT_CA_DIR]["value"] == constants.AGENT_CA_DIR
+    assert env[constants.ENV_HOSTPATH_ROOT]["value"] == constants.DEFAULT_HOSTPATH_ROOT
+    assert set(env) <= _env_constants()
+    assert dep["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_signer_deployment_alone_mounts_the_ca_keys(helm: str) -> None:
+    """The signer part is its own Deployment, ServiceAccount and selector (the aggregator's
+    Service never routes to it); it mounts both CA Secrets whole."""
+    docs = render(helm)
+    dep = one(docs, "Deployment", SIGNER)
+    pod = dep["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert c["command"] == ["ocm-fl-hub"] and "--role=signer" in c["args"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["serviceAccountName"] == SIGNER
+    assert (
+        pod["serviceAccountName"]
+        != one(docs, "Deployment", HUB_ROLE)["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+    mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes[mounts[constants.HUB_CA_DIR]]["secret"]["secretName"] == rbac.DEFAULT_CA_SECRET
     agent_ca = volumes[mounts[constants.AGENT_CA_DIR]]["secret"]
-    assert agent_ca["secretName"] == rbac.DEFAULT_AGENT_CA_SECRET
+    assert agent_ca["secretName"] == rbac.DEFAULT_AGENT_CA_SECRET and "items" not in agent_ca
     env = {e["name"]: e for e in c["env"]}
     assert env[constants.ENV_CA_DIR]["value"] == constants.HUB_CA_DIR
     assert env[constants.ENV_AGENT_CA_DIR]["value"] == constants.AGENT_CA_DIR
     # The agent signer runs by default (OCMFL_RUN_CSR_SIGNER=false would leave it out).
     assert constants.ENV_RUN_CSR_SIGNER not in env
-    assert env[constants.ENV_HOSTPATH_ROOT]["value"] == constants.DEFAULT_HOSTPATH_ROOT
+    assert constants.ENV_HUB_AGGREGATOR_ADDRESS in env  # the name its certificate carries
     assert set(env) <= _env_constants()
+    assert "ports" not in c or {p["name"] for p in c["ports"]} == {"health"}
+    service_selectors = [d["spec"]["selector"] for d in docs if d["kind"] == "Service"]
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert all(not (sel.items() <= labels.items()) for sel in service_selectors)
     assert dep["spec"]["strategy"]["type"] == "Recreate"
 
 
@@ -204,9 +239,13 @@ def test_existing_ca_secrets_with_bundle_need_no_jobs(helm: str) -> None:
         helm, "ca.existingSecret=my-ca", "agentCA.existingSecret=my-agent-ca", f"ca.bundle={pem}"
     )
     assert not [d for d in docs if d["kind"] == "Job"]
-    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
-    secrets = {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
-    assert secrets == {"my-ca", "my-agent-ca"}
+
+    def secrets(name: str) -> set[str]:
+        pod = one(docs, "Deployment", name)["spec"]["template"]["spec"]
+        return {v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+
+    assert secrets(SIGNER) == {"my-ca", "my-agent-ca"}
+    assert secrets(HUB_ROLE) == {"my-agent-ca"}  # its certificate only
     adc = one(docs, "AddOnDeploymentConfig")
     variables = adc["spec"]["customizedVariables"]
     assert all(len(v["value"]) <= constants.ADDON_VAR_MAX_LENGTH for v in variables)
@@ -489,10 +528,16 @@ def test_chart_registration_equals_hub_controller_addon_template(helm: str) -> N
 def test_the_hub_approves_and_signs_only_its_own_signers_and_only_watches_the_rest(
     helm: str,
 ) -> None:
-    """The hub watches OCM's addon hub-credential CSRs (the ledger) but may not approve or deny
-    them; it may approve and sign the agent and Fleet signers only, and patch
-    ManagedClusterAddOns (the ledger annotation)."""
-    role = one(render(helm), "ClusterRole", HUB_ROLE)
+    """The hub's signer part watches OCM's addon hub-credential CSRs (the ledger) but may not
+    approve or deny them; it may approve and sign the agent and Fleet signers only, and patch
+    ManagedClusterAddOns (the ledger annotation). The controller part only reads CSRs."""
+    controller = one(render(helm), "ClusterRole", HUB_ROLE)
+    assert {
+        v for r in controller["rules"] if "certificatesigningrequests" in r["resources"]
+        for v in r["verbs"]
+    } == {"get", "list", "watch"}  # fmt: skip
+    assert not [r for r in controller["rules"] if "signers" in r["resources"]]
+    role = one(render(helm), "ClusterRole", SIGNER)
 
     def verbs(resource: str) -> set[str]:
         return {v for r in role["rules"] if resource in r["resources"] for v in r["verbs"]}
@@ -560,15 +605,24 @@ def _bound_roles(docs: list[dict[str, Any]], sa: str) -> dict[str | None, list[d
         (("rbac.flNamespaces={team-a,team-b}",), ("team-a", "team-b")),
     ],
 )
-def test_rendered_rbac_grants_every_declared_hub_rule(
-    helm: str, sets: tuple[str, ...], fl_namespaces: tuple[str, ...]
+@pytest.mark.parametrize(
+    ("deployment", "rules"),
+    [(HUB_ROLE, rbac.CONTROLLER_RULES), (SIGNER, rbac.SIGNER_RULES)],
+    ids=["controller", "signer"],
+)
+def test_rendered_rbac_grants_every_declared_rule_to_each_part(
+    helm: str,
+    sets: tuple[str, ...],
+    fl_namespaces: tuple[str, ...],
+    deployment: str,
+    rules: tuple[rbac.Rule, ...],
 ) -> None:
     docs = render(helm, *sets)
-    sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    sa = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]["serviceAccountName"]
     roles = _bound_roles(docs, sa)
     cluster = roles.get(None, [])
     missing = []
-    for rule in rbac.HUB_RULES:
+    for rule in rules:
         if rule.scope is rbac.Scope.CLUSTER:
             ok = _grants(cluster, rule)
         elif rule.scope is rbac.Scope.RELEASE_NAMESPACE:
@@ -589,23 +643,27 @@ def test_by_default_the_hub_may_write_secrets_and_jobs_only_in_the_fl_namespaces
     """A default install grants no cluster-wide write on Secrets, Jobs or any other object of
     the server side, and tells the controller where it may run servers."""
     docs = render(helm)
-    sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
-    roles = _bound_roles(docs, sa)
-    writes = {("", "secrets"), ("batch", "jobs"), ("", "configmaps"), ("", "services")}
-    for role in roles.get(None, []):
-        for r in role["rules"]:
-            for group in r.get("apiGroups", []):
-                for resource in r.get("resources", []):
-                    if (group, resource) in writes:
-                        assert not set(r["verbs"]) & {"create", "update", "patch", "delete"}, r
-    assert set(roles) == {None, NAMESPACE, "fl"}, set(roles)
+    for deployment in (HUB_ROLE, SIGNER):
+        pod = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]
+        roles = _bound_roles(docs, pod["serviceAccountName"])
+        writes = {("", "secrets"), ("batch", "jobs"), ("", "configmaps"), ("", "services")}
+        for role in roles.get(None, []):
+            for r in role["rules"]:
+                for group in r.get("apiGroups", []):
+                    for resource in r.get("resources", []):
+                        if (group, resource) in writes:
+                            verbs = set(r["verbs"])
+                            assert not verbs & {"create", "update", "patch", "delete"}, r
+        assert set(roles) == {None, NAMESPACE, "fl"}, (deployment, set(roles))
     env = {
         e["name"]: e.get("value")
-        for e in one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["env"]
+        for e in one(docs, "Deployment", HUB_ROLE)["spec"]["template"]["spec"]["containers"][0][
+            "env"
+        ]
     }
     assert env[constants.ENV_FL_NAMESPACES] == "fl"
     wide = render(helm, "rbac.flNamespaces={}")
-    assert constants.ENV_FL_NAMESPACES not in str(one(wide, "Deployment"))
+    assert constants.ENV_FL_NAMESPACES not in str(one(wide, "Deployment", HUB_ROLE))
 
 
 def test_rendered_ca_init_role_grants_declared_rules(helm: str) -> None:
@@ -623,15 +681,50 @@ def test_rendered_ca_init_role_grants_declared_rules(helm: str) -> None:
     assert all(r.get("resourceNames") for r in named), "get/patch must be limited by name"
 
 
-def test_rendered_rbac_grants_nothing_undeclared(helm: str) -> None:
-    """The ClusterRole stays least-privilege: each (group, resource) in it is declared."""
-    docs = render(helm)
-    declared = rbac.resources()
-    for r in one(docs, "ClusterRole", HUB_ROLE)["rules"]:
+@pytest.mark.parametrize(
+    ("role", "rules"),
+    [(HUB_ROLE, rbac.CONTROLLER_RULES), (SIGNER, rbac.SIGNER_RULES)],
+    ids=["controller", "signer"],
+)
+def test_rendered_rbac_grants_nothing_undeclared(
+    helm: str, role: str, rules: tuple[rbac.Rule, ...]
+) -> None:
+    """Each part's ClusterRole stays least-privilege: each (group, resource) and verb in it is
+    declared for that part."""
+    docs = render(helm, "rbac.flNamespaces={}")  # the widest variant
+    verbs: dict[tuple[str, str], set[str]] = {}
+    for rule in rules:
+        verbs.setdefault((rule.group, rule.resource), set()).update(rule.verbs)
+    for r in one(docs, "ClusterRole", role)["rules"]:
         for g in r["apiGroups"]:
             for res in r["resources"]:
-                assert (g, res) in declared, f"undeclared grant {g}/{res}"
+                assert (g, res) in verbs, f"undeclared grant {g}/{res} to {role}"
+                assert set(r["verbs"]) <= verbs[(g, res)], (role, g, res, r["verbs"])
         assert "*" not in r["verbs"]
+
+
+def test_the_controller_can_neither_sign_nor_read_a_ca(helm: str) -> None:
+    """What a compromised controller (it parses tenant specs, serves gRPC) cannot do: approve
+    or sign a CSR, or read either CA Secret; the signer can do the first, neither reads."""
+    docs = render(helm)
+    controller = _bound_roles(
+        docs, one(docs, "Deployment", HUB_ROLE)["spec"]["template"]["spec"]["serviceAccountName"]
+    )
+    grants = [(ns, r) for ns, roles in controller.items() for role in roles for r in role["rules"]]
+    for _, r in grants:
+        resources = set(r.get("resources", []))
+        assert not resources & {"signers", "certificatesigningrequests/approval"}, r
+        assert not resources & {"certificatesigningrequests/status"}, r
+    for ca in (rbac.DEFAULT_CA_SECRET, rbac.DEFAULT_AGENT_CA_SECRET):
+        readable = [
+            r
+            for ns, r in grants
+            if ns in (None, NAMESPACE)
+            and "secrets" in r.get("resources", [])
+            and {"get", "list", "watch"} & set(r["verbs"])
+            and ca in r.get("resourceNames", [ca])
+        ]
+        assert not readable, (ca, readable)
 
 
 # ocmfl.kube.Kube methods -> the verb they ask for; "*": a path built here, used elsewhere.
@@ -730,13 +823,32 @@ def _api_uses(path: Path) -> set[tuple[str, str]]:
     return uses
 
 
-def test_controller_code_uses_only_declared_permissions() -> None:
-    """Scan hub_controller for Kubernetes client calls; each must be declared in rbac.py."""
+def _part(path: Path) -> str:
+    """Which part of `ocm-fl-hub` runs a module ("both": membership, shared helpers)."""
+    parts = path.relative_to(ROOT / "hub_controller").parts
+    if parts[0] == "signer":
+        return "signer"
+    if parts[0] in ("operator", "aggregator"):
+        return "controller"
+    return "both"
+
+
+@pytest.mark.parametrize(
+    ("part", "rules"),
+    [("controller", rbac.CONTROLLER_RULES), ("signer", rbac.SIGNER_RULES)],
+)
+def test_each_parts_code_uses_only_its_declared_permissions(
+    part: str, rules: tuple[rbac.Rule, ...]
+) -> None:
+    """Scan a part's modules (and the shared ones) for Kubernetes client calls; each must be
+    declared for that part in rbac.py."""
     declared: dict[str, set[str]] = {}
-    for rule in rbac.HUB_RULES:
+    for rule in rules:
         declared.setdefault(rule.resource, set()).update(rule.verbs)
     undeclared = []
     for path in _controller_modules():
+        if _part(path) not in (part, "both"):
+            continue
         for resource, verb in _api_uses(path):
             verbs = declared.get(resource, set())
             if not verbs or (verb != "*" and verb not in verbs):
@@ -906,7 +1018,7 @@ def test_aggregator_limits_values_become_the_hub_env_the_aggregator_reads(helm: 
     docs = render(
         helm, "aggregator.limits.maxStreamsPerCluster=2", "aggregator.limits.reportsPerS=7.5"
     )
-    (c,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    (c,) = one(docs, "Deployment", HUB_ROLE)["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e.get("value") for e in c["env"]}
     limits = Limits.from_env(env.get)
     assert (limits.max_streams_per_cluster, limits.reports_per_s) == (2, 7.5)
@@ -915,7 +1027,9 @@ def test_aggregator_limits_values_become_the_hub_env_the_aggregator_reads(helm: 
 
 def test_certificate_lifetime_value_reaches_the_hub_env_only_when_set(helm: str) -> None:
     def env(*sets: str) -> dict[str, str]:
-        (c,) = one(render(helm, *sets), "Deployment")["spec"]["template"]["spec"]["containers"]
+        (c,) = one(render(helm, *sets), "Deployment", HUB_ROLE)["spec"]["template"]["spec"][
+            "containers"
+        ]
         return {e["name"]: e.get("value", "") for e in c.get("env") or []}
 
     assert certlife.ENV_CERT_LIFETIME not in env()

@@ -32,6 +32,25 @@ app.kubernetes.io/part-of: ocm-federated-learning
 {{- end -}}
 {{- end -}}
 
+{{/* The signer part: its Deployment and ServiceAccount (the only holder of the CA keys). */}}
+{{- define "ocmfl.signerFullname" -}}
+{{- printf "%s-signer" (include "ocmfl.fullname" . | trunc 56 | trimSuffix "-") -}}
+{{- end -}}
+
+{{- define "ocmfl.signerServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "ocmfl.signerFullname" .) .Values.signer.serviceAccountName -}}
+{{- else -}}
+{{- required "signer.serviceAccountName is required when serviceAccount.create is false" .Values.signer.serviceAccountName -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "ocmfl.signerSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: hub-signer
+{{- end -}}
+
 {{- define "ocmfl.image" -}}
 {{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}
