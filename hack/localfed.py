@@ -653,11 +653,13 @@ class LocalFederation:
         self._wait_port(proc, self.hub_host, SIGNER_HEALTH_PORT, 90)
 
     def _start_hub(self) -> None:
-        """The signer part when it is not running, then the controller part (`ocm-fl-hub
-        --role controller`, the chart's hub Deployment): operator and aggregator, with the
-        agent CA's certificate and no CA key, as the chart mounts them."""
+        """The signer part, then the controller part (`ocm-fl-hub --role controller`, the
+        chart's hub Deployment: operator and aggregator, with the agent CA's certificate and
+        no CA key, as the chart mounts them), each unless it is running."""
         if not any(p.name == "signer" for p in self.procs):
             self._start_signer()
+        if any(p.name == "hub" for p in self.procs):
+            return
         agent_ca_public = self.agent_ca_dir.parent / "agent-ca-public"
         pki.write_atomic(
             agent_ca_public / pki.CERT_FILE, (self.agent_ca_dir / pki.CERT_FILE).read_bytes()
@@ -811,8 +813,8 @@ class LocalFederation:
         self._wait_agent(cluster)
 
     def start_hub(self) -> None:
-        """(Re)start the hub's controller process, e.g. after `kill("hub")` (and the signer
-        process, after `kill("signer")`); returns once the aggregator listens."""
+        """Start whichever of the hub's two processes is not running, e.g. after `kill("hub")`
+        (the controller) or `kill("signer")`; returns once the aggregator listens."""
         self._start_hub()
 
     def start_agent(self, cluster: str) -> None:

@@ -66,16 +66,20 @@ async def await_for(
 
 
 def kopf_registry(*modules: str) -> Any:
-    """A kopf registry holding the handlers of `modules` (and the operator's indexes), for
-    kopf.testing.KopfRunner(..., registry=...): each in-process run gets exactly the hub parts
-    it asks for, whatever an earlier test in the same process registered."""
+    """A kopf registry holding the handlers of `modules` (and the membership and operator
+    indexes), for kopf.testing.KopfRunner(..., registry=...): each in-process run gets exactly
+    the hub parts it asks for, whatever an earlier test in the same process registered."""
     import kopf
 
     registry = kopf.OperatorRegistry()
     previous = kopf.get_default_registry()
     kopf.set_default_registry(registry)
     try:
-        for name in ("hub_controller.operator.indexes", *modules):
+        for name in (
+            "hub_controller.membership_indexes",
+            "hub_controller.operator.indexes",
+            *modules,
+        ):
             if name in sys.modules:
                 importlib.reload(sys.modules[name])
             else:

@@ -54,7 +54,7 @@ class StatusRecorder:
 def restore(fed: LocalFederation) -> None:
     """Start again whatever a drill killed and did not restart (the next drill needs it)."""
     names = {p.name for p in fed.procs}
-    if "hub" not in names:
+    if not {"hub", "signer"} <= names:
         fed.start_hub()
     for cluster in fed.clusters:
         if f"agent-{cluster}" not in names:

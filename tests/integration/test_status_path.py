@@ -50,7 +50,8 @@ CLUSTER = constants.CLUSTER_GROUP
 MCA_PATH = f"/apis/{constants.ADDON_GROUP}/v1alpha1/namespaces/{{ns}}/managedclusteraddons"
 CLAIMS = f"/apis/{CLUSTER}/v1alpha1/clusterclaims"
 CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
-HUB_PARTS = (
+HUB_PARTS = (  # `ocm-fl-hub --role all`, in its import order
+    "hub_controller.signer.aggregator_cert",
     "hub_controller.operator.handlers",
     "hub_controller.aggregator.handlers",
     "hub_controller.signer.addon_status",
