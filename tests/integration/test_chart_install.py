@@ -95,8 +95,21 @@ def hub(control_plane: ControlPlane) -> Iterator[Kube]:
 
 
 @pytest.fixture
-def rendered(namespace: str, hub: Kube) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
-    """(release, addon, objects) rendered for `namespace`; cluster-scoped ones deleted after."""
+def fl_namespace(hub: Kube) -> Iterator[str]:
+    """The tenants' namespace (rbac.flNamespaces), another than the release's: the chart
+    refuses to grant the controller Secrets where the CA Secrets are."""
+    name = f"t-fl-{uuid.uuid4().hex[:6]}"
+    hub.create("/api/v1/namespaces", {"metadata": {"name": name}}, exist_ok=False)
+    yield name
+    hub.delete(f"/api/v1/namespaces/{name}")
+
+
+@pytest.fixture
+def rendered(
+    namespace: str, fl_namespace: str, hub: Kube
+) -> Iterator[tuple[str, str, list[dict[str, Any]]]]:
+    """(release, addon, objects) rendered for `namespace` with FederatedLearning resources in
+    `fl_namespace`; cluster-scoped ones deleted after."""
     suffix = uuid.uuid4().hex[:6]
     release, addon = f"t{suffix}", f"fl-test-{suffix}"
     cmd = [
@@ -112,7 +125,7 @@ def rendered(namespace: str, hub: Kube) -> Iterator[tuple[str, str, list[dict[st
         "--set",
         f"addon.name={addon}",
         "--set",
-        f"rbac.flNamespaces={{{namespace}}}",
+        f"rbac.flNamespaces={{{fl_namespace}}}",
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=120).stdout
     docs = [d for d in yaml.safe_load_all(out) if d]
@@ -167,7 +180,10 @@ def test_rendered_chart_passes_server_side_dry_run_and_installs(
 
 
 def test_each_hub_part_is_allowed_exactly_what_rbac_py_declares(
-    hub: Kube, namespace: str, rendered: tuple[str, str, list[dict[str, Any]]]
+    hub: Kube,
+    namespace: str,
+    fl_namespace: str,
+    rendered: tuple[str, str, list[dict[str, Any]]],
 ) -> None:
     """The controller's and the signer's ServiceAccounts, judged by the apiserver's own
     authorizer: each may do what rbac.py declares for its part, and the controller can
@@ -221,7 +237,7 @@ def test_each_hub_part_is_allowed_exactly_what_rbac_py_declares(
         for rule in rules:
             ns = {
                 rbac.Scope.CLUSTER: None,
-                rbac.Scope.FL_NAMESPACES: namespace,  # rbac.flNamespaces={namespace} above
+                rbac.Scope.FL_NAMESPACES: fl_namespace,  # rbac.flNamespaces above
                 rbac.Scope.RELEASE_NAMESPACE: namespace,
             }[rule.scope]
             for verb in rule.verbs:

@@ -703,6 +703,16 @@ def test_rendered_rbac_grants_nothing_undeclared(
         assert "*" not in r["verbs"]
 
 
+def test_the_release_namespace_cannot_be_an_fl_namespace(helm: str) -> None:
+    """The CA Secrets live in the release namespace; the controller may read Secrets in every
+    FL namespace, so the chart refuses that overlap, naming the value and the fix."""
+    cmd = [helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE]
+    res = _run([*cmd, "--set", f"rbac.flNamespaces={{fl,{NAMESPACE}}}"])
+    assert res.returncode != 0
+    assert "rbac.flNamespaces must not include the release namespace" in res.stderr
+    assert NAMESPACE in res.stderr and "another namespace" in res.stderr
+
+
 def test_the_controller_can_neither_sign_nor_read_a_ca(helm: str) -> None:
     """What a compromised controller (it parses tenant specs, serves gRPC) cannot do: approve
     or sign a CSR, or read either CA Secret; the signer can do the first, neither reads."""
