@@ -161,6 +161,12 @@ class FederationPolicySpec(BaseModel):
         "8Gi, nvidia.com/gpu: '1'}. cpu, memory and ephemeral-storage are uncapped unless "
         "listed; any other resource (GPUs, devices) is refused unless listed.",
     )
+    allowed_cluster_sets: list[Name] | None = Field(
+        default=None,
+        description="ManagedClusterSets spec.client.placement.clusterSets may name; it must "
+        "then name at least one. Unset: any set bound to this namespace (its "
+        "ManagedClusterSetBindings, which OCM's placement enforces).",
+    )
     max_clusters: int | None = Field(
         default=None,
         ge=1,
@@ -331,6 +337,9 @@ def violations(
     out += _run_violations(spec, policy, namespace)
     out += _s3_violations(spec, policy, namespace)
     return out
+
+
+CLUSTER_SETS: Final = "allowedClusterSets"
 
 
 def _ns(namespace: str) -> str:
@@ -652,6 +661,23 @@ def _s3_violations(
     return out
 
 
+def _cluster_set_violations(
+    spec: FederatedLearningSpec, policy: FederationPolicySpec, namespace: str
+) -> list[Violation]:
+    allowed = policy.allowed_cluster_sets
+    if allowed is None:
+        return []
+    field, sets = "spec.client.placement.clusterSets", spec.client.placement.cluster_sets
+    if not sets:
+        what = "unset (every set bound to the namespace)"
+        return [_not_allowed(field, what, namespace, "name sets from", allowed, CLUSTER_SETS)]
+    bad = [s for s in sets if s not in allowed]
+    if bad:
+        what = f"cluster sets {_listed(bad)} are not allowed"
+        return [_not_allowed(field, what, namespace, "use sets from", allowed, CLUSTER_SETS)]
+    return []
+
+
 def env_allowed(name: str, allowed: Sequence[str]) -> bool:
     """Whether an env name matches an allowedEnv entry (exact, or a prefix ending in *)."""
     return any(name.startswith(a[:-1]) if a.endswith("*") else name == a for a in allowed)
@@ -670,6 +696,7 @@ def _run_violations(
                 f"FederationPolicy {POLICY_NAME}.spec.maxRounds",
             )
         )
+    out += _cluster_set_violations(spec, policy, namespace)
     wanted = spec.client.placement.number_of_clusters
     if policy.max_clusters is not None and (wanted is None or wanted > policy.max_clusters):
         out.append(
@@ -1251,6 +1278,35 @@ def _s3_rules() -> list[tuple[str, str]]:
     ]
 
 
+def _cluster_set_rules() -> list[tuple[str, str]]:
+    sets, allowed = "object.spec.client.placement.clusterSets", "params.spec.allowedClusterSets"
+    named = f"{_has(sets)} && {sets}.size() > 0"
+    return [
+        (
+            f"!has({allowed}) || ({named})",
+            _cel_not_allowed(
+                "spec.client.placement.clusterSets: ",
+                "'unset'",
+                " (every set bound to the namespace)",
+                "name sets from",
+                allowed,
+                CLUSTER_SETS,
+            ),
+        ),
+        (
+            f"!has({allowed}) || !({named}) || {sets}.all(c, c in {allowed})",
+            _cel_not_allowed(
+                "spec.client.placement.clusterSets: cluster sets [",
+                f"{sets}.filter(c, !(c in {allowed})).join(', ')",
+                "] are not allowed",
+                "use sets from",
+                allowed,
+                CLUSTER_SETS,
+            ),
+        ),
+    ]
+
+
 _POLICY_RULES: Final = (
     *_pod_rules("server"),
     *_pod_rules("client"),
@@ -1261,6 +1317,7 @@ _POLICY_RULES: Final = (
         "allowedPlacementTolerationKeys",
     ),
     *_resource_rules(),
+    *_cluster_set_rules(),
     *_run_rules(),
     *_s3_rules(),
 )

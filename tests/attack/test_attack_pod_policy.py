@@ -46,6 +46,7 @@ POD_GRANT: dict[str, Any] = {
     "allowedAnnotationPrefixes": ["example.com/"],
     # One cap, so the refusal's list of caps reads the same from CEL and from the controller.
     "maxPodResources": {"cpu": "4"},
+    "allowedClusterSets": ["global"],
     "maxClusters": 5,
     "maxRounds": 10,
     "allowedAppPathPrefixes": [f"{constants.APPS_DIR}/"],
@@ -238,6 +239,17 @@ ATTACKS: dict[str, tuple[Callable[[dict[str, Any]], None], str, str]] = {
         ),
         "spec.client.placement.tolerations",
         "allowedPlacementTolerationKeys",
+    ),
+    "clusters from another team's cluster set": (
+        _set("client", "placement", "clusterSets", value=["global", "team-b-clusters"]),
+        "spec.client.placement.clusterSets",
+        "use sets from [global], or ask the hub admin to add it to FederationPolicy "
+        "default.spec.allowedClusterSets",
+    ),
+    "clusters from every set bound to the namespace": (
+        _set("client", "placement", "clusterSets", value=[]),
+        "spec.client.placement.clusterSets",
+        "unset (every set bound to the namespace)",
     ),
     "the model to a bucket the policy does not list": (
         _set("server", "storage", value=s3_spec(bucket="attacker-bucket")),

@@ -52,7 +52,8 @@ def test_policy_crd_is_structural_with_defaults() -> None:
     assert schema["required"] == ["spec"]
     spec = schema["properties"]["spec"]
     # Defaults make every field present for the admission policy's CEL (allow nothing); the
-    # two caps are optional (unset: no cap), and the CEL checks has() on them.
+    # two caps and allowedClusterSets are optional (unset: no cap; the bound sets), and the
+    # CEL checks has() on them.
     defaults = {k: v.get("default") for k, v in spec["properties"].items()}
     assert defaults == {
         "allowedImagePrefixes": [],
@@ -69,6 +70,7 @@ def test_policy_crd_is_structural_with_defaults() -> None:
         "allowedLabelPrefixes": [],
         "allowedAnnotationPrefixes": [],
         "maxPodResources": {},
+        "allowedClusterSets": None,
         "maxClusters": None,
         "maxRounds": None,
         "allowedAppPathPrefixes": [],
