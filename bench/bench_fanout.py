@@ -79,7 +79,7 @@ from hack.localfed import FL_PATH, LocalFederation, create_fl
 from hack.testing import WaitTimeout, wait_for
 from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
-from hub_controller.operator import handlers
+from hub_controller.operator import reconcile as reconciler
 from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
@@ -464,7 +464,7 @@ def phase(
     file."""
     hub = Kube(plane.hub_kubeconfig)
     setup = Raw(hub, SETUP_CONCURRENCY)
-    raw = Raw(hub, handlers.WRITE_CONCURRENCY)
+    raw = Raw(hub, reconciler.WRITE_CONCURRENCY)
     names = [f"{prefix}{n}-{i:04d}" for i in range(n)]
     # Sorts into the first PlacementDecision: OCM moves one cluster of every later slice
     # into the next one (the join that could restart other clusters' works mid-rewrite).

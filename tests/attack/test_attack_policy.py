@@ -20,7 +20,7 @@ import pytest
 
 from hub_controller import policy
 from hub_controller.api import FLRef, parse_spec
-from hub_controller.operator import handlers
+from hub_controller.operator import reconcile as reconciler
 from hub_controller.operator.indexes import Indexes
 from hub_controller.reports import NoReports
 from ocmfl import constants, pki
@@ -246,16 +246,16 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> RecordingKube:
 
 def _reconcile(
     kube: RecordingKube, tmp: Any, spec: dict[str, Any], grant_spec: dict[str, Any] | None
-) -> handlers.Run:
+) -> reconciler.Run:
     pki.save_tls_dir(tmp / "ca", pki.create_ca("attack-ca"), None)
-    op = handlers.Operator(kube=kube)  # type: ignore[arg-type]
+    op = reconciler.Operator(kube=kube)  # type: ignore[arg-type]
     body = {
         "metadata": {"namespace": REF.namespace, "name": REF.name, "uid": REF.uid, "generation": 1},
         "spec": spec,
     }
-    state = handlers.Run(REF, status={})
+    state = reconciler.Run(REF, status={})
     log = logging.getLogger("attack")
-    handlers.reconcile(op, NoReports(), body, _indexes(grant_spec), state, log)
+    reconciler.reconcile(op, NoReports(), body, _indexes(grant_spec), state, log)
     return state
 
 

@@ -35,7 +35,7 @@ from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServer
 from hub_controller.aggregator.store import ReportStore, StoreLimits
 from hub_controller.api import FLRef, claim_placement, parse_spec
 from hub_controller.membership import ClusterInfo, StaticMembers
-from hub_controller.operator import handlers
+from hub_controller.operator import reconcile as reconciler
 from hub_controller.operator.desired import works as works_mod
 from hub_controller.operator.indexes import Indexes, Owned, gather
 from hub_controller.operator.observed import DecisionState, PlacementState, WorkState
@@ -549,10 +549,10 @@ def quiet_kopf(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def reconcile(kube: FakeKube, idx: Indexes, tmp_path: Path) -> dict[str, Any]:
     pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
-    op = handlers.Operator(kube=kube)  # type: ignore[arg-type]
+    op = reconciler.Operator(kube=kube)  # type: ignore[arg-type]
     body = {"metadata": {"namespace": REF.namespace, "name": REF.name, "uid": REF.uid,
                          "generation": 1}, "spec": SPEC, "status": {}}  # fmt: skip
-    handlers.reconcile(op, NoReports(), body, idx, handlers.Run(REF, status={}), LOG)
+    reconciler.reconcile(op, NoReports(), body, idx, reconciler.Run(REF, status={}), LOG)
     [(_, patch)] = [p for p in kube.patched if p[0].endswith("/status")][-1:]
     status: dict[str, Any] = patch["status"]
     return status

@@ -11,7 +11,7 @@ import pytest
 
 from hack.controlplane.plane import ControlPlane
 from hub_controller.api import FLRef
-from hub_controller.operator import handlers
+from hub_controller.operator import reconcile as reconciler
 from hub_controller.operator.desired import works as works_mod
 from hub_controller.operator.writer import AioKube, Writer
 from ocmfl import constants
@@ -24,9 +24,9 @@ REF = FLRef(namespace="tenant", name="digits", uid="uid-writer")
 
 @pytest.fixture
 def writer(control_plane: ControlPlane) -> Iterator[tuple[Writer, Kube]]:
-    kube = Kube(control_plane.hub_kubeconfig, field_manager=handlers.FIELD_MANAGER)
-    aio = AioKube(kube, handlers.WRITE_CONCURRENCY)
-    w = Writer.on_own_loop(aio, handlers.WRITE_CONCURRENCY)
+    kube = Kube(control_plane.hub_kubeconfig, field_manager=reconciler.FIELD_MANAGER)
+    aio = AioKube(kube, reconciler.WRITE_CONCURRENCY)
+    w = Writer.on_own_loop(aio, reconciler.WRITE_CONCURRENCY)
     yield w, kube
     w.submit(lambda _: aio.close()).result()
     w.loop.call_soon_threadsafe(w.loop.stop)
@@ -50,7 +50,7 @@ def work(namespace: str, name: str, uid: str) -> dict[str, Any]:
 
 
 def write(w: Writer, obj: dict[str, Any], new: bool) -> str | None:
-    return w.submit(functools.partial(handlers._write_work, REF, obj, new)).result()
+    return w.submit(functools.partial(reconciler._write_work, REF, obj, new)).result()
 
 
 def test_works_are_created_checked_applied_refused_and_deleted(
@@ -74,11 +74,11 @@ def test_works_are_created_checked_applied_refused_and_deleted(
     assert (other or {})["metadata"]["labels"][constants.LABEL_OWNER_UID] == "uid-other"
     # A refusal (422, an invalid name) is ObjectRefused naming the object, not a bare error.
     bad = work(namespace, "Not_A_Name", REF.uid)
-    with pytest.raises(handlers.ObjectRefused) as refused:
+    with pytest.raises(reconciler.ObjectRefused) as refused:
         write(w, bad, new=True)
     assert refused.value.status == 422
     assert f"ManifestWork {namespace}/Not_A_Name" in refused.value.message
     # Deletes, concurrently; a work already gone is no error.
     paths = [path, path, path_of(works_mod.WORK_API_VERSION, "ManifestWork", namespace, "other")]
-    w.run_all([functools.partial(handlers._delete, p) for p in paths])
+    w.run_all([functools.partial(reconciler.delete_object, p) for p in paths])
     assert kube.get(path) is None

@@ -15,6 +15,7 @@ from fl_fixtures import REF, spec_dict
 
 from hub_controller.membership import ClusterInfo
 from hub_controller.operator import handlers
+from hub_controller.operator import reconcile as reconciler
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
@@ -95,9 +96,9 @@ def kube(monkeypatch: pytest.MonkeyPatch) -> FakeKube:
 
 
 @pytest.fixture
-def op(kube: FakeKube, tmp_path: Any) -> handlers.Operator:
+def op(kube: FakeKube, tmp_path: Any) -> reconciler.Operator:
     pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
-    return handlers.Operator(kube=kube)  # type: ignore[arg-type]
+    return reconciler.Operator(kube=kube)  # type: ignore[arg-type]
 
 
 KEY = (REF.namespace, REF.name)
@@ -162,19 +163,19 @@ class Reports(NoReports):
 
 
 def run(
-    op: handlers.Operator,
+    op: reconciler.Operator,
     spec: dict[str, Any],
     idx: Indexes,
-    state: handlers.Run | None = None,
+    state: reconciler.Run | None = None,
     reports: NoReports | None = None,
-) -> handlers.Run:
-    state = state or handlers.Run(REF, status={})
-    handlers.reconcile(op, reports or NoReports(), body(spec, state.status), idx, state, LOG)
+) -> reconciler.Run:
+    state = state or reconciler.Run(REF, status={})
+    reconciler.reconcile(op, reports or NoReports(), body(spec, state.status), idx, state, LOG)
     return state
 
 
 def test_invalid_spec_fails_with_condition_and_event_and_applies_nothing(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     raw = spec_dict(minAvailableClients=5)
     raw["client"]["placement"]["numberOfClusters"] = 2
@@ -192,7 +193,7 @@ def test_invalid_spec_fails_with_condition_and_event_and_applies_nothing(
 
 
 def test_a_resource_outside_the_charts_fl_namespaces_fails_and_applies_nothing(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     op.fl_namespaces = frozenset({"fl", "team-b"})  # REF lives in another namespace
     run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes())
@@ -214,11 +215,11 @@ def test_a_resource_outside_the_charts_fl_namespaces_fails_and_applies_nothing(
     # Served (listed, or no list: the chart's cluster-wide grant), it runs as before.
     for served in (frozenset({REF.namespace}), frozenset()):
         op.fl_namespaces = served
-        assert handlers.namespace_not_served(REF.namespace, served) is None
+        assert reconciler.namespace_not_served(REF.namespace, served) is None
 
 
 def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     stale = WorkState(cluster="c9", name=work_name(REF), applied=True)
     run(op, spec_dict(advertiseAddress="127.0.0.1:9443"), indexes(works=[stale]))
@@ -243,7 +244,7 @@ def test_valid_spec_applies_placement_service_and_works_for_clusters_with_data(
 
 
 def test_unchanged_inputs_apply_nothing_and_an_unchanged_status_is_not_written(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     spec = spec_dict(advertiseAddress="127.0.0.1:9443")
     state = run(op, spec, indexes())
@@ -253,7 +254,7 @@ def test_unchanged_inputs_apply_nothing_and_an_unchanged_status_is_not_written(
 
 
 def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gate(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     spec = spec_dict(advertiseAddress="127.0.0.1:9443")
     state = run(op, spec, indexes())
@@ -326,7 +327,9 @@ def enrolled_keys_secrets(*clusters: str) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def test_no_address_means_no_works_and_no_deletions(op: handlers.Operator, kube: FakeKube) -> None:
+def test_no_address_means_no_works_and_no_deletions(
+    op: reconciler.Operator, kube: FakeKube
+) -> None:
     stale = WorkState(cluster="c1", name=work_name(REF), applied=True)
     run(op, spec_dict(), indexes(works=[stale]))
     assert kube.kinds(kube.applied) == ["Placement", "Service"]
@@ -336,7 +339,7 @@ def test_no_address_means_no_works_and_no_deletions(op: handlers.Operator, kube:
 
 
 def test_a_report_refolds_status_without_applying_anything(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     spec = spec_dict(advertiseAddress="127.0.0.1:9443")
     works = [WorkState(cluster=c, name=work_name(REF), applied=True) for c in ("c1", "c2")]
@@ -344,14 +347,14 @@ def test_a_report_refolds_status_without_applying_anything(
     state = run(op, spec, idx)
     assert kube.status()["phase"] == "Running"
     writes = len(kube.applied) + len(kube.created) + len(kube.deleted)
-    report = ClusterReport("c1", REF.uid, handlers._now(), phase="Running", round=2)
+    report = ClusterReport("c1", REF.uid, reconciler._now(), phase="Running", round=2)
     run(op, spec, idx, state, Reports({"c1": report}))
     assert len(kube.applied) + len(kube.created) + len(kube.deleted) == writes
     assert kube.status()["clusters"][0]["round"] == 2
 
 
 def test_reports_are_acknowledged_only_after_a_status_write_that_holds_them(
-    op: handlers.Operator, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+    op: reconciler.Operator, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """reconcile tells the store the version it read before its snapshot once the status
     is written, never when the write failed."""
@@ -370,23 +373,23 @@ def test_reports_are_acknowledged_only_after_a_status_write_that_holds_them(
     def refused(*_: object, **__: object) -> dict[str, Any]:
         raise KubeError(503, "ServiceUnavailable", "apiserver unavailable")
 
-    state = handlers.Run(REF, status={})
+    state = reconciler.Run(REF, status={})
     with monkeypatch.context() as m:
         m.setattr(kube, "patch", refused)
         with pytest.raises(KubeError):
-            handlers.reconcile(op, store, body(spec, state.status), idx, state, LOG)
+            reconciler.reconcile(op, store, body(spec, state.status), idx, state, LOG)
     assert acked == []
-    handlers.reconcile(op, store, body(spec, state.status), idx, state, LOG)
+    reconciler.reconcile(op, store, body(spec, state.status), idx, state, LOG)
     assert kube.status()["clusters"][0]["round"] == 2 and acked == [1]
     again = store.apply("c1", make_report("c1", 2, uid=REF.uid))
     store.when_durable(REF.uid, again.version, lambda: acked.append(again.version))
     store.persisted(REF.uid, 1)  # an older write's news does not ack the newer report
-    handlers.reconcile(op, store, body(spec, state.status), idx, state, LOG)
+    reconciler.reconcile(op, store, body(spec, state.status), idx, state, LOG)
     assert acked == [1, 2]
 
 
 def test_delete_removes_owned_objects_forgets_reports_and_waits_for_works(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     forgotten: list[str] = []
 
@@ -434,7 +437,7 @@ def _fleet_csr(federation_uid: str, cluster: str) -> dict[str, Any]:
 
 
 def test_a_key_enrolled_while_nothing_else_changes_reaches_the_server_at_once(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     """Drill 4: a cluster that comes back gets a new SuperNode key; its work and client Job
     can be observed before the Fleet signer enrols the key, so no observed input changes
@@ -474,7 +477,7 @@ def test_a_key_enrolled_while_nothing_else_changes_reaches_the_server_at_once(
 
 
 def test_credentials_of_another_resource_are_never_reused_or_overwritten(
-    op: handlers.Operator, kube: FakeKube
+    op: reconciler.Operator, kube: FakeKube
 ) -> None:
     """A Secret of the credentials' name that another uid owns (a deleted resource's, or one
     the tenant made with a CA key of its choosing): the run fails naming it; nothing of it is
@@ -495,7 +498,7 @@ def test_credentials_of_another_resource_are_never_reused_or_overwritten(
     status = kube.status()
     assert status["phase"] == "Failed"
     [cond] = status["conditions"]
-    assert cond["reason"] == handlers.REASON_NAME_TAKEN
+    assert cond["reason"] == reconciler.REASON_NAME_TAKEN
     assert f"Secret {REF.namespace}/{name}" in status["message"]
     assert "belongs to someone-else" in status["message"] and "delete it" in status["message"]
     assert [o for o in kube.applied if o["kind"] == "Secret"] == [planted]

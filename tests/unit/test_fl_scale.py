@@ -17,7 +17,7 @@ from fl_fixtures import REF, spec, spec_dict
 
 from hub_controller.api import ClusterPhase
 from hub_controller.membership import ClusterInfo, ClusterResolution
-from hub_controller.operator import handlers
+from hub_controller.operator import reconcile as reconciler
 from hub_controller.operator.desired import works as works_mod
 from hub_controller.operator.fold import (
     MAX_CLUSTER_ROWS,
@@ -211,9 +211,9 @@ def quiet(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return events
 
 
-def operator(kube: CountingKube, tmp_path: Any) -> handlers.Operator:
+def operator(kube: CountingKube, tmp_path: Any) -> reconciler.Operator:
     pki.save_tls_dir(tmp_path / "hub-ca", pki.create_ca("test-hub-ca"), None)
-    return handlers.Operator(kube=kube)  # type: ignore[arg-type]
+    return reconciler.Operator(kube=kube)  # type: ignore[arg-type]
 
 
 def body(status: dict[str, Any]) -> dict[str, Any]:
@@ -229,14 +229,14 @@ def test_works_are_written_concurrently_with_a_bound_and_unchanged_ones_cost_not
     kube = CountingKube(delay=0.01)
     op = operator(kube, tmp_path)
     clusters = names(300)
-    state = handlers.Run(REF, status={})
-    handlers.reconcile(op, NoReports(), body({}), indexes(decision_objects(clusters)), state, LOG)
+    state = reconciler.Run(REF, status={})
+    reconciler.reconcile(op, NoReports(), body({}), indexes(decision_objects(clusters)), state, LOG)
     assert kube.writes("manifestworks") == 300
-    assert 1 < kube.most <= handlers.WRITE_CONCURRENCY
+    assert 1 < kube.most <= reconciler.WRITE_CONCURRENCY
     # The next pass comes before the index shows them (its watch lags): nothing written again.
     before = len(kube.requests)
     lagging = indexes(decision_objects([*clusters, "cluster-0x"]))
-    handlers.reconcile(op, NoReports(), body(state.status), lagging, state, LOG)
+    reconciler.reconcile(op, NoReports(), body(state.status), lagging, state, LOG)
     assert [p for v, p in kube.requests[before:] if "/manifestworks" in p] == [
         f"/apis/{constants.WORK_GROUP}/v1/namespaces/cluster-0x/manifestworks"
     ]
@@ -263,7 +263,7 @@ def test_works_are_written_concurrently_with_a_bound_and_unchanged_ones_cost_not
     before = len(kube.requests)
     joined = [*clusters, "cluster-new"]
     idx = indexes(decision_objects(joined), works)
-    handlers.reconcile(op, NoReports(), body(state.status), idx, state, LOG)
+    reconciler.reconcile(op, NoReports(), body(state.status), idx, state, LOG)
     new = kube.requests[before:]
     assert [p for v, p in new if "/manifestworks" in p] == [
         f"/apis/{constants.WORK_GROUP}/v1/namespaces/cluster-new/manifestworks"
@@ -273,7 +273,7 @@ def test_works_are_written_concurrently_with_a_bound_and_unchanged_ones_cost_not
     before = len(kube.requests)
     works.append(WorkState("cluster-new", works_mod.work_name(REF), uid=REF.uid))
     idx = indexes(decision_objects(clusters), works)
-    handlers.reconcile(op, NoReports(), body(state.status), idx, state, LOG)
+    reconciler.reconcile(op, NoReports(), body(state.status), idx, state, LOG)
     assert [(v, p.rsplit("/", 3)[-3]) for v, p in kube.requests[before:]
             if "/manifestworks" in p] == [("delete", "cluster-new")]  # fmt: skip
 
@@ -287,13 +287,13 @@ def test_an_internal_object_the_apiserver_refuses_is_named_with_its_size_not_inv
     refused = credentials.credentials_secret_name(server_mod.server_name(REF))
     kube = CountingKube(refuse_secret=refused)
     op = operator(kube, tmp_path)
-    state = handlers.Run(REF, status={})
+    state = reconciler.Run(REF, status={})
     idx = indexes(decision_objects(names(3)))
-    handlers.reconcile(op, NoReports(), body({}), idx, state, LOG)
+    reconciler.reconcile(op, NoReports(), body({}), idx, state, LOG)
     status = state.status
     assert status["phase"] == "Failed"
     [cond] = status["conditions"]
-    assert cond["reason"] == handlers.REASON_REFUSED
+    assert cond["reason"] == reconciler.REASON_REFUSED
     assert "invalid spec" not in status["message"]
     assert f"Secret {REF.namespace}/{refused}" in status["message"]
     assert "bytes" in status["message"] and "Too long" in status["message"]
@@ -307,10 +307,10 @@ def test_a_spec_that_would_make_oversized_works_fails_naming_the_cap_and_writes_
     ManifestWork is (each selected cluster gets one in hub etcd)."""
     kube = CountingKube()
     op = operator(kube, tmp_path)
-    state = handlers.Run(REF, status={})
+    state = reconciler.Run(REF, status={})
     big = body({})
     big["spec"]["client"]["runConfig"] = {f"k{i}": "x" * 1000 for i in range(300)}
-    handlers.reconcile(op, NoReports(), big, indexes(decision_objects(names(3))), state, LOG)
+    reconciler.reconcile(op, NoReports(), big, indexes(decision_objects(names(3))), state, LOG)
     status = state.status
     assert status["phase"] == "Failed"
     [cond] = status["conditions"]
