@@ -643,14 +643,21 @@ class LocalFederation:
             constants.ENV_HUB_AGGREGATOR_ADDRESS: self.aggregator_address,
             constants.ENV_RUN_CSR_SIGNER: "true",
         }
+        self._spawn_hub_part("signer", "signer", env, SIGNER_HEALTH_PORT, SIGNER_HEALTH_PORT, 90)
+
+    def _spawn_hub_part(
+        self, name: str, role: str, env: Mapping[str, str], health: int, ready: int, wait_s: float
+    ) -> None:
+        """`ocm-fl-hub --role ROLE` as process `name`, kopf's liveness on `health`; returns
+        once it listens on `ready`."""
         argv = [
             str(VENV_BIN / "ocm-fl-hub"),
-            "--role=signer",
+            f"--role={role}",
             "--liveness",
-            f"http://{self.hub_host}:{SIGNER_HEALTH_PORT}/healthz",
+            f"http://{self.hub_host}:{health}/healthz",
         ]
-        proc = self._spawn("signer", argv, env)
-        self._wait_port(proc, self.hub_host, SIGNER_HEALTH_PORT, 90)
+        proc = self._spawn(name, argv, env)
+        self._wait_port(proc, self.hub_host, ready, wait_s)
 
     def _start_hub(self) -> None:
         """The signer part, then the controller part (`ocm-fl-hub --role controller`, the
@@ -670,14 +677,8 @@ class LocalFederation:
             constants.ENV_AGGREGATOR_LISTEN: self.aggregator_address,
             constants.ENV_METRICS_LISTEN: f"{self.hub_host}:{constants.HUB_METRICS_PORT}",
         }
-        argv = [
-            str(VENV_BIN / "ocm-fl-hub"),
-            "--role=controller",
-            "--liveness",
-            f"http://{self.hub_host}:{constants.HUB_HEALTH_PORT}/healthz",
-        ]
-        proc = self._spawn("hub", argv, env)
-        self._wait_port(proc, self.hub_host, constants.AGGREGATOR_PORT, 150)
+        ports = (constants.HUB_HEALTH_PORT, constants.AGGREGATOR_PORT)
+        self._spawn_hub_part("hub", "controller", env, *ports, 150)
 
     def agent_health(self, cluster: str) -> dict[str, Any] | None:
         """The agent's /healthz answer (hubConnected, pending, ...), None when it does not
