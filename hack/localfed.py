@@ -212,7 +212,7 @@ def grant_for(body: Mapping[str, Any]) -> dict[str, Any]:
         else exists_claim_keys(PlacementSpec.model_validate(client.get("placement") or {})),
         "advertise_domains": [policy.advertised_host(address)] if address else [],
         "writable_data_mount": (client.get("dataMount") or {}).get("readOnly") is False,
-        "host_path_store": (server.get("storage") or {}).get("type", "HostPath") == "HostPath",
+        "host_path_store": (server.get("storage") or {}).get("type") == "HostPath",
         **_pod_grant(spec),
     }
 

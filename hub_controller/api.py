@@ -388,10 +388,18 @@ class S3Storage(_Model):
         return f"s3://{self.bucket_name}/{self.prefix.strip('/')}".rstrip("/")
 
 
+DEFAULT_MODEL_CLAIM_SIZE: Final = "1Gi"
+
+
 class Storage(_Model):
     """Where the server keeps checkpoints, the manifest and the final model."""
 
-    type: StorageType = Field(default=StorageType.HOST_PATH, description="The kind of storage.")
+    type: StorageType = Field(
+        default=StorageType.PVC,
+        description="The kind of storage. Default PVC: a claim the controller creates on the "
+        "hub's default StorageClass (or claimName's); HostPath needs the namespace's "
+        "FederationPolicy allowHostPathStore.",
+    )
     path: str | None = Field(
         default=None,
         description="Refused when set: tenants cannot choose host paths. A HostPath store is "
@@ -408,7 +416,10 @@ class Storage(_Model):
         pattern=_DNS_SUBDOMAIN,
         description="The incumbent controller's spelling of claimName.",
     )
-    size: str | None = Field(default=None, description="Size of the PVC the controller creates.")
+    size: str | None = Field(
+        default=None,
+        description=f"Size of the PVC the controller creates (default {DEFAULT_MODEL_CLAIM_SIZE}).",
+    )
     s3: S3Storage | None = Field(default=None, description="S3: the bucket.")
 
     @property
@@ -873,11 +884,6 @@ def _storage_problems(storage: Storage) -> list[str]:
         problems.append(
             f"spec.server.storage: claimName ({storage.claim_name}) and name ({storage.name}) "
             "differ: set one of them"
-        )
-    if storage.is_pvc and not storage.claim and not storage.size:
-        problems.append(
-            "spec.server.storage: type PVC needs claimName (an existing claim) or size (the "
-            "controller creates one): set one of them"
         )
     if storage.is_s3 and storage.s3 is None:
         problems.append(

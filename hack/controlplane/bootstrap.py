@@ -62,12 +62,34 @@ def ensure_namespace(kube: Kube, name: str) -> None:
     kube.create("/api/v1/namespaces", {"metadata": {"name": name}})
 
 
+# The hub's default StorageClass: what a claim without storageClassName gets (the model PVC a
+# FederatedLearning's server uses by default), provisioned by kube-controller-manager's
+# in-tree hostPath provisioner (plane.py: --enable-hostpath-provisioner).
+DEFAULT_STORAGE_CLASS = "ocm-fl-local-hostpath"
+
+
+def default_storage_class() -> dict[str, object]:
+    return {
+        "apiVersion": "storage.k8s.io/v1",
+        "kind": "StorageClass",
+        "metadata": {
+            "name": DEFAULT_STORAGE_CLASS,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+        },
+        "provisioner": "kubernetes.io/host-path",
+        "reclaimPolicy": "Delete",
+        "volumeBindingMode": "Immediate",
+    }
+
+
 def bootstrap_hub(kube: Kube, crds: Iterable[Path]) -> None:
-    """OCM's hub CRDs, the hub namespace and `clusteradm init`'s bootstrap identity. The
-    ManagedClusters, their RBAC and the `default`/`global` sets are the registration
-    controller's (it creates a ManagedCluster's RBAC once the cluster registers)."""
+    """OCM's hub CRDs, the hub namespace, a default StorageClass and `clusteradm init`'s
+    bootstrap identity. The ManagedClusters, their RBAC and the `default`/`global` sets are
+    the registration controller's (it creates a ManagedCluster's RBAC once the cluster
+    registers)."""
     apply_crds(kube, crds)
     ensure_namespace(kube, HUB_NAMESPACE)
+    kube.create("/apis/storage.k8s.io/v1/storageclasses", default_storage_class())
     clusteradm.init(kube)
 
 

@@ -521,6 +521,10 @@ def _start(
             # then waits out in ContainerCreating. Both live in the informer cache, so a
             # sync a second costs little here.
             "--pvclaimbinder-sync-period=1s",
+            # The hub's default StorageClass (bootstrap.DEFAULT_STORAGE_CLASS) provisions with
+            # Kubernetes' own in-tree hostPath provisioner: the PV controller makes a directory
+            # under /tmp/hostpath_pv for each claim (single-node only, as the plane is).
+            *(["--enable-hostpath-provisioner"] if n == "hub" else []),
         ]
 
     # The supervisor needs no CRDs: its start (a Python interpreter's imports) overlaps the

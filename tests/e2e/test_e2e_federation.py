@@ -8,6 +8,7 @@ the mTLS Fleet gateway. Three clusters, two with data.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import ssl
 from pathlib import Path
@@ -19,6 +20,7 @@ import pytest
 from examples.demo import demo_resource, held_out_scores
 from hack import controlplane as cp
 from hack import keyscan
+from hack.controlplane import bootstrap
 from hack.localfed import (
     FL_PATH,
     LocalFederation,
@@ -212,6 +214,40 @@ def _events(hub: Kube, fl: dict[str, Any]) -> list[dict[str, Any]]:
     items = (hub.get(f"/api/v1/namespaces/{meta['namespace']}/events") or {}).get("items") or []
     mine = [e for e in items if (e.get("involvedObject") or {}).get("uid") == meta["uid"]]
     return sorted(mine, key=lambda e: e.get("firstTimestamp") or e["metadata"]["creationTimestamp"])
+
+
+def test_a_resource_that_says_nothing_about_storage_keeps_its_model_on_a_provisioned_claim(
+    plane: cp.ControlPlane, fed: LocalFederation, hub: Kube
+) -> None:
+    """The default store is a claim on the hub's default StorageClass (issue 29 item 8), so a
+    resource that says nothing about storage needs no HostPath grant in its policy. On the
+    plane Kubernetes' own hostPath provisioner binds it; the model lands there."""
+    workdir = fed.workdir.parent
+    body = demo_resource(rounds=1, min_clients=2)
+    body["metadata"]["name"] = "pvc-default"
+    del body["spec"]["server"]["storage"]
+    claim = body["spec"]["client"]["dataClaim"]
+    with_data = plane.clusters[:2]
+    prepare_data(plane, workdir / "data-pvc", with_data, claim)
+    create_fl(hub, NAMESPACE, body)
+    try:
+        final = wait_fl(hub, NAMESPACE, "pvc-default", 600, fed=fed)
+        status = final["status"]
+        assert status["phase"] == "Completed", status.get("message")
+        model = status["model"]
+        assert model["path"].startswith("pvc://"), model
+        claim_name, _, file = model["path"].removeprefix("pvc://").partition("/")
+        pvc = hub.get(f"/api/v1/namespaces/{NAMESPACE}/persistentvolumeclaims/{claim_name}")
+        assert pvc is not None and pvc["status"]["phase"] == "Bound", pvc
+        assert pvc["spec"]["storageClassName"] == bootstrap.DEFAULT_STORAGE_CLASS
+        pv = hub.get(f"/api/v1/persistentvolumes/{pvc['spec']['volumeName']}") or {}
+        stored = Path(pv["spec"]["hostPath"]["path"]) / file
+        assert hashlib.sha256(stored.read_bytes()).hexdigest() == model["sha256"]
+    finally:
+        hub.delete(f"{FL_PATH.format(ns=NAMESPACE)}/pvc-default")
+        wait_for(lambda: get_fl(hub, NAMESPACE, "pvc-default") is None, 180, "deleted")
+        for c in with_data:
+            set_cluster_claim(plane, c, claim, None)
 
 
 def test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason(

@@ -7,6 +7,7 @@ from fl_fixtures import REF, spec, spec_dict
 
 from hub_controller.api import (
     FederatedLearningStatus,
+    FLRef,
     Phase,
     SpecError,
     StorageType,
@@ -25,7 +26,7 @@ def test_minimal_spec_gets_defaults() -> None:
     assert s.client.data_mount.read_only is True
     assert s.server.app is not None and s.server.app.run_config == {}
     assert s.server.app.install_dependencies is False
-    assert s.server.storage.type == StorageType.HOST_PATH
+    assert s.server.storage.type == StorageType.PVC  # on the hub's default StorageClass
     assert s.server.timeouts.clients_ready_seconds > 0
 
 
@@ -133,10 +134,17 @@ def test_bad_resource_quantity_is_refused() -> None:
         parse_spec(raw)
 
 
-def test_pvc_storage_needs_claim_or_size() -> None:
-    with pytest.raises(SpecError, match="claimName"):
-        parse_spec(spec_dict(storage={"type": "PVC"}))
-    assert parse_spec(spec_dict(storage={"type": "PVC", "size": "1Gi"}))
+def test_pvc_storage_without_claim_or_size_gets_a_default_claim() -> None:
+    """A resource that says nothing about storage gets a controller-made claim of the default
+    size: it passes an empty FederationPolicy (HostPath needs allowHostPathStore)."""
+    from hub_controller.operator.desired.server import desired_model_claim
+
+    for storage in ({"type": "PVC"}, None):
+        spec = parse_spec(spec_dict(storage=storage) if storage else spec_dict())
+        claim = desired_model_claim(FLRef(namespace="fl", name="mnist", uid="u"), spec)
+        assert claim is not None
+        assert claim["spec"]["resources"]["requests"]["storage"] == "1Gi"
+        assert "storageClassName" not in claim["spec"]  # the default StorageClass
 
 
 def test_advertise_address_must_be_host_port() -> None:

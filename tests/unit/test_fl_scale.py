@@ -250,6 +250,7 @@ def test_works_are_written_concurrently_with_a_bound_and_unchanged_ones_cost_not
             spec_hash=w["metadata"]["annotations"][works_mod.SPEC_HASH_ANNOTATION],
         )
         for w in kube.created
+        if w["kind"] == "ManifestWork"
     ]
     # One cluster joins: one work written, none of the 300 others touched.
     built: list[str] = []

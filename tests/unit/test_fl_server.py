@@ -100,7 +100,7 @@ def test_s3_storage_gives_the_server_the_bucket_and_the_secret() -> None:
 
 
 def test_pvc_is_created_only_without_claim_name() -> None:
-    assert desired_model_claim(REF, spec()) is None
+    assert desired_model_claim(REF, spec(storage={"type": "HostPath"})) is None
     assert desired_model_claim(REF, spec(storage={"type": "PVC", "claimName": "mine"})) is None
     pvc = desired_model_claim(REF, spec(storage={"type": "PVC", "size": "2Gi"}))
     assert pvc is not None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
-from hub_controller.api import FederatedLearningSpec, FLRef
+from hub_controller.api import DEFAULT_MODEL_CLAIM_SIZE, FederatedLearningSpec, FLRef
 from hub_controller.operator.desired import credentials, security
 from ocmfl import constants
 from ocmfl.names import hub_side_name
@@ -228,7 +228,7 @@ def desired_model_claim(ref: FLRef, spec: FederatedLearningSpec) -> dict[str, An
         "metadata": _meta(ref, hub_side_name(ref.name, "model")),
         "spec": {
             "accessModes": ["ReadWriteOnce"],
-            "resources": {"requests": {"storage": storage.size or "1Gi"}},
+            "resources": {"requests": {"storage": storage.size or DEFAULT_MODEL_CLAIM_SIZE}},
         },
     }
 
