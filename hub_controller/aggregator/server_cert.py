@@ -1,14 +1,22 @@
 """Where the aggregator's server certificate comes from: the Secret `ocm-fl-aggregator-tls`
 that the signer part keeps current (signer/aggregator_cert.py). The aggregator reads it by
-name and never sees the hub CA's key."""
+name and never sees the hub CA's key. (This module registers no kopf handler: the controller
+imports it, and must not run the signer's issuer.)"""
 
 from __future__ import annotations
 
-from typing import Protocol
+import base64
+from collections.abc import Mapping
+from typing import Any, Protocol
 
-from hub_controller.signer.aggregator_cert import secret_data
 from ocmfl import constants, pki
 from ocmfl.kube import Kube, path_of
+
+
+def secret_data(secret: Mapping[str, Any] | None) -> dict[str, bytes]:
+    """A Secret's data, decoded (none for a missing Secret)."""
+    raw = (secret or {}).get("data") or {}
+    return {k: base64.b64decode(v) for k, v in raw.items() if isinstance(v, str)}
 
 
 class ServerCertSource(Protocol):

@@ -24,6 +24,7 @@ from typing import Any, Final
 import kopf
 from cryptography import x509
 
+from hub_controller.aggregator.server_cert import secret_data
 from hub_controller.ca import CADir, CAUnavailable
 from ocmfl import certlife, constants, pki
 from ocmfl.kube import Kube, KubeError, path_of
@@ -112,11 +113,6 @@ def issue(ca: pki.CertAndKey, names: ServerNames, now: dt.datetime) -> dict[str,
         now=now,
     )
     return {pki.CERT_FILE: pair.cert_pem, pki.KEY_FILE: pki.key_to_pem(pair.key)}
-
-
-def secret_data(secret: Mapping[str, Any] | None) -> dict[str, bytes]:
-    raw = (secret or {}).get("data") or {}
-    return {k: base64.b64decode(v) for k, v in raw.items() if isinstance(v, str)}
 
 
 @dataclass

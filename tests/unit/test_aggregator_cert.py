@@ -112,3 +112,21 @@ def test_a_concurrent_writer_makes_the_update_fail_not_overwrite(tmp_path: Path)
     clock[0] = NOW + dt.timedelta(days=7)
     with pytest.raises(KubeError):
         issuer.ensure()
+
+
+def test_the_controller_role_registers_no_signer_handler() -> None:
+    """`ocm-fl-hub --role controller` imports the operator and the aggregator: none of the
+    signer's kopf modules may come with them (their startup handlers would run there, and
+    the issuer would look for a CA key the controller must not have)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hub_controller.operator.handlers, hub_controller.aggregator.handlers\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('hub_controller.signer'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    ).stdout.split()
+    kopf_modules = {"handlers", "fleet", "ledger", "addon_status", "aggregator_cert"}
+    assert not {m.rsplit(".", 1)[-1] for m in out} & kopf_modules, out
