@@ -26,6 +26,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import yaml
@@ -44,6 +45,8 @@ CSRS = "/apis/certificates.k8s.io/v1/certificatesigningrequests"
 MANAGED_CLUSTERS = f"/apis/{CLUSTER_GROUP}/v1/managedclusters"
 RBAC = "/apis/rbac.authorization.k8s.io/v1"
 BOOTSTRAP_TOKEN_SECONDS = 7 * 24 * 3600
+# How much older than its ManagedCluster an approved registration CSR may be and still count.
+APPROVED_CSR_SLACK = timedelta(seconds=30)
 
 
 class AcceptError(RuntimeError):
@@ -145,45 +148,57 @@ def _approved_or_denied(csr: Obj) -> tuple[bool, bool]:
     return "Approved" in types, "Denied" in types
 
 
+def _created(obj: Obj) -> datetime | None:
+    stamp = str(obj["metadata"].get("creationTimestamp") or "")
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
 def approve_csr(kube: Kube, cluster: str, since: str = "") -> str | None:
-    """Approve the cluster's pending registration CSR from the bootstrap identity, as
-    `clusteradm accept` does; the CSR's name (approved now or before), or None when there is
-    none yet. Unlike clusteradm, which stops at the first such CSR it lists, CSRs created
-    before `since` (the ManagedCluster's creationTimestamp: an earlier registration's) are left
-    alone and a pending one is preferred to one approved earlier: a cluster that registers
-    again within the hour before the csrcleaner removes its old CSR is accepted, not
-    skipped."""
+    """Approve the cluster's pending registration CSRs from the bootstrap identity, as
+    `clusteradm accept` does; the newest one's name (approved now or before), or None when
+    there is none yet.
+
+    A pending CSR is approved whatever its age: the registration agent creates its CSR and its
+    ManagedCluster concurrently (OCM v1.2.0 `spokeagent.go` runs both bootstrap controllers at
+    once), so the CSR can be seconds older than the ManagedCluster. An already approved CSR
+    counts only when it was created at most `APPROVED_CSR_SLACK` before `since` (the
+    ManagedCluster's creationTimestamp): an earlier registration's CSR, which the csrcleaner
+    keeps for an hour, must not make a cluster that registers again look accepted."""
     got = kube.get(CSRS, query={"labelSelector": f"{CLUSTER_LABEL}={cluster}"}) or {}
-    mine = [
-        csr
-        for csr in got.get("items") or []
-        if (
-            (csr.get("spec") or {}).get("username") == BOOTSTRAP_USER
-            or str((csr.get("spec") or {}).get("username")).startswith("system:bootstrap:")
-        )  # the others are not registration requests (an addon's, a renewal, ...)
-        and str(csr["metadata"].get("creationTimestamp", "")) >= since
-    ]
-    mine.sort(key=lambda csr: _approved_or_denied(csr) != (False, False))  # pending first
+    registered = _created({"metadata": {"creationTimestamp": since}}) if since else None
+    mine: list[Obj] = []
+    for csr in got.get("items") or []:
+        username = str((csr.get("spec") or {}).get("username"))
+        if username != BOOTSTRAP_USER and not username.startswith("system:bootstrap:"):
+            continue  # not a registration request (an addon's, a renewal, ...)
+        if _approved_or_denied(csr) != (False, False) and registered is not None:
+            created = _created(csr)
+            if created is None or created < registered - APPROVED_CSR_SLACK:
+                continue  # decided before this registration began
+        mine.append(csr)
     for csr in mine:
-        approved, denied = _approved_or_denied(csr)
-        if denied:
+        if _approved_or_denied(csr)[1]:
             name = csr["metadata"]["name"]
             raise AcceptError(f"the registration CSR {name} of {cluster} is denied")
-        if not approved:
-            conds = list((csr.get("status") or {}).get("conditions") or [])
-            conds.append(
-                {
-                    "type": "Approved",
-                    "status": "True",
-                    "reason": "ClusteradmApprove",
-                    "message": "This CSR was approved by clusteradm certificate approve.",
-                    "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                }
-            )
-            body = {**csr, "status": {**(csr.get("status") or {}), "conditions": conds}}
-            kube.request("PUT", f"{CSRS}/{csr['metadata']['name']}/approval", body)
-        return str(csr["metadata"]["name"])
-    return None
+    pending = [csr for csr in mine if not _approved_or_denied(csr)[0]]
+    for csr in pending:  # all of them: a restarted agent leaves its first CSR pending
+        conds = list((csr.get("status") or {}).get("conditions") or [])
+        conds.append(
+            {
+                "type": "Approved",
+                "status": "True",
+                "reason": "ClusteradmApprove",
+                "message": "This CSR was approved by clusteradm certificate approve.",
+                "lastUpdateTime": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+        )
+        body = {**csr, "status": {**(csr.get("status") or {}), "conditions": conds}}
+        kube.request("PUT", f"{CSRS}/{csr['metadata']['name']}/approval", body)
+    newest = sorted(pending or mine, key=lambda csr: str(csr["metadata"].get("creationTimestamp")))
+    return str(newest[-1]["metadata"]["name"]) if newest else None
 
 
 def set_hub_accepts(kube: Kube, cluster: str, accepts: bool = True) -> bool:
@@ -211,7 +226,7 @@ def accept(
     accepted = False
     while True:
         mc = kube.get(f"{MANAGED_CLUSTERS}/{cluster}")
-        if csr is None and mc is not None:  # its CSR comes with (after) it
+        if csr is None and mc is not None:  # its CSR comes with it (a little before or after)
             csr = approve_csr(kube, cluster, str(mc["metadata"].get("creationTimestamp", "")))
         if not accepted:
             accepted = set_hub_accepts(kube, cluster)
