@@ -4,7 +4,9 @@ With its hub kubeconfig (OCM's KubeClient registration) the agent makes a key in
 directory and creates a CertificateSigningRequest for `constants.SIGNER_NAME` (subject
 `CN=cluster:<c>, O=federated-learning:agents`, no SANs); the hub's signer
 (hub_controller/signer) signs it with the agent CA once it has checked that the requester is
-the cluster's addon agent with the hub credential OCM issued to it. The agent writes the key
+the cluster's addon agent with the hub credential OCM issued to it, and mirrors the outcome
+into the cluster's own namespace on the hub (ocmfl.csroutcome), where the agent reads it: it
+cannot read CSRs, so it sees no other cluster's. The agent writes the key
 and certificate into the cert directory and renews before expiry; HubStreamer then reconnects
 with them. The private key never leaves the cluster.
 """
@@ -20,12 +22,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from ocmfl import certlife, constants, pki
-from ocmfl.kube import Kube, path_of
+from ocmfl import certlife, constants, csroutcome, pki
+from ocmfl.kube import Kube, KubeError, path_of
 
 log = logging.getLogger(__name__)
 
 RENEW_AT_REMAINING: Final = 0.2  # like OCM: renew with 20 % of the lifetime left
+MAX_WAITS: Final = 3  # timed-out waits for one CSR before the agent asks with a new one
 CSR_API_VERSION: Final = "certificates.k8s.io/v1"
 CSRS: Final = path_of(CSR_API_VERSION, "CertificateSigningRequest")
 
@@ -84,18 +87,6 @@ def csr_object(
     }
 
 
-def outcome(csr: dict[str, Any]) -> bytes | None:
-    """The signed certificate PEM, None while pending; RenewalError if denied/failed."""
-    status = csr.get("status") or {}
-    for c in status.get("conditions") or []:
-        if c.get("type") in ("Denied", "Failed"):
-            raise RenewalError(
-                f"CSR {c.get('type').lower()}: {c.get('reason')}: {c.get('message')}"
-            )
-    cert = status.get("certificate")
-    return base64.b64decode(cert) if cert else None
-
-
 @dataclass
 class PendingCSR:
     """A CSR this agent created on the hub and that is not signed yet, with what only the
@@ -104,10 +95,12 @@ class PendingCSR:
     name: str
     key: pki.PrivateKey
     node: bytes | None = None  # OpenSSH private SuperNode key (Fleet CSRs)
+    timeouts: int = 0  # waits that ended without an outcome
 
 
 async def await_signed(
     hub: Kube,
+    cluster: str,
     pending: dict[str, PendingCSR],
     slot: str,
     create: Callable[[], tuple[dict[str, Any], PendingCSR]],
@@ -119,9 +112,12 @@ async def await_signed(
     """The signed PEM of the CSR waiting in `pending[slot]`, else of a new one (`create`
     gives its object and what to keep); waits up to `timeout_s`.
 
-    A CSR not signed in time stays in `pending`, and the next call waits for that same CSR
-    (the hub may sign it a moment later) instead of abandoning it for a new one. A CSR
-    signed, denied, failed or deleted leaves `pending` (RenewalError for the last three).
+    The agent may create CSRs but not read them: it reads the outcome the hub's signer
+    mirrors into its own cluster's namespace (ocmfl.csroutcome). A CSR not decided in time
+    stays in `pending`, and the next call waits for that same CSR (the hub may sign it a
+    moment later) instead of abandoning it for a new one, up to MAX_WAITS waits (an outcome
+    the signer could not write never comes). A CSR signed, denied or failed leaves `pending`
+    (RenewalError for the last two).
     """
     mine = pending.get(slot)
     if mine is None:
@@ -132,23 +128,34 @@ async def await_signed(
         pending[slot] = mine
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    path = csroutcome.configmap_path(cluster, mine.name)
+    forbidden = ""
     while True:
-        current = await asyncio.to_thread(hub.get, f"{CSRS}/{mine.name}")
-        if current is None:
-            del pending[slot]
-            raise RenewalError(f"{label} {mine.name} was deleted before it was signed")
         try:
-            pem = outcome(current)
-        except RenewalError:
+            note = await asyncio.to_thread(hub.get, path)
+        except KubeError as e:
+            if e.status != 403:
+                raise
+            # OCM binds the agent's role in its cluster namespace once its hub credential
+            # exists; until then the read is refused.
+            note, forbidden = None, f" (reading {path}: {e})"
+        try:
+            pem = csroutcome.read_outcome((note or {}).get("data"))
+        except csroutcome.Refused as e:
             del pending[slot]
-            raise
+            raise RenewalError(str(e)) from None
         if pem is not None:
             del pending[slot]
             return pem, mine
         if loop.time() >= deadline:
+            mine.timeouts += 1
+            if mine.timeouts >= MAX_WAITS:
+                del pending[slot]
+                what = f"given up after {mine.timeouts} waits: the next attempt asks anew"
+            else:
+                what = "kept: the next attempt waits for this same CSR"
             raise RenewalError(
-                f"{label} {mine.name} not signed within {timeout_s:.0f}s "
-                "(kept: the next attempt waits for this same CSR)"
+                f"{label} {mine.name} not signed within {timeout_s:.0f}s ({what}){forbidden}"
             )
         await asyncio.sleep(poll_s)
 
@@ -171,8 +178,8 @@ async def request_certificate(
         return csr_object(cluster, key, expiration_seconds), PendingCSR("", key)
 
     pem, mine = await await_signed(
-        hub, {} if pending is None else pending, "agent", create, timeout_s=timeout_s,
-        poll_s=poll_s,
+        hub, cluster, {} if pending is None else pending, "agent", create,
+        timeout_s=timeout_s, poll_s=poll_s,
     )  # fmt: skip
     cert = pki.load_cert_pem(pem)
     if pki.cluster_from_certificate(cert) != cluster:

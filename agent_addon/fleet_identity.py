@@ -198,7 +198,8 @@ class FleetIdentities:
             return body, PendingCSR("", key, keep)
 
         pem, mine = await await_signed(
-            self.hub, self._pending, f"{target.namespace}/{target.federation_uid}", create,
+            self.hub, self.cluster, self._pending, f"{target.namespace}/{target.federation_uid}",
+            create,
             timeout_s=self.timeout_s, poll_s=0.5, label="Fleet CSR",
         )  # fmt: skip
         name, key, node = mine.name, mine.key, mine.node

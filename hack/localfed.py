@@ -53,7 +53,7 @@ from hub_controller.api import (
 )
 from hub_controller.operator.desired.server import hostpath_store_dir
 from hub_controller.operator.desired.works import DEFAULT_AGENT_ENDPOINT
-from ocmfl import constants, pki
+from ocmfl import constants, csroutcome, pki
 from ocmfl.kube import Kube, KubeError, Obj
 
 REPO = Path(__file__).resolve().parents[1]
@@ -310,14 +310,16 @@ def render_chart(values: Mapping[str, str], files: Mapping[str, str] | None = No
 def addon_objects(docs: Sequence[Obj]) -> list[Obj]:
     """What OCM needs of the chart to run the addon on the clusters: the
     ClusterManagementAddOn, AddOnTemplate and AddOnDeploymentConfig, and the hub RBAC of the
-    addon agents' group (the ClusterRoleBindings naming it and the ClusterRoles they bind)."""
+    addon agents (the ClusterRoleBindings naming their group, the ClusterRoles they bind, and
+    the one the signer binds in each cluster namespace)."""
     bindings = [
         d
         for d in docs
         if d["kind"] == "ClusterRoleBinding"
         and any(s.get("name") == ADDON_AGENTS_GROUP for s in d.get("subjects") or [])
     ]
-    roles = {b["roleRef"]["name"] for b in bindings}
+    # ... and the CSR-outcome reader the signer binds per cluster namespace.
+    roles = {b["roleRef"]["name"] for b in bindings} | {csroutcome.READER_ROLE}
     return [
         d
         for d in docs

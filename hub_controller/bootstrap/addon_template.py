@@ -23,10 +23,15 @@ from typing import Any, Final
 
 from ocmfl import constants
 
-# The agent's hub kubeconfig. Its identity's groups include agent_group(cluster), and the
-# chart's rbac.yaml lets the addon's group create and get CSRs. No hubPermissions: CSRs are
-# cluster-scoped, a RoleBinding cannot grant them.
+# The agent's hub kubeconfig. Its identity's groups include agent_group(cluster); the chart's
+# rbac.yaml lets the addon's group create CSRs (cluster-scoped: a RoleBinding cannot grant
+# them). No hubPermissions: OCM v1.2 binds them to every group of the addon's subject
+# (templateagent/registration.go buildSubjectsFromRegistration), which includes
+# `system:open-cluster-management:addon:<addon>`, every cluster's agent; so a "CurrentCluster"
+# grant reaches all clusters. The hub's signer binds the CSR-outcome reader in each cluster's
+# namespace to that cluster's agent user alone (hub_controller/signer/csr_outcome.py).
 KUBE_CLIENT_REGISTRATION: Final[dict[str, Any]] = {"type": "KubeClient"}
+
 # Where OCM mounts it in the agent's pod ({{HUB_KUBECONFIG}}).
 HUB_KUBECONFIG_PATH: Final = "/managed/hub-kubeconfig/kubeconfig"
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
-from ocmfl import constants
+from ocmfl import constants, csroutcome
 
 # Default names of the two CA Secrets in the hub's namespace (chart values ca.secretName,
 # agentCA.secretName): the hub CA (aggregator server certificate) and the agent CA (agent
@@ -144,6 +144,19 @@ SIGNER_RULES: Final[tuple[Rule, ...]] = (
     ),
     # Each federation's Fleet CA (its credentials Secret) and its enrolled-keys shards.
     Rule("", "secrets", ("get", "create", "patch"), Scope.FL_NAMESPACES, why="Fleet CA, keys"),
+    # Each CSR's outcome, in the requesting cluster's namespace (signer/csr_outcome.py):
+    # created once, immutable; never changed or deleted (the garbage collector does that).
+    Rule("", "configmaps", ("create",), why="CSR outcomes for the agents"),
+    # ... and the RoleBinding there for that cluster's agent user: only the outcome reader
+    # role may be bound (the apiserver's escalation check).
+    Rule("rbac.authorization.k8s.io", "rolebindings", ("create",), why="outcome reader"),
+    Rule(
+        "rbac.authorization.k8s.io",
+        "clusterroles",
+        ("bind",),
+        resource_names=(csroutcome.READER_ROLE,),
+        why="outcome reader, nothing else",
+    ),
     # The aggregator's server certificate in its own namespace (create cannot be limited by
     # name; get and update are).
     Rule(
@@ -175,15 +188,20 @@ CA_INIT_RULES: Final[tuple[Rule, ...]] = (
 
 
 # Every cluster's addon agent on the hub (its KubeClient hub kubeconfig, group
-# system:open-cluster-management:addon:<addon>): create its CSRs and read them back by name,
-# nothing else (agent_addon/csr.py, agent_addon/fleet_identity.py).
+# system:open-cluster-management:addon:<addon>): create its CSRs, nothing else; it cannot read
+# them, so it sees no other cluster's (agent_addon/csr.py, agent_addon/fleet_identity.py).
 AGENT_HUB_RULES: Final[tuple[Rule, ...]] = (
     Rule(
         "certificates.k8s.io",
         "certificatesigningrequests",
-        ("create", "get"),
+        ("create",),
         why="the agent's own and its clients' Fleet CSRs",
     ),
+)
+# In its own cluster namespace only (the signer binds the role there to that cluster's agent
+# user): the outcomes the signers mirror (ocmfl/csroutcome.py).
+AGENT_CLUSTER_NAMESPACE_RULES: Final[tuple[Rule, ...]] = (
+    Rule("", "configmaps", ("get",), why="the outcomes of its own CSRs"),
 )
 
 

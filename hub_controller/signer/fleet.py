@@ -27,6 +27,7 @@ from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
 from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
+from hub_controller.signer import csr_outcome
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
@@ -273,6 +274,7 @@ def fleet_csr_changed(
     def handle(csr: dict[str, Any]) -> str | None:
         # An approved key reaches the running server through the controller, which watches
         # the signed CSR (operator/handlers.py fleet_csr_signed): same process or not.
+        csr_outcome.mirror(signer.kube, csr, members, signer.clock())  # once decided
         decision = signer.handle(csr, members)
         # A Fleet CSR can come before its federation's CA Secret, or a moment after the
         # requester's hub credential was issued: wait for them a little.

@@ -22,6 +22,7 @@ import kopf
 from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
+from hub_controller.signer import csr_outcome
 from hub_controller.signer.addon_status import Outcome
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
@@ -149,6 +150,7 @@ def csr_changed(
     members = members_of(kwargs)
 
     def handle(csr: dict[str, Any]) -> str | None:
+        csr_outcome.mirror(signer.kube, csr, members, signer.clock())  # once decided
         decision = signer.handle(csr, members)
         # A requester's hub credential issued a moment ago: look again (the indexes fill in).
         waiting = isinstance(decision, Ignore) and decision.why == WAITING_FOR_LEDGER

@@ -43,7 +43,7 @@ from hack.testing import ReportProbe, WaitTimeout, agent_accepts, wait_for
 from hub_controller.api import FLRef
 from hub_controller.bootstrap.addon_template import default_agent_subject
 from hub_controller.operator.desired.works import client_namespace
-from ocmfl import constants, nodekeys, pki
+from ocmfl import constants, csroutcome, nodekeys, pki
 from ocmfl.kube import Kube, KubeError
 
 pytestmark = [pytest.mark.attack, pytest.mark.integration, pytest.mark.timeout(600)]
@@ -235,6 +235,49 @@ def test_a_cluster_cannot_get_an_agent_identity_naming_another_cluster(
     # cluster2 is untouched: its agent keeps the identity it had.
     after = fed.agent_health(c2)
     assert before and after and after["certificateNotAfter"] == before["certificateNotAfter"]
+
+
+def _agent_csr_of(hub: Kube, cluster: str) -> str:
+    """The name of the newest agent-identity CSR that `cluster`'s agent sent."""
+    found = hub.get(CSRS, {"labelSelector": f"{constants.LABEL_CLUSTER}={cluster}"}) or {}
+    mine = [
+        c
+        for c in found.get("items") or []
+        if c["spec"]["signerName"] == constants.SIGNER_NAME
+        and c["spec"]["username"] == default_agent_subject(cluster)["user"]
+        and (c.get("status") or {}).get("certificate")
+    ]
+    assert mine, f"no signed agent CSR of {cluster}"
+    return str(max(mine, key=lambda c: c["metadata"]["creationTimestamp"])["metadata"]["name"])
+
+
+def test_a_cluster_reads_the_outcome_of_its_own_csrs_and_of_no_other_clusters(
+    control_plane: plane.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
+) -> None:
+    """CSRs are cluster-scoped: an agent that could read them would see every cluster's
+    certificates and refusals. It may only create them, and reads each outcome in its own
+    cluster namespace, where OCM bound the chart's role for it alone."""
+    c1, c2 = control_plane.clusters[:2]
+    creds = as_kube(addon_hub_kubeconfig(control_plane, c1, tmp_path / "addon"))
+    own, other = _agent_csr_of(hub, c1), _agent_csr_of(hub, c2)
+    note = creds.get(csroutcome.configmap_path(c1, own))
+    assert note is not None, f"{c1}'s agent finds no outcome of its CSR {own}"
+    pem = csroutcome.read_outcome(note["data"])
+    assert pem is not None and pki.cluster_from_certificate(pki.load_cert_pem(pem)) == c1
+    refused_paths = [
+        f"{CSRS}/{other}",  # another cluster's CSR
+        CSRS,  # every CSR
+        csroutcome.configmap_path(c2, other),  # another cluster's outcome
+        f"/api/v1/namespaces/{c1}/configmaps",  # a list (names are all it needs)
+    ]
+    answers = {}
+    for path in refused_paths:
+        try:
+            answers[path] = f"answered: {str(creds.get(path))[:200]}"
+        except KubeError as e:
+            answers[path] = f"HTTP {e.status}"
+    allowed = {p: a for p, a in answers.items() if a != "HTTP 403"}
+    assert not allowed, allowed
 
 
 def test_a_cluster_cannot_get_a_certificate_the_agents_accept_as_the_aggregator(

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 from hack.images.deploy import dockerfile_instructions
 from hub_controller import policy
 from hub_controller.bootstrap import ca_init, rbac
-from ocmfl import certlife, constants, pki
+from ocmfl import certlife, constants, csroutcome, pki
 from ocmfl.kube import KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -373,6 +373,7 @@ def test_addon_template_registers_only_a_kube_client_hub_kubeconfig(helm: str) -
     """No CustomSigner: OCM v1.2 approves any custom-signer CSR and signs what it asks for."""
     tmpl = one(render(helm), "AddOnTemplate")
     assert tmpl["spec"]["addonName"] == constants.ADDON_NAME
+    # No hubPermissions either: OCM binds them to the group every cluster's agent is in.
     assert tmpl["spec"]["registration"] == [{"type": "KubeClient"}]
     assert "customSigner" not in yaml.safe_dump(tmpl)
 
@@ -466,8 +467,8 @@ def test_agent_rbac_only_reads_pods_jobs_namespaces_applied_works_and_touches_tw
 
 
 def test_addon_agents_may_only_ask_for_certificates_on_the_hub(helm: str) -> None:
-    """The KubeClient identity (every cluster's agent) creates CSRs and reads them back,
-    nothing more; the hub's signers decide what each may get."""
+    """The KubeClient identity (every cluster's agent) creates CSRs and reads their outcomes in
+    its own cluster namespace, nothing more; the hub's signers decide what each may get."""
     docs = render(helm)
     group = f"system:open-cluster-management:addon:{constants.ADDON_NAME}"
     [binding] = [
@@ -481,7 +482,20 @@ def test_addon_agents_may_only_ask_for_certificates_on_the_hub(helm: str) -> Non
         {"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs)}
         for r in rbac.AGENT_HUB_RULES
     ]
-    assert role["rules"][0]["verbs"] == ["create", "get"]
+    assert role["rules"][0]["verbs"] == ["create"]  # reading CSRs would show other clusters'
+    # In its own cluster namespace (the signer binds it there to that cluster's agent user) it
+    # reads the outcomes of its CSRs and nothing else.
+    outcomes = one(docs, "ClusterRole", csroutcome.READER_ROLE)
+    assert outcomes["rules"] == [
+        {"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs)}
+        for r in rbac.AGENT_CLUSTER_NAMESPACE_RULES
+    ]
+    assert not [
+        d
+        for d in docs
+        if d["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        and d["roleRef"]["name"] == csroutcome.READER_ROLE
+    ], "the chart must not bind it: the signer binds it per cluster namespace, user only"
 
 
 def test_work_agents_may_apply_the_client_data_volumes_and_nothing_more(helm: str) -> None:
@@ -641,7 +655,9 @@ def test_by_default_the_hub_may_write_secrets_and_jobs_only_in_the_fl_namespaces
     helm: str,
 ) -> None:
     """A default install grants no cluster-wide write on Secrets, Jobs or any other object of
-    the server side, and tells the controller where it may run servers."""
+    the server side, and tells the controller where it may run servers. One exception: the
+    signer may create (never change or delete) ConfigMaps anywhere, for the CSR outcomes it
+    leaves in cluster namespaces, which come and go with the fleet."""
     docs = render(helm)
     for deployment in (HUB_ROLE, SIGNER):
         pod = one(docs, "Deployment", deployment)["spec"]["template"]["spec"]
@@ -653,6 +669,8 @@ def test_by_default_the_hub_may_write_secrets_and_jobs_only_in_the_fl_namespaces
                     for resource in r.get("resources", []):
                         if (group, resource) in writes:
                             verbs = set(r["verbs"])
+                            if deployment == SIGNER and (group, resource) == ("", "configmaps"):
+                                verbs -= {"create"}  # CSR outcomes (signer/csr_outcome.py)
                             assert not verbs & {"create", "update", "patch", "delete"}, r
         assert set(roles) == {None, NAMESPACE, "fl"}, (deployment, set(roles))
     env = {

@@ -18,7 +18,7 @@ from hub_controller.membership import StaticMembers
 from hub_controller.operator.desired import credentials as cr
 from hub_controller.signer.fleet import ApproveFleet, WorkLookup, decide_fleet_csr, node_key_entry
 from hub_controller.signer.policy import Deny
-from ocmfl import constants, nodekeys, pki
+from ocmfl import constants, csroutcome, nodekeys, pki
 from ocmfl.names import cluster_side_name
 
 UID = "fl-uid-1"
@@ -173,6 +173,8 @@ class FakeHub:
         return csr
 
     def get(self, path: str) -> dict[str, Any] | None:
+        """Only the outcome the signer mirrors into the agent's own cluster namespace."""
+        assert path.startswith("/api/v1/namespaces/c1/configmaps/"), path
         csr = self.csrs[path.rsplit("/", 1)[1]]
         decision = decide_fleet_csr(csr, members("c1"), works({("c1", UID): WORK_LABELS}))
         assert isinstance(decision, ApproveFleet)
@@ -180,7 +182,7 @@ class FakeHub:
         cert = pki.sign_fleet_csr(req, self.ca, UID, "c1")
         chain = pki.cert_to_pem(cert) + pki.cert_to_pem(self.ca.cert)
         csr["status"] = {"certificate": base64.b64encode(chain).decode()}
-        return csr
+        return {"data": csroutcome.outcome_data(csr)}
 
 
 class FakeCluster:

@@ -15,7 +15,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import NameOID
 from hub_creds import HubCredential, issue_hub_credential, registration_agent, requested_with
 
-from agent_addon.csr import RenewalError, csr_object, needs_renewal, outcome
+from agent_addon.csr import RenewalError, csr_object, needs_renewal
 from hub_controller.bootstrap.addon_template import (
     HUB_KUBECONFIG_PATH,
     addon_registrations,
@@ -23,7 +23,7 @@ from hub_controller.bootstrap.addon_template import (
 )
 from hub_controller.ca import CADir
 from hub_controller.membership import StaticMembers
-from hub_controller.signer import csr_events
+from hub_controller.signer import csr_events, csr_outcome
 from hub_controller.signer.handlers import Signer
 from hub_controller.signer.hub_identity import CREDENTIAL_ID, Forged, HubIdentity, classify
 from hub_controller.signer.policy import (
@@ -37,7 +37,7 @@ from hub_controller.signer.policy import (
     decide_csr,
     sign_request,
 )
-from ocmfl import constants, pki
+from ocmfl import constants, csroutcome, pki
 from ocmfl.kube import KubeError
 
 CREDS: dict[str, HubCredential] = {c: issue_hub_credential(c) for c in ("cluster-a", "cluster-b")}
@@ -53,6 +53,11 @@ def known(*clusters: str, trusted: bool = True) -> StaticMembers:
 
 
 _DEFAULT: Any = object()
+
+
+def outcome(csr: dict[str, Any]) -> bytes | None:
+    """What the requesting agent reads of a CSR: its mirrored outcome (ocmfl.csroutcome)."""
+    return csroutcome.read_outcome(csroutcome.outcome_data(csr))
 
 
 def agent_csr(
@@ -344,6 +349,7 @@ def test_without_the_agent_ca_a_csr_is_left_pending(tmp_path: Path) -> None:
 
 
 def test_the_addon_registers_only_a_kube_client_hub_kubeconfig() -> None:
+    """No CustomSigner, and no hubPermissions (OCM binds them to every cluster's agent)."""
     assert addon_registrations() == [{"type": "KubeClient"}]
     assert HUB_KUBECONFIG_PATH == "/managed/hub-kubeconfig/kubeconfig"
     assert constants.HUB_KUBECONFIG_SECRET == "federated-learning-hub-kubeconfig"
@@ -359,8 +365,62 @@ def test_ocm_default_subject_is_no_agent_identity() -> None:
         pki.cluster_from_subject(name)
 
 
-def test_denied_csr_is_a_renewal_error() -> None:
-    with pytest.raises(RenewalError, match="UnknownCluster"):
+class OutcomeKube:
+    """The ConfigMap create the outcome mirror makes (409 when it exists)."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, dict[str, Any]] = {}
+
+    def create(self, path: str, body: dict[str, Any], exist_ok: bool = True) -> Any:
+        full = f"{path}/{body['metadata']['name']}"
+        if full in self.objects:
+            return None
+        self.objects[full] = body
+        return body
+
+
+def test_an_outcome_goes_only_to_the_genuine_requesters_cluster_namespace() -> None:
+    ca, kube = pki.create_ca(), OutcomeKube()
+    csr = agent_csr()
+    csr["metadata"]["uid"] = "u1"
+    assert not csr_outcome.mirror(kube, csr, known(), pki.utcnow())  # type: ignore[arg-type]
+    decision = decide_csr(csr, known())
+    assert isinstance(decision, Approve)
+    csr["status"] = {"certificate": sign_request(csr, decision, ca)}
+    assert csr_outcome.mirror(kube, csr, known(), pki.utcnow())  # type: ignore[arg-type]
+    assert not csr_outcome.mirror(kube, csr, known(), pki.utcnow())  # type: ignore[arg-type]
+    note = kube.objects[csroutcome.configmap_path("cluster-a", "x")]
+    assert note["immutable"] is True
+    assert note["metadata"]["ownerReferences"][0]["uid"] == "u1"
+    pem = csroutcome.read_outcome(note["data"])
+    assert pem is not None and pki.cluster_from_certificate(pki.load_cert_pem(pem)) == "cluster-a"
+    # Readable there by cluster-a's agent user alone: not by the group all agents share.
+    binding = kube.objects[
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/cluster-a/rolebindings/"
+        f"{csroutcome.READER_BINDING}"
+    ]
+    assert binding["roleRef"]["name"] == csroutcome.READER_ROLE
+    assert binding["subjects"] == [
+        {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "User",
+            "name": default_agent_subject("cluster-a")["user"],
+        }
+    ]
+    assert len(kube.objects) == 2
+
+    # cluster-b's agent asking in cluster-a's name is refused, and nothing reaches either
+    # namespace: the refusal is none of cluster-a's business, and b gets no answer to read.
+    forged, other = agent_csr(credential=CREDS["cluster-b"]), OutcomeKube()
+    refused = decide_csr(forged, known())
+    assert isinstance(refused, Deny)
+    forged["status"] = {"conditions": [{"type": "Denied", "reason": refused.reason}]}
+    assert not csr_outcome.mirror(other, forged, known(), pki.utcnow())  # type: ignore[arg-type]
+    assert not other.objects
+
+
+def test_a_denied_csrs_outcome_is_a_refusal_naming_the_reason() -> None:
+    with pytest.raises(csroutcome.Refused, match="CSR denied: UnknownCluster"):
         outcome({"status": {"conditions": [{"type": "Denied", "reason": "UnknownCluster"}]}})
     assert outcome({"status": {}}) is None
 
@@ -397,7 +457,14 @@ class FakeHub:
         return csr
 
     def get(self, path: str) -> dict[str, Any] | None:
-        return self.csrs.get(path.rsplit("/", 1)[-1])
+        """The agent may read only outcomes, in the namespace of the cluster it asked for."""
+        _, _, _, namespace, kind, name = path.strip("/").split("/")
+        assert kind == "configmaps", path
+        csr = self.csrs.get(name)
+        if csr is None or csr["metadata"]["labels"][constants.LABEL_CLUSTER] != namespace:
+            return None
+        data = csroutcome.outcome_data(csr)
+        return {"data": data} if data else None
 
 
 async def test_agent_renews_its_certificate_when_due(tmp_path: Any) -> None:
@@ -499,11 +566,11 @@ class SlowHub(FakeHub):
         return decided
 
     def get(self, path: str) -> dict[str, Any] | None:
-        csr = super().get(path)
         self.reads += 1
-        if csr is not None and self.reads > self.delay:
-            csr["status"] = self.decided[csr["metadata"]["name"]]
-        return csr
+        name = path.rsplit("/", 1)[-1]
+        if name in self.csrs and self.reads > self.delay:
+            self.csrs[name]["status"] = self.decided[name]
+        return super().get(path)
 
 
 async def test_a_csr_not_signed_in_time_is_waited_for_again_not_replaced() -> None:
@@ -528,3 +595,20 @@ async def test_a_csr_not_signed_in_time_is_waited_for_again_not_replaced() -> No
     with pytest.raises(RenewalError, match="UnknownCluster"):
         await request_certificate(denied, "cluster-z", timeout_s=5, poll_s=0, pending=pending)
     assert not pending
+
+
+async def test_a_csr_whose_outcome_never_comes_is_given_up_after_a_few_waits() -> None:
+    """An outcome the signer could not write never arrives: after MAX_WAITS waits the agent
+    drops that CSR, and its next attempt asks with a new one."""
+    from agent_addon.csr import MAX_WAITS, PendingCSR, request_certificate
+
+    hub: Any = SlowHub(pki.create_ca(key_kind="ec"), known(), delay=10**6)
+    pending: dict[str, PendingCSR] = {}
+    for wait in range(1, MAX_WAITS + 1):
+        with pytest.raises(RenewalError) as err:
+            await request_certificate(hub, "cluster-a", timeout_s=0, poll_s=0, pending=pending)
+        assert ("given up" in str(err.value)) == (wait == MAX_WAITS), str(err.value)
+    assert not pending and len(hub.csrs) == 1
+    with pytest.raises(RenewalError, match="same CSR"):
+        await request_certificate(hub, "cluster-a", timeout_s=0, poll_s=0, pending=pending)
+    assert len(hub.csrs) == 2
