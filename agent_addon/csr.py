@@ -136,8 +136,8 @@ async def await_signed(
         except KubeError as e:
             if e.status != 403:
                 raise
-            # OCM binds the agent's role in its cluster namespace once its hub credential
-            # exists; until then the read is refused.
+            # The signer binds the reader role in this namespace with the first outcome it
+            # writes here; until then (or for a requester it does not trust) it is refused.
             note, forbidden = None, f" (reading {path}: {e})"
         try:
             pem = csroutcome.read_outcome((note or {}).get("data"))

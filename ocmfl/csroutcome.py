@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Final
 
 from ocmfl import constants
+from ocmfl.kube import path_of
 
 # The chart's ClusterRole (get ConfigMaps), and the RoleBinding of it in each cluster namespace.
 READER_ROLE: Final = f"open-cluster-management:{constants.ADDON_NAME}:agent-csr-outcomes"
@@ -29,7 +30,7 @@ class Refused(Exception):
 
 def configmap_path(cluster: str, csr_name: str) -> str:
     """Where the outcome of `cluster`'s CSR `csr_name` is kept."""
-    return f"/api/v1/namespaces/{cluster}/configmaps/{csr_name}"
+    return path_of("v1", "ConfigMap", cluster, csr_name)
 
 
 def outcome_data(csr: Mapping[str, Any]) -> dict[str, str] | None:

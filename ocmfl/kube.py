@@ -48,6 +48,7 @@ KINDS: Final[dict[tuple[str, str], tuple[str, bool]]] = {
     ("v1", "Secret"): ("secrets", True),
     ("v1", "Pod"): ("pods", True),
     ("batch/v1", "Job"): ("jobs", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
     ("certificates.k8s.io/v1", "CertificateSigningRequest"): (
         "certificatesigningrequests",
         False,

@@ -148,8 +148,8 @@ def _approved_or_denied(csr: Obj) -> tuple[bool, bool]:
     return "Approved" in types, "Denied" in types
 
 
-def _created(obj: Obj) -> datetime | None:
-    stamp = str(obj["metadata"].get("creationTimestamp") or "")
+def _timestamp(stamp: str) -> datetime | None:
+    """An RFC 3339 timestamp as the apiserver writes it (`...Z`); None when unreadable."""
     try:
         return datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except ValueError:
@@ -168,14 +168,14 @@ def approve_csr(kube: Kube, cluster: str, since: str = "") -> str | None:
     ManagedCluster's creationTimestamp): an earlier registration's CSR, which the csrcleaner
     keeps for an hour, must not make a cluster that registers again look accepted."""
     got = kube.get(CSRS, query={"labelSelector": f"{CLUSTER_LABEL}={cluster}"}) or {}
-    registered = _created({"metadata": {"creationTimestamp": since}}) if since else None
+    registered = _timestamp(since) if since else None
     mine: list[Obj] = []
     for csr in got.get("items") or []:
         username = str((csr.get("spec") or {}).get("username"))
         if username != BOOTSTRAP_USER and not username.startswith("system:bootstrap:"):
             continue  # not a registration request (an addon's, a renewal, ...)
         if _approved_or_denied(csr) != (False, False) and registered is not None:
-            created = _created(csr)
+            created = _timestamp(str(csr["metadata"].get("creationTimestamp") or ""))
             if created is None or created < registered - APPROVED_CSR_SLACK:
                 continue  # decided before this registration began
         mine.append(csr)

@@ -17,13 +17,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from hub_controller.membership import Registry
+from hub_controller.signer.csr_events import CSR_API_VERSION
 from hub_controller.signer.policy import agent_user, check_requester
 from ocmfl import constants, csroutcome
-from ocmfl.kube import Kube, KubeError, Obj
+from ocmfl.kube import Kube, KubeError, Obj, path_of
 
 log = logging.getLogger(__name__)
-
-CSR_API_VERSION = "certificates.k8s.io/v1"
 
 
 def outcome_configmap(csr: Mapping[str, Any], cluster: str, data: dict[str, str]) -> Obj:
@@ -95,12 +94,9 @@ def mirror(kube: Kube, csr: Mapping[str, Any], members: Registry, now: dt.dateti
     try:
         # The binding first, so that every outcome is readable; both are created once and
         # never changed (a CSR is decided once; the signer may only create these).
-        kube.create(
-            f"/apis/rbac.authorization.k8s.io/v1/namespaces/{cluster}/rolebindings",
-            reader_binding(cluster),
-            exist_ok=True,
-        )
-        created = kube.create(f"/api/v1/namespaces/{cluster}/configmaps", body, exist_ok=True)
+        binding = reader_binding(cluster)
+        kube.create(path_of(binding["apiVersion"], "RoleBinding", cluster), binding)
+        created = kube.create(path_of("v1", "ConfigMap", cluster), body)
     except KubeError as e:
         # The agent gives this CSR up after a few waits and asks anew (agent_addon/csr.py).
         log.warning("CSR %s: outcome for cluster %s not written: %s", csr["metadata"]["name"],
