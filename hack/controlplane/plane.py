@@ -46,6 +46,9 @@ KCM_CONTROLLERS = (
     "root-ca-certificate-publisher-controller,ttl-after-finished-controller,"
     "persistentvolume-binder-controller,persistentvolume-protection-controller,"
     "persistentvolumeclaim-protection-controller,"
+    # Client namespaces carry a ResourceQuota (hub_controller.operator.desired.limits): a real
+    # cluster counts its use; admission refuses pods under a quota not counted yet.
+    "resourcequota-controller,"
     # Type-checks ValidatingAdmissionPolicies (the chart's) into their status, as on a real hub.
     "validatingadmissionpolicy-status-controller"
 )

@@ -29,6 +29,7 @@ from hub_controller.api import (
     FederatedLearningSpec,
     FederatedLearningStatus,
     FLRef,
+    Quantity,
     SpecError,
     parse_spec,
 )
@@ -246,7 +247,7 @@ class Run:
     ref: FLRef
     status: dict[str, Any]  # as last written by this loop (seeded from the resource)
     # (generation, inputs digest, keys enrolled: Operator.enrolled) last applied
-    applied: tuple[int | None, str, int] | None = None
+    applied: tuple[Any, ...] | None = None
     applied_at: float = float("-inf")  # monotonic time of that apply
     conflicts: dict[str, str] = field(default_factory=dict)  # found by that apply (see below)
     # REST path -> digest of the Secret body this loop last applied there (unchanged key
@@ -387,6 +388,7 @@ def apply_desired(
     generation: int | None = None,
     sent: dict[str, str] | None = None,
     keys: bool = True,
+    caps: Mapping[str, Quantity] | None = None,
 ) -> tuple[dict[str, str], dict[str, bytes] | None]:
     """Apply the Placement, the server Service (and PVC), the credentials (with `keys`, the
     node-keys shards too) and the works; delete the works of clusters that left. A finished
@@ -394,7 +396,8 @@ def apply_desired(
 
     A work whose name is taken on a cluster by a ManifestWork of another uid (or of no owner)
     is never applied over it. Returns those clusters -> the other owner's uid, and the
-    credentials (None before the server address is known)."""
+    credentials (None before the server address is known). `caps`: the namespace policy's
+    maxPodResources, which each work's client namespace is held to on its cluster."""
     kube = op.kube
     placement = placement_mod.desired_placement(ref, fl)
     _refusable(lambda: kube.apply(placement), placement)
@@ -434,6 +437,7 @@ def apply_desired(
         op.agent_endpoints,
         server_name=server_mod.gateway_server_name(ref, obs.server_address),
         client_token=token,
+        caps=caps,
     ):
         current = obs.works.get(cluster)
         if done and current is None:
@@ -559,6 +563,16 @@ def policy_problems(fl: FederatedLearningSpec, idx: Indexes, namespace: str) -> 
     return [str(v) for v in policy_mod.violations(fl, policy, namespace)]
 
 
+def policy_caps(idx: Indexes, namespace: str) -> dict[str, Quantity]:
+    """The namespace policy's per-pod caps (maxPodResources); none when it has no readable
+    policy (a run is then refused, or has finished and takes no new clusters)."""
+    raw = idx.policy(namespace)
+    try:
+        return dict(policy_mod.parse_policy(raw).max_pod_resources) if raw is not None else {}
+    except ValueError:
+        return {}
+
+
 def reconcile(
     op: Operator,
     reports: ReportSource,
@@ -610,7 +624,13 @@ def reconcile(
         return run.decisions.decided
 
     obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root, settle=settle)
-    inputs = (generation, observation_digest(obs), op.enrolled.get((ref.namespace, ref.name), 0))
+    caps = policy_caps(idx, ref.namespace)  # a changed cap changes every work: inputs too
+    inputs = (
+        generation,
+        observation_digest(obs),
+        op.enrolled.get((ref.namespace, ref.name), 0),
+        tuple(sorted((k, str(v)) for k, v in caps.items())),
+    )
     waiting_for_keys = False
     try:
         renew = clock() >= run.renew_at
@@ -632,6 +652,7 @@ def reconcile(
                 # Only the server reads the node keys: written once it is to start, and kept
                 # current after (not rewritten on every pass while thousands join).
                 keys=obs.server_job.exists or should_start_server(fl, obs, previous, generation),
+                caps=caps,
             )
             due = credentials.renew_in_s(creds, now) if creds else None
             run.renew_at = float("inf") if due is None else clock() + due

@@ -23,3 +23,19 @@ def hub(control_plane: ControlPlane) -> Iterator[Kube]:
     install_crd(k)
     yield k
     k.close()
+
+
+@pytest.fixture
+def hub_and_spoke(control_plane: ControlPlane) -> Iterator[tuple[Kube, Kube, str]]:
+    """Clients of the plane's hub and of its first managed cluster's apiserver (as its admin),
+    and that cluster's name."""
+    from ocmfl.kube import Kube
+
+    cluster = control_plane.clusters[0]
+    hub, spoke = (
+        Kube(control_plane.hub_kubeconfig),
+        Kube(control_plane.cluster_kubeconfigs[cluster]),
+    )
+    yield hub, spoke, cluster
+    hub.close()
+    spoke.close()

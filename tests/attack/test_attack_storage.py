@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -248,20 +248,6 @@ def test_server_pods_run_restricted_apart_from_the_admins_hostpath_store() -> No
 
 
 # --- the same on the plane: the apiserver's Pod Security admission ---------------------------
-@pytest.fixture
-def hub_and_spoke(control_plane: Any) -> Iterator[tuple[Any, Any, str]]:
-    from ocmfl.kube import Kube
-
-    cluster = control_plane.clusters[0]
-    hub, spoke = (
-        Kube(control_plane.hub_kubeconfig),
-        Kube(control_plane.cluster_kubeconfigs[cluster]),
-    )
-    yield hub, spoke, cluster
-    hub.close()
-    spoke.close()
-
-
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_on_the_plane_the_work_client_pod_is_admitted_and_a_hostpath_pod_refused(

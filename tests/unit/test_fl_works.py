@@ -11,6 +11,7 @@ from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.works import (
     SPEC_HASH_ANNOTATION,
+    WorkCache,
     client_args,
     client_namespace,
     desired_work,
@@ -59,6 +60,7 @@ def test_one_work_per_cluster_with_data_in_the_cluster_namespace() -> None:
     kinds = [m["kind"] for m in work["spec"]["workload"]["manifests"]]
     assert kinds == [
         "Namespace",
+        "ResourceQuota",
         "ServiceAccount",
         "ConfigMap",
         "PersistentVolume",
@@ -105,7 +107,7 @@ def test_client_env_carries_agent_endpoint_cluster_and_owner() -> None:
 
 def test_feedback_rules_read_job_counters_and_delete_is_foreground() -> None:
     work = desired_work(REF, spec(), C1, ADDR, server_name=SNI)
-    [cfg] = work["spec"]["manifestConfigs"]
+    [cfg] = [c for c in work["spec"]["manifestConfigs"] if c["resourceIdentifier"]["group"]]
     job = _manifest(work, "Job")
     assert cfg["resourceIdentifier"] == {
         "group": "batch",
@@ -272,7 +274,7 @@ def test_client_gets_its_cluster_identity_and_reaches_the_server_only_through_mt
 
 def test_client_job_is_server_side_applied_so_resyncs_never_touch_its_selector() -> None:
     work = desired_work(REF, spec(), C1, ADDR, server_name=SNI)
-    [config] = work["spec"]["manifestConfigs"]
+    [config] = [c for c in work["spec"]["manifestConfigs"] if c["resourceIdentifier"]["group"]]
     assert config["resourceIdentifier"]["resource"] == "jobs"
     assert config["updateStrategy"] == {"type": "ServerSideApply"}
 
@@ -300,3 +302,61 @@ def test_client_pods_get_the_pod_settings_and_cluster_values_as_node_config() ->
     assert pod["tolerations"] == [{"key": "edge", "operator": "Exists"}]
     config = json.loads(_manifest(work, "ConfigMap")["data"]["run-config.json"])
     assert config == {"tokenizer": "bpe", "lr": 0.01}  # node config for the ClientApp
+
+
+CAPS = {"cpu": "4", "memory": "8Gi", "nvidia.com/gpu": "1"}
+
+
+def test_the_client_namespace_is_held_to_the_policy_caps_before_the_job_starts() -> None:
+    work = desired_work(REF, spec(), C1, ADDR, server_name=SNI, caps=CAPS)
+    kinds = [m["kind"] for m in work["spec"]["workload"]["manifests"]]
+    # Applied in order: both exist before the Job's pod is admitted.
+    assert kinds.index("LimitRange") < kinds.index("Job")
+    assert kinds.index("ResourceQuota") < kinds.index("Job")
+    namespace = client_namespace(REF)
+    limits = _manifest(work, "LimitRange")
+    assert limits["metadata"]["namespace"] == namespace
+    [item] = limits["spec"]["limits"]
+    assert item["type"] == "Container"
+    assert item["max"] == item["default"] == {"cpu": "4", "memory": "8Gi"}
+    # A container that asks for nothing reserves little, not a whole cap.
+    assert item["defaultRequest"] == {"cpu": "100m", "memory": "256Mi"}
+    quota = _manifest(work, "ResourceQuota")
+    assert quota["metadata"]["namespace"] == namespace
+    assert quota["spec"]["hard"] == {
+        "pods": "2",
+        "limits.cpu": "8",
+        "limits.memory": str(16 * 2**30),
+        "requests.nvidia.com/gpu": "2",
+    }
+    # Server-side applied: the apiserver's canonical quantities are no change to resend.
+    applied = {
+        c["resourceIdentifier"]["resource"]: c["updateStrategy"]["type"]
+        for c in work["spec"]["manifestConfigs"]
+    }
+    assert applied["limitranges"] == applied["resourcequotas"] == "ServerSideApply"
+
+
+def test_a_cap_below_the_default_request_is_the_request_too() -> None:
+    work = desired_work(REF, spec(), C1, ADDR, server_name=SNI, caps={"cpu": "50m"})
+    [item] = _manifest(work, "LimitRange")["spec"]["limits"]
+    assert item["defaultRequest"] == {"cpu": "50m"}
+    assert _manifest(work, "ResourceQuota")["spec"]["hard"] == {"pods": "2", "limits.cpu": "0.1"}
+
+
+def test_without_compute_caps_no_limit_range_and_the_quota_counts_pods_only() -> None:
+    work = desired_work(REF, spec(), C1, ADDR, server_name=SNI, caps={})
+    kinds = [m["kind"] for m in work["spec"]["workload"]["manifests"]]
+    assert "LimitRange" not in kinds
+    assert _manifest(work, "ResourceQuota")["spec"]["hard"] == {"pods": "2"}
+
+
+def test_a_changed_cap_rebuilds_the_cached_work() -> None:
+    cache = WorkCache()
+    first = cache.works(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "4"})
+    again = cache.works(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "4"})
+    assert again["c1"] is first["c1"]
+    changed = cache.works(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "2"})
+    assert spec_hash(changed["c1"]) != spec_hash(first["c1"])
+    [item] = _manifest(changed["c1"], "LimitRange")["spec"]["limits"]
+    assert item["max"] == {"cpu": "2"}

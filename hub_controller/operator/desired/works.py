@@ -1,6 +1,7 @@
 """Desired ManifestWorks: one per cluster that has data, in the hub namespace `<cluster>`.
 
-Each work carries a Namespace (Pod Security level `restricted` enforced), a ServiceAccount, a
+Each work carries a Namespace (Pod Security level `restricted` enforced), its LimitRange and
+ResourceQuota from the namespace policy's per-pod caps (desired.limits), a ServiceAccount, a
 ConfigMap with the client's run config, the federation's local-API token
 Secret (`constants.CLIENT_TOKEN_SECRET`: the agent takes metrics posts for this federation only
 with it), the client Job, and the data volume: a PersistentVolume for the cluster's claimed data
@@ -26,12 +27,13 @@ from hub_controller.api import (
     FederatedLearningSpec,
     FLRef,
     LabelSelector,
+    Quantity,
     Resources,
     RunConfigValue,
     SelectorOperator,
 )
 from hub_controller.membership import ClusterResolution
-from hub_controller.operator.desired import security
+from hub_controller.operator.desired import limits, security
 from ocmfl import constants
 from ocmfl.kube import Encoded
 from ocmfl.names import cluster_side_name
@@ -344,12 +346,15 @@ def desired_work(
     *,
     server_name: str,
     client_token: str | None = None,
+    caps: Mapping[str, Quantity] | None = None,
 ) -> dict[str, Any]:
     """The ManifestWork for one cluster that has data.
 
     `server_name` is the DNS name on the gateway certificate; `client_token` the federation's
-    token for the agent's local API (none: the agent refuses this client's metrics posts). The
-    work carries no key: the client's Fleet identity comes from the cluster's agent (TLS_DIR).
+    token for the agent's local API (none: the agent refuses this client's metrics posts);
+    `caps` the namespace policy's maxPodResources, which the client namespace's LimitRange
+    and ResourceQuota hold it to on the cluster (desired.limits). The work carries no key:
+    the client's Fleet identity comes from the cluster's agent (TLS_DIR).
     """
     if resolution.data_path is None:
         raise ValueError(f"cluster {resolution.name} has no data path: it gets no work")
@@ -367,12 +372,14 @@ def desired_work(
         labels,
         with_token=client_token is not None,
     )
+    client_limits = limits.client_limits(caps or {}, namespace, labels)
     manifests = [
         {
             "apiVersion": "v1",
             "kind": "Namespace",
             "metadata": {"name": namespace, "labels": {**labels, **security.PSA_LABELS}},
         },
+        *client_limits,
         {
             "apiVersion": "v1",
             "kind": "ServiceAccount",
@@ -435,7 +442,22 @@ def desired_work(
                             ],
                         },
                     ],
-                }
+                },
+                # The apiserver stores quantities in canonical form ("0.5" as "500m"): the
+                # work agent's default Update would see a change on every resync. A
+                # server-side apply of the same values is a no-op.
+                *(
+                    {
+                        "resourceIdentifier": {
+                            "group": "",
+                            "resource": limits.RESOURCES[obj["kind"]],
+                            "namespace": namespace,
+                            "name": obj["metadata"]["name"],
+                        },
+                        "updateStrategy": {"type": "ServerSideApply"},
+                    }
+                    for obj in client_limits
+                ),
             ],
         },
     }
@@ -475,6 +497,7 @@ def desired_works(
     *,
     server_name: str,
     client_token: str | None = None,
+    caps: Mapping[str, Quantity] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Works keyed by cluster name, for the clusters that have data.
 
@@ -490,6 +513,7 @@ def desired_works(
         agent_endpoints,
         server_name=server_name,
         client_token=client_token,
+        caps=caps,
     )
 
 
@@ -512,6 +536,7 @@ class WorkCache:
         *,
         server_name: str,
         client_token: str | None = None,
+        caps: Mapping[str, Quantity] | None = None,
     ) -> dict[str, dict[str, Any]]:
         """What `desired_works` returns for the same arguments (works are not to be mutated)."""
         return dict(
@@ -524,6 +549,7 @@ class WorkCache:
                 agent_endpoints,
                 server_name=server_name,
                 client_token=client_token,
+                caps=caps,
             )
         )
 
@@ -538,10 +564,12 @@ class WorkCache:
         *,
         server_name: str,
         client_token: str | None = None,
+        caps: Mapping[str, Quantity] | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """`works` one (cluster, work) at a time, each as soon as it is built (a caller can
         send the first while the rest are built); the cache is updated once all are."""
         endpoints = agent_endpoints or {}
+        capped = tuple(sorted((k, str(v)) for k, v in (caps or {}).items()))
         fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         for r in resolutions:
             if not r.has_data:
@@ -556,6 +584,7 @@ class WorkCache:
                 endpoint,
                 server_name,
                 client_token,
+                capped,
             )
             hit = self._items.get(r.name)
             if hit is not None and hit[0] == key:
@@ -570,6 +599,7 @@ class WorkCache:
                 endpoint,
                 server_name=server_name,
                 client_token=client_token,
+                caps=caps,
             )
             fresh[r.name] = (key, work)
             yield r.name, work
