@@ -6,18 +6,9 @@ started=$(date +%s)
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bash hack/install-system-deps.sh
-if [ ! -x .venv/bin/python ]; then
-  python3 -m venv .venv
-fi
-# Exact versions from requirements.lock (hack/lock.sh remakes it); reinstalled when either
-# file changes.
-stamp=.venv/.installed-$(cat pyproject.toml requirements.lock | sha256sum | cut -c1-16)
-if [ ! -f "$stamp" ]; then
-  .venv/bin/pip install -q -U pip setuptools wheel
-  .venv/bin/pip install -q -c requirements.lock -e '.[hub,agent,workloads,cli,dev]'
-  rm -f .venv/.installed-*
-  touch "$stamp"
-fi
+# .venv: this clone's code over the exact versions of requirements.lock, kept once per lock
+# under ~/.cache/ocm-fl/venv (hack/venv.sh; hack/lock.sh remakes the lock).
+bash hack/venv.sh
 # --kubelet: also kubelet, kube-proxy, kube-scheduler, kubectl, CoreDNS and the pause image, for
 # the plane's real kubelet nodes (tests/e2e/test_e2e_containers.py).
 .venv/bin/python -m hack.controlplane build --kubelet
