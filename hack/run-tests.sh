@@ -9,11 +9,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 1
 export OCMFL_NO_SKIPS=1
 
+# Every test's duration, per phase, as JUnit XML (the log lists only the slowest).
+reports=${OCMFL_TEST_REPORTS:-$root/out/test-reports}
+mkdir -p "$reports"
+
 run() {
   local phase=$1 start rc
   shift
   start=$(date +%s)
-  .venv/bin/pytest -p no:cacheprovider --timeout=900 "$@"
+  .venv/bin/pytest -p no:cacheprovider --timeout=900 --junitxml="$reports/$phase.xml" "$@"
   rc=$?
   echo "phase ${phase}: $(($(date +%s) - start)) s (pytest exit ${rc})"
   if [ "$rc" -eq 5 ]; then
