@@ -46,6 +46,7 @@ deps_site=$("$deps/bin/python" -c 'import sysconfig; print(sysconfig.get_path("p
 echo "import site; site.addsitedir('$deps_site')" > "$site/_ocmfl_shared_deps.pth"
 # The shared environment's commands, each run by this clone's interpreter (binaries linked).
 for script in "$deps"/bin/*; do
+  [ -f "$script" ] || continue
   name=$(basename "$script")
   case $name in python* | activate* | Activate.ps1) continue ;; esac
   if head -c 2 "$script" | grep -q '#!'; then

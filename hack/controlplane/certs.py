@@ -5,9 +5,11 @@ One CA signs every serving and client certificate; keys are ECDSA P-256 (fast to
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 from pathlib import Path
 
+import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.x509.oid import NameOID
@@ -25,6 +27,43 @@ def write(pair: KeyPair, directory: Path, stem: str) -> tuple[Path, Path]:
     pki.write_atomic(crt, pair.cert_pem)
     pki.write_atomic(key, pair.key_pem, 0o600)
     return crt, key
+
+
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    ca: bytes,
+    kp: KeyPair,
+    user: str,
+    tls_server_name: str | None = None,
+) -> None:
+    """A kubeconfig (mode 0600) for `user` with its client certificate, trusting `ca` at
+    `server` (`tls_server_name`: the name to check on the server's certificate instead)."""
+
+    def b64(b: bytes) -> str:
+        return base64.b64encode(b).decode()
+
+    cluster: dict[str, str] = {"server": server, "certificate-authority-data": b64(ca)}
+    if tls_server_name is not None:
+        cluster["tls-server-name"] = tls_server_name
+    cfg = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": user,
+        "clusters": [{"name": "local", "cluster": cluster}],
+        "users": [
+            {
+                "name": user,
+                "user": {
+                    "client-certificate-data": b64(kp.cert_pem),
+                    "client-key-data": b64(kp.key_pem),
+                },
+            }
+        ],
+        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
+    }
+    path.write_text(yaml.safe_dump(cfg))
+    path.chmod(0o600)
 
 
 def make_ca(cn: str = "ocm-fl-local-ca") -> KeyPair:

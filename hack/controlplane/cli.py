@@ -7,7 +7,15 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from hack.controlplane import build, kubelet, plane, processes, supervisor
+from hack.controlplane import (
+    build,
+    kubelet,
+    kubelet_images,
+    kubelet_spec,
+    plane,
+    processes,
+    supervisor,
+)
 from hack.images.podman import ImageError
 
 
@@ -55,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.kubelet:
                 secs = kubelet.build_binaries()
                 print(f"kubelet nodes: {'cached' if secs == 0 else f'{secs:.0f}s'}")
-                kubelet.ensure_pause_image(build.log_dir() / "pause-image.log")
-                print(f"pause image: {kubelet.PAUSE_IMAGE}")
+                kubelet_images.ensure_pause_image(build.log_dir() / "pause-image.log")
+                print(f"pause image: {kubelet_spec.PAUSE_IMAGE}")
             return 0
         if args.cmd == "up":
             st = plane.up(
@@ -86,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         build.BuildError,
         processes.ComponentFailed,
         plane.PlaneError,
-        kubelet.NodeError,
+        kubelet_spec.NodeError,
         ImageError,
     ) as e:
         print(f"error: {e}")

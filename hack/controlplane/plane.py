@@ -10,7 +10,6 @@ Stand-in: the supervisor's local nodes (kubelet), unless `kubelet=True`.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import fcntl
 import functools
@@ -26,9 +25,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from hack.controlplane import bootstrap, build, certs, clusteradm, podnet, processes
+from hack.controlplane import (
+    bootstrap,
+    build,
+    certs,
+    clusteradm,
+    kubelet_host,
+    kubelet_spec,
+    podnet,
+    processes,
+)
 from hack.controlplane import kubelet as kubelet_node
 from hack.controlplane.localnode import CREATED_MOUNTPOINTS
 from hack.controlplane.processes import ComponentFailed, Proc, State
@@ -156,32 +162,6 @@ def etcd_data_dir(d: Path) -> Path:
     if str(d.resolve()).startswith("/dev/shm/"):
         return d / "etcd-data"
     return Path("/dev/shm") / f"ocm-fl-etcd-{hashlib.sha256(str(d).encode()).hexdigest()[:8]}"
-
-
-def write_kubeconfig(path: Path, server: str, ca: bytes, kp: certs.KeyPair, user: str) -> None:
-    def b64(b: bytes) -> str:
-        return base64.b64encode(b).decode()
-
-    cfg = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "current-context": user,
-        "clusters": [
-            {"name": "local", "cluster": {"server": server, "certificate-authority-data": b64(ca)}}
-        ],
-        "users": [
-            {
-                "name": user,
-                "user": {
-                    "client-certificate-data": b64(kp.cert_pem),
-                    "client-key-data": b64(kp.key_pem),
-                },
-            }
-        ],
-        "contexts": [{"name": user, "context": {"cluster": "local", "user": user}}],
-    }
-    path.write_text(yaml.safe_dump(cfg))
-    path.chmod(0o600)
 
 
 def healthy(state: State) -> bool:
@@ -364,7 +344,7 @@ def _start(
     # Pods reach their apiserver at its `kubernetes` ClusterIP (local nodes: see localnode;
     # kubelet nodes and their pods also at non-loopback node addresses).
     if kubelet:
-        in_cluster = tuple(kubelet_node.apiserver_ips(state.slot, len(names)))
+        in_cluster = tuple(kubelet_spec.apiserver_ips(state.slot, len(names)))
     else:
         in_cluster = tuple(podnet.kubernetes_service_ip(state.slot, i) for i in range(len(names)))
     serving = certs.issue(
@@ -414,10 +394,6 @@ def _start(
     _say(echo, f"etcd ready on :{ep} ({time.monotonic() - t0:.1f}s)")
 
     # --- apiservers -----------------------------------------------------------------------------
-    def svc_range(i: int) -> str:
-        if kubelet:
-            return kubelet_node.service_cidr(state.slot, i)
-        return podnet.service_cidr(state.slot, i)
 
     apis: dict[str, Proc] = {}
     for i, n in enumerate(names):
@@ -436,7 +412,7 @@ def _start(
                     f"--tls-private-key-file={srv_key}",
                     f"--client-ca-file={ca_crt}",
                     "--authorization-mode=RBAC",
-                    f"--service-cluster-ip-range={svc_range(i)}",
+                    f"--service-cluster-ip-range={podnet.service_cidr(state.slot, i)}",
                     "--allow-privileged=true",
                     "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                     f"--service-account-key-file={pki / 'sa.pub'}",
@@ -463,7 +439,7 @@ def _start(
         apis[n] = p
         state.apiservers[n] = f"https://127.0.0.1:{port}"
         path = kcfg / f"{n}.kubeconfig"
-        write_kubeconfig(path, state.apiservers[n], ca.cert_pem, admin, "ocmfl-admin")
+        certs.write_kubeconfig(path, state.apiservers[n], ca.cert_pem, admin, "ocmfl-admin")
         state.kubeconfigs[n] = str(path)
     state.save()
     admin_ctx = processes.client_tls(ca_crt, pki / "admin.crt", pki / "admin.key")
@@ -535,7 +511,7 @@ def _start(
     # discovers the CRDs at start instead of at its next 30 s discovery resync.
     # --- supervisor: local nodes (or the kubelet nodes' host side) ----------------------------
     if kubelet:
-        kubelet_node.create_bridge(state.slot)
+        kubelet_host.create_bridge(state.slot)
     (d / READY_FILE).unlink(missing_ok=True)
     sup = track(
         processes.spawn(
@@ -624,7 +600,7 @@ def hub_url_for_agents(state: State) -> str:
     it makes from there (the registration agent's, the addons')."""
     port = state.apiservers["hub"].rsplit(":", 1)[1]
     if state.kubelet:
-        return f"https://{kubelet_node.bridge_ip(state.slot)}:{port}"
+        return f"https://{podnet.node_bridge_ip(state.slot)}:{port}"
     return f"https://{podnet.kubernetes_service_ip(state.slot, 0)}:443"
 
 

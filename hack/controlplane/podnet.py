@@ -17,11 +17,18 @@ Service ClusterIPs of       ``10.P.(128+8i).0/21``             ``--service-clust
 apiserver i                                                    ``.1`` is ``kubernetes.default``
 host addresses              ``10.P.240.0/20``                  for host processes pods must reach
                                                                (localfed's agents and hub)
+real kubelet nodes          ``10.P.0.0/24``                    ``up(kubelet=True)`` only: one host
+(kubelet.py)                                                   bridge holds ``.1``, node i is
+                                                               ``.(10+i)``; its pods and Services
+                                                               use the two ranges above
 ==========================  =================================  ===================================
 
-``10.P.128.0/17`` is one ``local`` route on the host: any address in it is the host's own, so
-the forwarder (kube-proxy stand-in) listens on ClusterIPs and host processes bind host
-addresses. A pod has two routes: its node's pod range (on the bridge) and ``10.P.128.0/17``
+This is the plane's one address plan: the process-based nodes and the real kubelet nodes take
+every address from the functions below.
+
+With local nodes, ``10.P.128.0/17`` is one ``local`` route on the host: any address in it is the
+host's own, so the forwarder (kube-proxy stand-in) listens on ClusterIPs and host processes bind
+host addresses. A pod has two routes: its node's pod range (on the bridge) and ``10.P.128.0/17``
 through its gateway; nothing else, so pods of different clusters never reach each other's pod
 addresses, only Services, LoadBalancer addresses and host addresses, as across real clusters,
 whether or not the host forwards packets. No iptables rule and no sysctl is changed.
@@ -90,6 +97,24 @@ def service_cidr(slot: int, node: int) -> str:
 def kubernetes_service_ip(slot: int, node: int) -> str:
     """ClusterIP the apiserver gives `default/kubernetes` (the first of its range)."""
     return str(ipaddress.IPv4Network(service_cidr(slot, node)).network_address + 1)
+
+
+def node_net(slot: int) -> ipaddress.IPv4Network:
+    """The real kubelet nodes' own network (kubelet.py): one bridge on the host."""
+    _check(slot)
+    return ipaddress.IPv4Network(f"10.{200 + slot}.0.0/24")
+
+
+def node_bridge_ip(slot: int) -> str:
+    """The host's address on the kubelet nodes' bridge: their default route, and where the
+    supervisor forwards each apiserver (kubelet_host.HostSide)."""
+    return str(node_net(slot).network_address + 1)
+
+
+def node_ip(slot: int, node: int) -> str:
+    """Real kubelet node `node`'s address (0 = hub)."""
+    _check(slot, node)
+    return str(node_net(slot).network_address + 10 + node)
 
 
 def host_terminated(slot: int) -> ipaddress.IPv4Network:

@@ -13,7 +13,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
-from hack.controlplane import kubelet, podnet
+from hack.controlplane import kubelet_host, kubelet_spec, podnet
 from hack.controlplane.csrcleaner import CSRCleaner
 from hack.controlplane.localnode import LocalNode
 from hack.controlplane.processes import State
@@ -42,11 +42,11 @@ def run(state_dir: Path) -> int:
     kubes = {n: Kube(state.kubeconfigs[n]) for n in names}
     if not state.kubelet:  # local nodes: the plane's host-terminated addresses
         podnet.ensure_plane(state.slot)
-    nodes: list[LocalNode | kubelet.HostSide] = []
+    nodes: list[LocalNode | kubelet_host.HostSide] = []
     for i, n in enumerate(names):
         port = int(state.apiservers[n].rsplit(":", 1)[1])
         if state.kubelet:  # real kubelets run the pods; this side serves them the apiserver
-            nodes.append(kubelet.HostSide(kubelet.specs(state)[i], kubes[n], stop))
+            nodes.append(kubelet_host.HostSide(kubelet_spec.specs(state)[i], kubes[n], stop))
         else:
             nodes.append(LocalNode(n, state.slot, i, kubes[n], port, state_dir, stop))
     for node in nodes:

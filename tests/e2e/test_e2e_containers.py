@@ -12,7 +12,7 @@ examples/federatedlearning.yaml is applied and the server and client Jobs run fr
 image until the resource is Completed, with the clusters' reports in its status.
 
 The images go into one containerd image store, once per set of image ids, and every node gets
-a hard-linked copy of it (kubelet.image_store): no import per node.
+a hard-linked copy of it (kubelet_images.image_store): no import per node.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from hack import controlplane as cp
-from hack.controlplane import kubelet
+from hack.controlplane import kubelet_spec
 from hack.images import deploy, podman
 from hub_controller.signer.addon_status import CONDITION
 from ocmfl import constants
@@ -56,7 +56,7 @@ def plane() -> Iterator[cp.State]:
         yield state
     finally:
         cp.down(d)
-        assert not kubelet.nodes_dir(state.slot).exists()
+        assert not kubelet_spec.nodes_dir(state.slot).exists()
 
 
 def test_demo_steps_run_the_federation_in_containers_to_completed(plane: cp.State) -> None:
