@@ -64,7 +64,10 @@ from ocmfl.kube import Kube, KubeError, path_of
 # Not "kopf.*": kopf then marks this prefix as its own and ignores all of it in diffs.
 PERSISTENCE_PREFIX: Final = f"operator.{constants.LABEL_PREFIX}"
 RETRY_DELAYS_S: Final = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
-CLEANUP_WAIT_RETRIES: Final = 12  # x 5 s: how long deletion waits for works to vanish
+# Deletion looks again every CLEANUP_POLL_S, up to CLEANUP_WAIT_RETRIES times (about a
+# minute), for the works to vanish: a work is usually gone seconds after its delete.
+CLEANUP_POLL_S: Final = 1.0
+CLEANUP_WAIT_RETRIES: Final = 60
 
 
 # --- settings ------------------------------------------------------------------------------
@@ -302,5 +305,7 @@ def cleanup(meta: kopf.Meta, memo: kopf.Memo, retry: int, logger: kopf.Logger, *
     (memo.get("reports") or NoReports()).forget(meta["uid"])
     op.metrics.forget(ns, name)
     if left and retry < CLEANUP_WAIT_RETRIES:
-        raise kopf.TemporaryError(f"waiting for {len(left)} ManifestWork(s) to go", delay=5)
+        raise kopf.TemporaryError(
+            f"waiting for {len(left)} ManifestWork(s) to go", delay=CLEANUP_POLL_S
+        )
     logger.info("cleaned up %s/%s", ns, name)
