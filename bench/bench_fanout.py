@@ -10,7 +10,7 @@ ever applied by an agent), starts the real hub process (hack/localfed.py: contro
 aggregator and signers) and applies one FederatedLearning selecting them (minAvailableClients
 N). The SuperNode public keys the Fleet signer would store from the CSRs of all clusters but
 one are written to the enrolled-keys shards as the signer does
-(credentials.enrolled_keys_secret_name). Once all N works exist, the bench marks them Applied
+(credentials_layout.enrolled_keys_secret_name). Once all N works exist, the bench marks them Applied
 (what the work agents report): the gate opens and the controller writes the node-keys shards
 at full size, then waits for the last key, so no server (no Flower process) starts.
 
@@ -77,10 +77,11 @@ from hack import controlplane as cp
 from hack.controlplane import processes
 from hack.localfed import FL_PATH, LocalFederation, create_fl
 from hack.testing import WaitTimeout, wait_for
+from hub_controller import credentials_layout
 from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator import reconcile as reconciler
-from hub_controller.operator.desired import client_token, credentials
+from hub_controller.operator.desired import client_token
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
 from ocmfl import constants, nodekeys
@@ -411,13 +412,15 @@ def enrolled_shards(
     ref: FLRef, names: list[str], keys: dict[str, bytes]
 ) -> list[tuple[str, str, Any, str]]:
     """POSTs of the enrolled-keys shards with every cluster's public key, as the Fleet signer
-    writes them (one shard per credentials.key_shard, its labels and owner)."""
-    server_name = server_mod.server_name(ref)
+    writes them (one shard per credentials_layout.key_shard, its labels and owner)."""
+    server_name = credentials_layout.server_name(ref)
     shards: dict[str, dict[str, str]] = defaultdict(dict)
     for c in names:
-        secret = credentials.enrolled_keys_secret_name(server_name, c)
-        shards[secret][f"{c}{credentials.NODE_PUB_SUFFIX}"] = base64.b64encode(keys[c]).decode()
-    labels = {**ref.labels(server_mod.COMPONENT), credentials.LABEL_KEYS: "enrolled"}
+        secret = credentials_layout.enrolled_keys_secret_name(server_name, c)
+        shards[secret][f"{c}{credentials_layout.NODE_PUB_SUFFIX}"] = base64.b64encode(
+            keys[c]
+        ).decode()
+    labels = {**ref.labels(server_mod.COMPONENT), credentials_layout.LABEL_KEYS: "enrolled"}
     return [
         (
             "POST",
@@ -580,7 +583,9 @@ def phase(
 
         def keys_copied() -> bool:
             nonlocal node_keys
-            shards = hub.list_objects(path_of("v1", "Secret", ns), f"{credentials.LABEL_KEYS}=node")
+            shards = hub.list_objects(
+                path_of("v1", "Secret", ns), f"{credentials_layout.LABEL_KEYS}=node"
+            )
             node_keys = sum(len(s.get("data") or {}) for s in shards)
             return node_keys >= n - 1 and clients(f"{n}/{n}")
 

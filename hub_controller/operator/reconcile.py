@@ -23,6 +23,7 @@ from typing import Any, Final, TypeVar, cast
 
 import kopf
 
+from hub_controller import credentials_layout
 from hub_controller import policy as policy_mod
 from hub_controller.api import (
     CONDITION_VALIDATED,
@@ -305,8 +306,10 @@ def ensure_credentials(
     node-keys shard whose body differs from what `written` says this loop last applied
     there. Returned: all of it, members' public keys included (with `keys` only)."""
     written = {} if written is None else written
-    name = server_mod.server_name(ref)
-    secret_path = path_of("v1", "Secret", ref.namespace, credentials.credentials_secret_name(name))
+    name = credentials_layout.server_name(ref)
+    secret_path = path_of(
+        "v1", "Secret", ref.namespace, credentials_layout.credentials_secret_name(name)
+    )
     secret = kube.get(secret_path)
     owner = (((secret or {}).get("metadata") or {}).get("labels") or {}).get(
         constants.LABEL_OWNER_UID
@@ -320,12 +323,12 @@ def ensure_credentials(
             "never reused or overwritten; delete it, or give this resource another name",
             reason=REASON_NAME_TAKEN,
         )
-    current = credentials.secret_data(secret)
+    current = credentials_layout.secret_data(secret)
     # Members' keys go only into the node-keys shards: without `keys` the enrolled shards
     # (up to ~1.3 MB at N = 3,500) are neither listed nor decoded on every pass.
     shards = (
         kube.list_objects(
-            path_of("v1", "Secret", ref.namespace), credentials.enrolled_selector(ref.uid)
+            path_of("v1", "Secret", ref.namespace), credentials_layout.enrolled_selector(ref.uid)
         )
         if keys
         else []

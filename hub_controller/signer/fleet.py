@@ -22,11 +22,10 @@ from typing import Any, Final
 
 import kopf
 
+from hub_controller import credentials_layout
 from hub_controller.api import FLRef
 from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
-from hub_controller.operator.desired import credentials
-from hub_controller.operator.desired import server as server_mod
 from hub_controller.signer import csr_outcome
 from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
 from hub_controller.signer.policy import (
@@ -134,7 +133,7 @@ def decide_fleet_csr(
 
 def node_key_entry(decision: ApproveFleet) -> tuple[str, bytes]:
     """The credentials Secret entry holding the cluster's SuperNode public key."""
-    _, _, _, node_pub = credentials.cluster_keys(decision.cluster)
+    _, _, _, node_pub = credentials_layout.cluster_keys(decision.cluster)
     return node_pub, decision.supernode_key + b" " + decision.cluster.encode() + b"\n"
 
 
@@ -210,21 +209,26 @@ class FleetSigner:
         return decision
 
     def _secret_path(self, ref: FLRef) -> str:
-        name = credentials.credentials_secret_name(server_mod.server_name(ref))
+        name = credentials_layout.credentials_secret_name(credentials_layout.server_name(ref))
         return path_of("v1", "Secret", ref.namespace, name)
 
     def _fleet_ca(self, ref: FLRef) -> pki.CertAndKey | None:
-        data = credentials.secret_data(self.kube.get(self._secret_path(ref)))
+        data = credentials_layout.secret_data(self.kube.get(self._secret_path(ref)))
         try:
-            return pki.load_cert_and_key(data[credentials.CA], data[credentials.FLEET_CA_KEY])
+            return pki.load_cert_and_key(
+                data[credentials_layout.CA], data[credentials_layout.FLEET_CA_KEY]
+            )
         except (KeyError, ValueError):
             return None
 
     def _store_node_key(self, decision: ApproveFleet) -> None:
         """The SuperNode public key into the resource's enrolled-keys shard for this cluster
-        (credentials.key_shard); the operator copies members' keys to the node-keys shards."""
+        (credentials_layout.key_shard); the operator copies members' keys to the node-keys
+        shards."""
         ref = decision.ref
-        name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref), decision.cluster)
+        name = credentials_layout.enrolled_keys_secret_name(
+            credentials_layout.server_name(ref), decision.cluster
+        )
         key, value = node_key_entry(decision)
         data = {key: base64.b64encode(value).decode()}
         path = path_of("v1", "Secret", ref.namespace, name)
@@ -237,8 +241,8 @@ class FleetSigner:
                     "name": name,
                     "namespace": ref.namespace,
                     "labels": {
-                        **ref.labels(server_mod.COMPONENT),
-                        credentials.LABEL_KEYS: "enrolled",
+                        **ref.labels(credentials_layout.SERVER_COMPONENT),
+                        credentials_layout.LABEL_KEYS: "enrolled",
                     },
                     "ownerReferences": [ref.owner_reference()],
                 },

@@ -25,11 +25,11 @@ from kopf.testing import KopfRunner
 from hack import keyscan
 from hack.localfed import grant_namespace
 from hack.testing import TestPKI, agent_accepts, wait_for
+from hub_controller import credentials_layout
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import ClusterResolution, StaticMembers
 from hub_controller.operator.desired import credentials as cr
-from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
@@ -65,7 +65,9 @@ def tenant_credentials(*clusters: str, gateway_host: str = "fl.team.example") ->
 
 def tenant_fleet_identity(data: dict[str, bytes], cluster: str) -> pki.CertAndKey:
     """A Fleet client identity as the federation's Fleet CA issues them."""
-    fleet_ca = pki.load_cert_and_key(data[cr.CA], data[cr.FLEET_CA_KEY])
+    fleet_ca = pki.load_cert_and_key(
+        data[credentials_layout.CA], data[credentials_layout.FLEET_CA_KEY]
+    )
     return pki.issue_fleet_client_cert(fleet_ca, FL_UID, cluster)
 
 
@@ -145,8 +147,11 @@ async def test_fleet_certificate_is_refused_even_if_signed_by_the_hub_ca(
 
 def test_no_fleet_certificate_chains_to_the_hub_ca(hub_pki: TestPKI) -> None:
     data = tenant_credentials("cluster-a", "cluster-b")
-    fleet_ca = pki.load_cert_pem(data[cr.CA])
-    certs = {n: pki.load_cert_pem(data[n]) for n in (cr.GATEWAY_CERT, cr.SUPERLINK_CERT)}
+    fleet_ca = pki.load_cert_pem(data[credentials_layout.CA])
+    certs = {
+        n: pki.load_cert_pem(data[n])
+        for n in (credentials_layout.GATEWAY_CERT, credentials_layout.SUPERLINK_CERT)
+    }
     certs["fleet"] = tenant_fleet_identity(data, "cluster-a").cert
     for name, cert in certs.items():
         assert not pki.verify_issued_by(cert, hub_pki.ca.cert), name
@@ -160,7 +165,7 @@ def test_tenant_chosen_advertise_address_is_no_aggregator_certificate(hub_pki: T
     # impersonate the aggregator to every agent if the agents' CA had signed it.
     data = tenant_credentials("cluster-a", gateway_host=AGGREGATOR_HOST)
     hub_ca = pki.cert_to_pem(hub_pki.ca.cert)
-    gw_cert, gw_key = data[cr.GATEWAY_CERT], data[cr.GATEWAY_KEY]
+    gw_cert, gw_key = data[credentials_layout.GATEWAY_CERT], data[credentials_layout.GATEWAY_KEY]
     assert not agent_accepts(gw_cert, gw_key, hub_ca, AGGREGATOR_HOST)
     # The real aggregator certificate still passes: the check is not vacuous.
     real = pki.issue_server_cert(hub_pki.ca, dns_names=[AGGREGATOR_HOST])
@@ -174,7 +179,7 @@ def test_a_federations_hub_objects_hold_no_cluster_private_key() -> None:
     # store) must not get a key a cluster uses.
     members = [ClusterResolution(c, f"/srv/{c}", "claim") for c in ("cluster-a", "cluster-b")]
     data = tenant_credentials("cluster-a", "cluster-b")
-    server = server_mod.server_name(FIXTURE_REF)
+    server = credentials_layout.server_name(FIXTURE_REF)
     secrets = cr.hub_secrets({"namespace": FIXTURE_REF.namespace}, server, data)
     works = works_mod.desired_works(
         FIXTURE_REF, fixture_spec(), members, "127.0.0.1:9443", server_name="fl.team.example"
@@ -208,12 +213,17 @@ def test_plane_advertise_address_of_the_aggregator_gives_no_trusted_certificate(
     body = fl_body(namespace, claim, advertiseAddress=f"{AGGREGATOR_HOST}:443")
     hub.create(fl_path(namespace), body)
     data = wait_for(lambda: _tenant_credentials(hub, namespace), 90, "credentials Secret")
-    gw_cert = pki.load_cert_pem(data[cr.GATEWAY_CERT])
+    gw_cert = pki.load_cert_pem(data[credentials_layout.GATEWAY_CERT])
     san = gw_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert AGGREGATOR_HOST in san.get_values_for_type(x509.DNSName)  # the tenant's name is on it
     hub_ca_dir = Path(os.environ[constants.ENV_CA_DIR])  # set by the operator fixture
     hub_ca = (hub_ca_dir / pki.CERT_FILE).read_bytes()
-    assert not agent_accepts(data[cr.GATEWAY_CERT], data[cr.GATEWAY_KEY], hub_ca, AGGREGATOR_HOST)
+    assert not agent_accepts(
+        data[credentials_layout.GATEWAY_CERT],
+        data[credentials_layout.GATEWAY_KEY],
+        hub_ca,
+        AGGREGATOR_HOST,
+    )
     # The hub CA key never lands in a tenant's Secret.
     assert (hub_ca_dir / pki.KEY_FILE).read_bytes() not in data.values()
 
@@ -223,7 +233,7 @@ def _tenant_credentials(kube: Kube, namespace: str) -> dict[str, bytes] | None:
     items = (kube.get(f"/api/v1/namespaces/{namespace}/secrets") or {}).get("items", [])
     for item in items:
         if item["metadata"]["name"].endswith("-credentials"):
-            data = cr.secret_data(item)
-            if cr.GATEWAY_CERT in data:
+            data = credentials_layout.secret_data(item)
+            if credentials_layout.GATEWAY_CERT in data:
                 return data
     return None

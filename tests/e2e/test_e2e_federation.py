@@ -31,9 +31,8 @@ from hack.localfed import (
     wait_fl,
 )
 from hack.testing import WaitTimeout, wait_for
+from hub_controller import credentials_layout
 from hub_controller.api import FLRef
-from hub_controller.operator.desired import credentials
-from hub_controller.operator.desired.server import server_name
 from hub_controller.operator.desired.works import client_namespace, work_name
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
@@ -104,11 +103,11 @@ def test_federation_trains_to_completion_over_mtls_and_cleans_up(
     # agents trust for the aggregator): verify it with that.
     creds = hub.get(
         f"/api/v1/namespaces/{NAMESPACE}/secrets/"
-        + credentials.credentials_secret_name(server_name(ref))
+        + credentials_layout.credentials_secret_name(credentials_layout.server_name(ref))
     )
     assert creds is not None
     fleet_ca = tmp_path / "fleet-ca.crt"
-    fleet_ca.write_bytes(credentials.secret_data(creds)[credentials.CA])
+    fleet_ca.write_bytes(credentials_layout.secret_data(creds)[credentials_layout.CA])
     _gateway_refuses(f"{lb}:{constants.FLEET_PROXY_PORT}", fleet_ca, tmp_path)
 
     final = wait_fl(hub, NAMESPACE, name, 900, fed=fed)

@@ -20,8 +20,8 @@ from kopf.testing import KopfRunner
 from hack.controlplane.plane import ControlPlane
 from hack.localfed import grant_namespace, install_crd
 from hack.testing import kopf_registry, wait_for
+from hub_controller import credentials_layout
 from hub_controller.api import FLRef, claim_placement
-from hub_controller.operator.desired import credentials
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
 from ocmfl import constants, nodekeys, pki
@@ -147,9 +147,11 @@ def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
 
 def enrol_supernode_key(hub: Kube, ref: FLRef, cluster: str) -> None:
     """Write `cluster`'s SuperNode public key where the Fleet signer puts it."""
-    name = credentials.enrolled_keys_secret_name(server_mod.server_name(ref), cluster)
+    name = credentials_layout.enrolled_keys_secret_name(
+        credentials_layout.server_name(ref), cluster
+    )
     _, public = nodekeys.generate_keypair(cluster)
-    labels = {**ref.labels(server_mod.COMPONENT), credentials.LABEL_KEYS: "enrolled"}
+    labels = {**ref.labels(server_mod.COMPONENT), credentials_layout.LABEL_KEYS: "enrolled"}
     hub.create(
         f"/api/v1/namespaces/{ref.namespace}/secrets",
         {

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from hack.testing import free_port
+from hub_controller import credentials_layout
 from hub_controller.operator.desired import credentials as cr
 from ocmfl import nodekeys, pki
 from workloads.data import partition
@@ -64,7 +65,9 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
     )
     # What each cluster's agent and the hub's Fleet signer do: keys made "on the cluster",
     # the Fleet certificate from the federation's Fleet CA, the SuperNode key enrolled.
-    fleet_ca = pki.load_cert_and_key(data[cr.CA], data[cr.FLEET_CA_KEY])
+    fleet_ca = pki.load_cert_and_key(
+        data[credentials_layout.CA], data[credentials_layout.FLEET_CA_KEY]
+    )
     bundles: dict[str, dict[str, bytes]] = {}
     enrolled: dict[str, bytes] = {}
     for cluster in CLUSTERS:
@@ -75,7 +78,7 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         bundles[cluster] = {
             pki.CERT_FILE: pki.cert_to_pem(cert),
             pki.KEY_FILE: pki.key_to_pem(key),
-            pki.CA_FILE: data[cr.CA],
+            pki.CA_FILE: data[credentials_layout.CA],
             "node.key": node_private,
         }
         enrolled[f"{cluster}.node.pub"] = node_public
@@ -91,12 +94,12 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         str(BIN / "ocm-fl-server"),
         "--state-dir", str(tmp_path / "server-state"),
         "--superlink-address", f"127.0.0.1:{superlink_port}",
-        "--ssl-ca-certfile", str(server_tls / cr.CA),
-        "--ssl-certfile", str(server_tls / cr.SUPERLINK_CERT),
-        "--ssl-keyfile", str(server_tls / cr.SUPERLINK_KEY),
+        "--ssl-ca-certfile", str(server_tls / credentials_layout.CA),
+        "--ssl-certfile", str(server_tls / credentials_layout.SUPERLINK_CERT),
+        "--ssl-keyfile", str(server_tls / credentials_layout.SUPERLINK_KEY),
         "--gateway-listen", gateway,
-        "--gateway-certfile", str(server_tls / cr.GATEWAY_CERT),
-        "--gateway-keyfile", str(server_tls / cr.GATEWAY_KEY),
+        "--gateway-certfile", str(server_tls / credentials_layout.GATEWAY_CERT),
+        "--gateway-keyfile", str(server_tls / credentials_layout.GATEWAY_KEY),
         "--supernode-keys", str(node_keys),
         "--min-clients", "2",
         "--wait-clients-timeout", "240",

@@ -11,6 +11,7 @@ import pytest
 
 from agent_addon.csr import next_check_s
 from hack.controlplane import podplan
+from hub_controller import credentials_layout
 from hub_controller.operator.desired import credentials
 from hub_controller.signer.policy import Deny, requested_lifetime
 from ocmfl import certlife, pki
@@ -100,9 +101,9 @@ def test_the_reconcile_loop_comes_back_when_the_gateway_certificate_is_due() -> 
     renewed = credentials.reconcile_credentials(
         data, **common, now=NOW + dt.timedelta(seconds=due + 1)
     )
-    assert renewed[credentials.GATEWAY_CERT] != data[credentials.GATEWAY_CERT]
-    assert renewed[credentials.SUPERLINK_CERT] == data[credentials.SUPERLINK_CERT]
-    assert renewed[credentials.CA] == data[credentials.CA]
+    assert renewed[credentials_layout.GATEWAY_CERT] != data[credentials_layout.GATEWAY_CERT]
+    assert renewed[credentials_layout.SUPERLINK_CERT] == data[credentials_layout.SUPERLINK_CERT]
+    assert renewed[credentials_layout.CA] == data[credentials_layout.CA]
     assert credentials.renew_in_s({}, NOW) is None
 
 

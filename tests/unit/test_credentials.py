@@ -7,6 +7,7 @@ import datetime as dt
 
 from cryptography import x509
 
+from hub_controller import credentials_layout
 from hub_controller.operator.desired import credentials as cr
 from ocmfl import nodekeys, pki
 
@@ -39,9 +40,9 @@ def test_first_reconcile_issues_the_server_side_and_only_public_cluster_material
 def test_every_certificate_comes_from_the_resources_own_fleet_ca() -> None:
     # Each resource gets its own CA; none of it is signed by anything agents trust.
     first, other = _reconcile({}, ["cluster1"]), _reconcile({}, ["cluster1"])
-    assert first[cr.CA] != other[cr.CA]
-    ca = pki.load_cert_and_key(first[cr.CA], first[cr.FLEET_CA_KEY])
-    for key in (cr.SUPERLINK_CERT, cr.GATEWAY_CERT):
+    assert first[credentials_layout.CA] != other[credentials_layout.CA]
+    ca = pki.load_cert_and_key(first[credentials_layout.CA], first[credentials_layout.FLEET_CA_KEY])
+    for key in (credentials_layout.SUPERLINK_CERT, credentials_layout.GATEWAY_CERT):
         assert pki.verify_issued_by(pki.load_cert_pem(first[key]), ca.cert)
 
 
@@ -62,10 +63,10 @@ def test_gateway_certificate_follows_the_advertised_address() -> None:
     first = _reconcile({}, [])
     moved = cr.GatewayNames(dns=("fl.example.com",), ips=())
     second = _reconcile(first, [], gateway=moved)
-    cert = pki.load_cert_pem(second[cr.GATEWAY_CERT])
+    cert = pki.load_cert_pem(second[credentials_layout.GATEWAY_CERT])
     san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert san.get_values_for_type(x509.DNSName) == ["fl.example.com"]
-    assert second[cr.SUPERLINK_CERT] == first[cr.SUPERLINK_CERT]
+    assert second[credentials_layout.SUPERLINK_CERT] == first[credentials_layout.SUPERLINK_CERT]
 
 
 def test_a_fleet_ca_near_its_end_is_replaced_with_everything_it_signed() -> None:
@@ -73,9 +74,9 @@ def test_a_fleet_ca_near_its_end_is_replaced_with_everything_it_signed() -> None
     assert _reconcile(data, ["cluster1"], now=pki.utcnow() + dt.timedelta(days=5)) == data
     much_later = pki.utcnow() + dt.timedelta(days=300)
     rotated = _reconcile(data, ["cluster1"], now=much_later)
-    new_ca = pki.load_cert_pem(rotated[cr.CA])
-    assert rotated[cr.CA] != data[cr.CA]
-    for key in (cr.SUPERLINK_CERT, cr.GATEWAY_CERT):
+    new_ca = pki.load_cert_pem(rotated[credentials_layout.CA])
+    assert rotated[credentials_layout.CA] != data[credentials_layout.CA]
+    for key in (credentials_layout.SUPERLINK_CERT, credentials_layout.GATEWAY_CERT):
         assert pki.verify_issued_by(pki.load_cert_pem(rotated[key]), new_ca)
 
 
@@ -89,7 +90,7 @@ def test_hub_secrets_stay_bounded_at_3500_clusters() -> None:
     meta = {"namespace": "team", "labels": {}, "ownerReferences": []}
     secrets = cr.hub_secrets(meta, "fl-server", data)
     [creds, *shards] = secrets
-    assert len(shards) == cr.NODE_KEY_SHARDS
+    assert len(shards) == credentials_layout.NODE_KEY_SHARDS
     assert not [k for k in creds["data"] if k.endswith(".node.pub")]
     assert len(str(creds)) < 16 * 1024
     sizes = [sum(len(v) for v in s["data"].values()) for s in shards]
@@ -97,16 +98,16 @@ def test_hub_secrets_stay_bounded_at_3500_clusters() -> None:
     # Every member's key is in exactly the shard its name hashes to, and nowhere else.
     found = {k: i for i, s in enumerate(shards) for k in s["data"]}
     assert len(found) == len(names)
-    assert all(found[f"{c}.pub"] == cr.key_shard(c) for c in names)
+    assert all(found[f"{c}.pub"] == credentials_layout.key_shard(c) for c in names)
 
 
 def test_enrolled_data_takes_a_key_only_from_its_clusters_shard() -> None:
     key = enrolled("cluster1")["cluster1.node.pub"]
-    right = cr.enrolled_keys_secret_name("fl-server", "cluster1")
+    right = credentials_layout.enrolled_keys_secret_name("fl-server", "cluster1")
     wrong = next(
         name
         for i in range(100)
-        if (name := cr.enrolled_keys_secret_name("fl-server", f"c{i}")) != right
+        if (name := credentials_layout.enrolled_keys_secret_name("fl-server", f"c{i}")) != right
     )
 
     def secret(name: str) -> dict[str, object]:

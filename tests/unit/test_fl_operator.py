@@ -13,11 +13,10 @@ import kopf
 import pytest
 from fl_fixtures import REF, spec_dict
 
+from hub_controller import credentials_layout
 from hub_controller.membership import ClusterInfo
 from hub_controller.operator import handlers
 from hub_controller.operator import reconcile as reconciler
-from hub_controller.operator.desired import credentials
-from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
 from hub_controller.operator.indexes import Indexes, Owned
 from hub_controller.operator.observed import (
@@ -277,7 +276,7 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
     # Credentials still good and works unchanged: nothing but the idempotent Placement/Service,
     # and, the gate being open, the node-keys shards the server pod will mount (all of them).
     assert kube.kinds(kube.applied[before:]) == ["Placement", "Service"] + ["Secret"] * (
-        credentials.NODE_KEY_SHARDS
+        credentials_layout.NODE_KEY_SHARDS
     )
     # Both applied, but no cluster's agent has sent its SuperNode key yet: no server.
     assert "Job" not in kube.kinds(kube.created)
@@ -290,10 +289,11 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
     again = kube.applied[third + 2 :]
     assert 1 <= len(again) <= 2 and all(o["kind"] == "Secret" for o in again)
     node_keys: dict[str, Any] = {}
-    for shard in range(credentials.NODE_KEY_SHARDS):
+    for shard in range(credentials_layout.NODE_KEY_SHARDS):
         path = f"/api/v1/namespaces/{REF.namespace}/secrets/"
         secret = kube.get(
-            path + credentials.node_keys_secret_name(server_mod.server_name(REF), shard)
+            path
+            + credentials_layout.node_keys_secret_name(credentials_layout.server_name(REF), shard)
         )
         assert secret is not None
         node_keys.update(secret["data"])
@@ -301,7 +301,7 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
     # The credentials Secret holds no per-cluster key: its size does not grow with N.
     creds = kube.get(
         f"/api/v1/namespaces/{REF.namespace}/secrets/"
-        + credentials.credentials_secret_name(server_mod.server_name(REF))
+        + credentials_layout.credentials_secret_name(credentials_layout.server_name(REF))
     )
     assert creds is not None and not any(k.endswith(".node.pub") for k in creds["data"])
 
@@ -309,10 +309,10 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
 def enrolled_keys_secrets(*clusters: str) -> list[dict[str, Any]]:
     """What the Fleet signer writes: each cluster's SuperNode public key from its CSR, in the
     shard of its name."""
-    server_name = server_mod.server_name(REF)
+    server_name = credentials_layout.server_name(REF)
     out: dict[str, dict[str, Any]] = {}
     for c in clusters:
-        name = credentials.enrolled_keys_secret_name(server_name, c)
+        name = credentials_layout.enrolled_keys_secret_name(server_name, c)
         secret = out.setdefault(
             name,
             {
@@ -417,8 +417,8 @@ def test_delete_removes_owned_objects_forgets_reports_and_waits_for_works(
 def _node_keys(kube: FakeKube) -> dict[str, str]:
     """The server's key directory as the node-keys shards last written hold it."""
     out: dict[str, str] = {}
-    for shard in range(credentials.NODE_KEY_SHARDS):
-        name = credentials.node_keys_secret_name(server_mod.server_name(REF), shard)
+    for shard in range(credentials_layout.NODE_KEY_SHARDS):
+        name = credentials_layout.node_keys_secret_name(credentials_layout.server_name(REF), shard)
         secret = kube.get(f"/api/v1/namespaces/{REF.namespace}/secrets/{name}")
         out.update((secret or {}).get("data") or {})
     return out
@@ -482,10 +482,8 @@ def test_credentials_of_another_resource_are_never_reused_or_overwritten(
     """A Secret of the credentials' name that another uid owns (a deleted resource's, or one
     the tenant made with a CA key of its choosing): the run fails naming it; nothing of it is
     read into the server's credentials or written over."""
-    from hub_controller.operator.desired import credentials
-    from hub_controller.operator.desired import server as server_mod
 
-    name = credentials.credentials_secret_name(server_mod.server_name(REF))
+    name = credentials_layout.credentials_secret_name(credentials_layout.server_name(REF))
     planted = {
         "apiVersion": "v1",
         "kind": "Secret",

@@ -15,6 +15,7 @@ import kopf
 import pytest
 from fl_fixtures import REF, spec, spec_dict
 
+from hub_controller import credentials_layout
 from hub_controller.api import ClusterPhase
 from hub_controller.membership import ClusterInfo, ClusterResolution
 from hub_controller.operator import reconcile as reconciler
@@ -282,10 +283,8 @@ def test_works_are_written_concurrently_with_a_bound_and_unchanged_ones_cost_not
 def test_an_internal_object_the_apiserver_refuses_is_named_with_its_size_not_invalid_spec(
     tmp_path: Any, quiet: list[tuple[str, str]]
 ) -> None:
-    from hub_controller.operator.desired import credentials
-    from hub_controller.operator.desired import server as server_mod
 
-    refused = credentials.credentials_secret_name(server_mod.server_name(REF))
+    refused = credentials_layout.credentials_secret_name(credentials_layout.server_name(REF))
     kube = CountingKube(refuse_secret=refused)
     op = operator(kube, tmp_path)
     state = reconciler.Run(REF, status={})
@@ -328,7 +327,6 @@ def test_the_fleet_signer_stores_a_key_in_its_clusters_shard_where_the_operator_
     import datetime as dt
 
     from hub_controller.operator.desired import credentials
-    from hub_controller.operator.desired import server as server_mod
     from hub_controller.signer.fleet import ApproveFleet, FleetSigner
     from ocmfl import nodekeys
 
@@ -346,10 +344,14 @@ def test_the_fleet_signer_stores_a_key_in_its_clusters_shard_where_the_operator_
     decision = ApproveFleet("c7", REF, public, dt.timedelta(days=1))
     FleetSigner(Kube())._store_node_key(decision)  # type: ignore[arg-type]
     [secret] = made
-    server_name = server_mod.server_name(REF)
-    assert secret["metadata"]["name"] == credentials.enrolled_keys_secret_name(server_name, "c7")
+    server_name = credentials_layout.server_name(REF)
+    assert secret["metadata"]["name"] == credentials_layout.enrolled_keys_secret_name(
+        server_name, "c7"
+    )
     labels = secret["metadata"]["labels"]
-    selector = dict(part.split("=") for part in credentials.enrolled_selector(REF.uid).split(","))
+    selector = dict(
+        part.split("=") for part in credentials_layout.enrolled_selector(REF.uid).split(",")
+    )
     assert all(labels[k] == v for k, v in selector.items())
     assert set(credentials.enrolled_data([secret])) == {"c7.node.pub"}
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from fl_fixtures import REF, spec, spec_dict
 
+from hub_controller import credentials_layout
 from hub_controller.api import FLRef, parse_spec
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.works import (
@@ -214,12 +215,12 @@ def test_long_names_are_cut_to_a_dns_label_with_a_hash() -> None:
 
 def test_hub_side_names_of_dotted_and_dashed_names_differ() -> None:
     """`x.y` and `x-y` in one namespace once shared a Job, Service, Secrets and PVC."""
-    from hub_controller.operator.desired import client_token, credentials, server
+    from hub_controller.operator.desired import client_token, server
 
     dotted, dashed = (FLRef(namespace="t", name=n, uid="u") for n in ("x.y", "x-y"))
     for name_of in (
-        server.server_name,
-        lambda r: credentials.credentials_secret_name(server.server_name(r)),
+        credentials_layout.server_name,
+        lambda r: credentials_layout.credentials_secret_name(credentials_layout.server_name(r)),
         client_token.token_secret_name,
         lambda r: server.model_claim_name(
             r, parse_spec(spec_dict(storage={"type": "PVC", "size": "1Gi"}))

@@ -27,38 +27,32 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
 
-from ocmfl import certlife, constants, nodekeys, pki
+from hub_controller.credentials_layout import (
+    CA,
+    FLEET_CA_KEY,
+    GATEWAY_CERT,
+    GATEWAY_KEY,
+    LABEL_KEYS,
+    NODE_KEY_SHARDS,
+    NODE_PUB_SUFFIX,
+    SUPERLINK_CERT,
+    SUPERLINK_KEY,
+    cluster_keys,
+    credentials_secret_name,
+    key_shard,
+    node_keys_secret_name,
+    secret_data,
+)
+from ocmfl import certlife, nodekeys, pki
 
-CA = "ca.crt"
-FLEET_CA_KEY = "fleet-ca.key"
-SUPERLINK_CERT, SUPERLINK_KEY = "superlink.crt", "superlink.key"
-GATEWAY_CERT, GATEWAY_KEY = "gateway.crt", "gateway.key"
 # Renew anything with less than this share of its lifetime left.
 RENEW_BELOW = 0.3
-# Public SuperNode keys are spread over this many Secrets (~340 B per key as stored): at
-# 3,500 clusters the largest shard measured 49 KB, far below the apiserver's 1 MiB per object.
-NODE_KEY_SHARDS = 32
-NODE_PUB_SUFFIX = ".node.pub"
-# Label on the key shard Secrets: "enrolled" (the signer's) or "node" (the server's copy).
-LABEL_KEYS = f"{constants.LABEL_PREFIX}/keys"
-
-
-def cluster_keys(cluster: str) -> tuple[str, str, str, str]:
-    """Names of one cluster's material: (tls.crt, tls.key, node.key, node.pub); only the
-    last is ever stored on the hub (the others name what must never be there)."""
-    return (
-        f"{cluster}.tls.crt",
-        f"{cluster}.tls.key",
-        f"{cluster}.node.key",
-        f"{cluster}.node.pub",
-    )
 
 
 @dataclass(frozen=True)
@@ -191,11 +185,6 @@ def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
     }
 
 
-def key_shard(cluster: str) -> int:
-    """The key shard of a cluster: a stable hash of its name (the same in every process)."""
-    return int.from_bytes(hashlib.sha256(cluster.encode()).digest()[:4], "big") % NODE_KEY_SHARDS
-
-
 def without_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
     """The credentials Secret's data: everything but the per-cluster public keys."""
     return {k: v for k, v in data.items() if not k.endswith(NODE_PUB_SUFFIX)}
@@ -214,24 +203,6 @@ def node_key_shards(data: Mapping[str, bytes]) -> list[dict[str, bytes]]:
 def server_tls_bundle(data: Mapping[str, bytes]) -> dict[str, bytes]:
     """What the server pod's containers mount: SuperLink and gateway certificates and the CA."""
     return {k: data[k] for k in (CA, SUPERLINK_CERT, SUPERLINK_KEY, GATEWAY_CERT, GATEWAY_KEY)}
-
-
-# --- objects on the hub --------------------------------------------------------------------
-def credentials_secret_name(server_name: str) -> str:
-    """The Secret holding all of a resource's credentials (the server pod mounts parts)."""
-    return f"{server_name}-credentials"
-
-
-def enrolled_keys_secret_name(server_name: str, cluster: str) -> str:
-    """The Secret (one of NODE_KEY_SHARDS) where the Fleet signer puts `cluster`'s SuperNode
-    public key from its CSR; the operator copies members' keys to the node-keys shards."""
-    return f"{server_name}-enrolled-keys-{key_shard(cluster)}"
-
-
-def node_keys_secret_name(server_name: str, shard: int) -> str:
-    """One of the NODE_KEY_SHARDS Secrets of members' public SuperNode keys; the server pod
-    mounts them all as one directory (a projected volume)."""
-    return f"{server_name}-node-keys-{shard}"
 
 
 def _secret(
@@ -263,11 +234,6 @@ def hub_secrets(
     ]
 
 
-def enrolled_selector(uid: str) -> str:
-    """Label selector of a resource's enrolled-keys shards (the signer labels them so)."""
-    return f"{constants.LABEL_OWNER_UID}={uid},{LABEL_KEYS}=enrolled"
-
-
 def enrolled_data(secrets: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
     """The union of the enrolled-keys shards' data (``<cluster>.node.pub`` -> key), each key
     taken only from the shard its cluster hashes to (a key elsewhere was not put there by the
@@ -282,10 +248,3 @@ def enrolled_data(secrets: Sequence[Mapping[str, Any]]) -> dict[str, bytes]:
             if name.endswith(f"-enrolled-keys-{key_shard(cluster)}"):
                 out[key] = value
     return out
-
-
-def secret_data(secret: Mapping[str, Any] | None) -> dict[str, bytes]:
-    """Decoded data of a Secret as read from the API ({} when absent)."""
-    if not secret:
-        return {}
-    return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}

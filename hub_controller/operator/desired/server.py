@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+from hub_controller import credentials_layout
 from hub_controller.api import DEFAULT_MODEL_CLAIM_SIZE, FederatedLearningSpec, FLRef
+from hub_controller.credentials_layout import SERVER_COMPONENT, server_name
 from hub_controller.operator.desired import credentials, security
 from ocmfl import constants
 from ocmfl.names import hub_side_name
 
-COMPONENT: Final = "server"
+COMPONENT: Final = SERVER_COMPONENT
 SERVER_COMMAND: Final = "ocm-fl-server"
 MODEL_DIR: Final = "/var/lib/ocm-fl/models"
 STATE_DIR: Final = "/var/lib/ocm-fl/state"  # FLWR_HOME, logs, nginx run dir (emptyDir)
@@ -30,11 +32,6 @@ FLEET_PORT_NAME: Final = "fleet"
 # resumes from the model store's last checkpoint. The launcher's own verdict (exit 1: training
 # failed, bad settings) fails the Job at once (SERVER_FAILURE_POLICY), so only crashes retry.
 SERVER_BACKOFF_LIMIT: Final = 3
-
-
-def server_name(ref: FLRef) -> str:
-    """Name of the server Job and Service."""
-    return hub_side_name(ref.name, "server")
 
 
 def hostpath_store_dir(root: str, ref: FLRef) -> str:
@@ -123,19 +120,19 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
         "--state-dir",
         STATE_DIR,
         "--ssl-ca-certfile",
-        f"{TLS_DIR}/{credentials.CA}",
+        f"{TLS_DIR}/{credentials_layout.CA}",
         "--ssl-certfile",
-        f"{TLS_DIR}/{credentials.SUPERLINK_CERT}",
+        f"{TLS_DIR}/{credentials_layout.SUPERLINK_CERT}",
         "--ssl-keyfile",
-        f"{TLS_DIR}/{credentials.SUPERLINK_KEY}",
+        f"{TLS_DIR}/{credentials_layout.SUPERLINK_KEY}",
         "--supernode-keys",
         NODE_KEYS_DIR,
         "--gateway-listen",
         f"$(POD_IP):{constants.FLEET_PROXY_PORT}",
         "--gateway-certfile",
-        f"{TLS_DIR}/{credentials.GATEWAY_CERT}",
+        f"{TLS_DIR}/{credentials_layout.GATEWAY_CERT}",
         "--gateway-keyfile",
-        f"{TLS_DIR}/{credentials.GATEWAY_KEY}",
+        f"{TLS_DIR}/{credentials_layout.GATEWAY_KEY}",
     ]
     if not server.storage.is_s3:
         args += ["--persist-dir", f"{PERSIST_DIR}/{ref.uid}"]
@@ -314,16 +311,16 @@ def desired_job(
         {
             "name": "tls",
             "secret": {
-                "secretName": credentials.credentials_secret_name(server_name(ref)),
+                "secretName": credentials_layout.credentials_secret_name(server_name(ref)),
                 "defaultMode": 0o400,
                 "items": [
                     {"key": k, "path": k}
                     for k in (
-                        credentials.CA,
-                        credentials.SUPERLINK_CERT,
-                        credentials.SUPERLINK_KEY,
-                        credentials.GATEWAY_CERT,
-                        credentials.GATEWAY_KEY,
+                        credentials_layout.CA,
+                        credentials_layout.SUPERLINK_CERT,
+                        credentials_layout.SUPERLINK_KEY,
+                        credentials_layout.GATEWAY_CERT,
+                        credentials_layout.GATEWAY_KEY,
                     )
                 ],
             },
@@ -334,8 +331,12 @@ def desired_job(
             "name": "node-keys",
             "projected": {
                 "sources": [
-                    {"secret": {"name": credentials.node_keys_secret_name(server_name(ref), i)}}
-                    for i in range(credentials.NODE_KEY_SHARDS)
+                    {
+                        "secret": {
+                            "name": credentials_layout.node_keys_secret_name(server_name(ref), i)
+                        }
+                    }
+                    for i in range(credentials_layout.NODE_KEY_SHARDS)
                 ]
             },
         },
