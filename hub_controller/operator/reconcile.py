@@ -36,6 +36,7 @@ from hub_controller.api import (
 )
 from hub_controller.membership import DecisionView, settle_decisions
 from hub_controller.operator.desired import client_token, credentials
+from hub_controller.operator.desired import limits as limits_mod
 from hub_controller.operator.desired import placement as placement_mod
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired import works as works_mod
@@ -555,25 +556,26 @@ def _refused_by_policy(status: FederatedLearningStatus | None) -> bool:
     )
 
 
-def policy_problems(fl: FederatedLearningSpec, idx: Indexes, namespace: str) -> list[str]:
-    """What the namespace's FederationPolicy refuses in `fl` (empty: allowed), each naming
-    the field and the fix; an unreadable policy refuses everything, saying why."""
+def namespace_policy(idx: Indexes, namespace: str) -> policy_mod.FederationPolicySpec | str | None:
+    """The namespace's FederationPolicy, parsed once per pass: None when it has none, or why
+    it cannot be read (an unreadable policy refuses everything)."""
     raw = idx.policy(namespace)
+    if raw is None:
+        return None
     try:
-        policy = policy_mod.parse_policy(raw) if raw is not None else None
+        return policy_mod.parse_policy(raw)
     except ValueError as exc:
-        return [f"{exc}: the hub admin must fix the policy"]
+        return f"{exc}: the hub admin must fix the policy"
+
+
+def policy_problems(
+    fl: FederatedLearningSpec, policy: policy_mod.FederationPolicySpec | str | None, namespace: str
+) -> list[str]:
+    """What the namespace's FederationPolicy (`namespace_policy`) refuses in `fl` (empty:
+    allowed), each naming the field and the fix."""
+    if isinstance(policy, str):
+        return [policy]
     return [str(v) for v in policy_mod.violations(fl, policy, namespace)]
-
-
-def policy_caps(idx: Indexes, namespace: str) -> dict[str, Quantity]:
-    """The namespace policy's per-pod caps (maxPodResources); none when it has no readable
-    policy (a run is then refused, or has finished and takes no new clusters)."""
-    raw = idx.policy(namespace)
-    try:
-        return dict(policy_mod.parse_policy(raw).max_pod_resources) if raw is not None else {}
-    except ValueError:
-        return {}
 
 
 def reconcile(
@@ -612,8 +614,9 @@ def reconcile(
     # The admin's policy, checked before anything is applied (the admission policy checked
     # the same at create time; this also covers a policy changed since then). A run that
     # ended otherwise keeps its outcome: it takes no new clusters anyway.
+    policy = namespace_policy(idx, ref.namespace)
     check = not finished(previous, generation) or _refused_by_policy(previous)
-    refused = policy_problems(fl, idx, ref.namespace) if check else []
+    refused = policy_problems(fl, policy, ref.namespace) if check else []
     if refused:
         message = "; ".join(refused)
         kopf.warn(cast(kopf.Body, body), reason=REASON_POLICY, message=message)
@@ -627,12 +630,14 @@ def reconcile(
         return run.decisions.decided
 
     obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root, settle=settle)
-    caps = policy_caps(idx, ref.namespace)  # a changed cap changes every work: inputs too
+    # The policy's per-pod caps (none without a readable policy: a run is then refused, or
+    # has finished and takes no new clusters). A changed cap changes every work: inputs too.
+    caps = policy.max_pod_resources if isinstance(policy, policy_mod.FederationPolicySpec) else {}
     inputs = (
         generation,
         observation_digest(obs),
         op.enrolled.get((ref.namespace, ref.name), 0),
-        tuple(sorted((k, str(v)) for k, v in caps.items())),
+        limits_mod.caps_key(caps),
     )
     waiting_for_keys = False
     try:

@@ -40,6 +40,11 @@ DEFAULT_REQUESTS: Final[Mapping[str, Quantity]] = {
 }
 
 
+def caps_key(caps: Mapping[str, Quantity]) -> tuple[tuple[str, str], ...]:
+    """The caps as a hashable, order-free value: what a cached work or pass compares."""
+    return tuple(sorted((k, str(v)) for k, v in caps.items()))
+
+
 def _plain(value: Decimal) -> str:
     """A quantity as a plain decimal string, which every Kubernetes version accepts."""
     return format(value.normalize(), "f")

@@ -569,7 +569,7 @@ class WorkCache:
         """`works` one (cluster, work) at a time, each as soon as it is built (a caller can
         send the first while the rest are built); the cache is updated once all are."""
         endpoints = agent_endpoints or {}
-        capped = tuple(sorted((k, str(v)) for k, v in (caps or {}).items()))
+        capped = limits.caps_key(caps or {})
         fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
         for r in resolutions:
             if not r.has_data:
