@@ -37,11 +37,30 @@ run unit --durations=10 tests/unit || exit $?
 # $OCMFL_CP_DIR-drills) and everything else. Most of a plane test is waiting (rounds, timeouts,
 # process starts): one lane at a time kept two cores about 40 % busy (docs/testing.md).
 # The drills' output is shown when both have ended; the slowest tests of each are listed.
-run drills --durations=15 tests/drills > "$reports/drills.log" 2>&1 &
+# Job control gives each lane a process group of its own, in which SIGINT is not ignored (it
+# is, for a background job without it): Ctrl-C or a TERM to this script reaches both lanes as
+# SIGINT, so each pytest ends its tests and stops their planes, as one run alone does. Their
+# stdin is /dev/null: a background group that read the terminal would be stopped.
+set -m
+run drills --durations=15 tests/drills < /dev/null > "$reports/drills.log" 2>&1 &
 drills=$!
-run planes --durations=30 tests --ignore=tests/unit --ignore=tests/drills
+run planes --durations=30 tests --ignore=tests/unit --ignore=tests/drills < /dev/null &
+planes=$!
+set +m
+trap 'kill -INT -- "-$drills" "-$planes" 2>/dev/null' INT TERM
+
+# A lane's exit status; `wait` returns early when a trapped signal comes, so wait again.
+lane_wait() {
+  local rc
+  while :; do
+    wait "$1"
+    rc=$?
+    kill -0 "$1" 2>/dev/null || return "$rc"
+  done
+}
+lane_wait "$planes"
 planes_rc=$?
-wait "$drills"
+lane_wait "$drills"
 drills_rc=$?
 echo "--- lane drills (run alongside the planes lane) ---"
 cat "$reports/drills.log"
