@@ -167,12 +167,15 @@ APPLIED = {
 
 
 def cluster_requests(names: list[str], claim: str) -> list[list[tuple[str, str, Any, str]]]:
-    """Rounds of requests making the simulated clusters: namespaces and ManagedClusters, then
-    their status (claims, conditions; what the registration agent reports)."""
+    """Rounds of requests making the simulated clusters: namespaces, then ManagedClusters,
+    then their status (claims, conditions; what the registration agent reports). The
+    namespaces go first, in a round of their own: OCM's registration controller makes a new
+    ManagedCluster's namespace itself, and would win a race with our create (409, seen in CI)."""
+    namespaces: list[tuple[str, str, Any, str]] = []
     first: list[tuple[str, str, Any, str]] = []
     second: list[tuple[str, str, Any, str]] = []
     for name in names:
-        first.append(("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, JSON))
+        namespaces.append(("POST", "/api/v1/namespaces", {"metadata": {"name": name}}, JSON))
         mc = {
             "apiVersion": f"{constants.CLUSTER_GROUP}/v1",
             "kind": "ManagedCluster",
@@ -181,7 +184,7 @@ def cluster_requests(names: list[str], claim: str) -> list[list[tuple[str, str, 
         }
         first.append(("POST", CLUSTERS, mc, JSON))
         second.append(("PATCH", f"{CLUSTERS}/{name}/status", cluster_status(name, claim), MERGE))
-    return [first, second]
+    return [namespaces, first, second]
 
 
 def cluster_status(name: str, claim: str | None) -> dict[str, Any]:
@@ -603,7 +606,8 @@ def phase(
         hub.patch(f"{CLUSTERS}/{leaver}/status", cluster_status(leaver, None))
         wait_for(lambda: hub.get(work_path) is None, 120, f"{leaver}'s work deleted", interval=0.05)
         leave_s = time.monotonic() - t
-        make, claim_it = cluster_requests([joiner], claim)
+        namespace, make, claim_it = cluster_requests([joiner], claim)
+        setup.check(namespace, (200, 201))
         setup.check(make, (200, 201))
         t = time.monotonic()
         setup.check(claim_it, (200, 201))
