@@ -28,7 +28,10 @@ RUN python -m venv /opt/venv \
  && rm -rf /opt/venv/lib/python3*/site-packages/kubernetes/aio \
  && find /opt/venv/lib -depth -type d -path '*/site-packages/*/tests' -exec rm -rf {} + \
  && /opt/venv/bin/python -m compileall -q -x 'kubernetes/client/(api|models)/' /opt/venv
-COPY pyproject.toml README.md ./
+# A stand-in for the readme pyproject.toml names: the real one is only package metadata
+# here, and copying it would rebuild both images for every documentation edit.
+COPY pyproject.toml ./
+RUN echo 'OCM federated learning addon: see the project README.' > README.md
 COPY ocmfl ocmfl
 COPY hub_controller hub_controller
 COPY agent_addon agent_addon

@@ -20,6 +20,8 @@ def test_copy_sources_are_what_the_dockerfiles_copy_from_the_context() -> None:
         srcs
     )
     assert "/src/requirements.txt" not in srcs  # COPY --from=<stage> reads no context file
+    # A README edit must not rebuild the images (the build writes a stand-in readme).
+    assert "README.md" not in srcs
 
 
 def test_context_files_skip_what_dockerignore_excludes() -> None:
