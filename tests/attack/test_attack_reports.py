@@ -639,10 +639,8 @@ def plane_operator(
     registry = kopf_registry("hub_controller.operator.handlers")
     fls = f"/apis/{constants.API_VERSION}/namespaces/{namespace}/{constants.PLURAL}"
     try:
+        # kopf holds handlers back until its indexes are filled: no wait is needed here.
         with KopfRunner(["run", "--standalone", *watched], registry=registry, timeout=60) as r:
-            import time
-
-            time.sleep(2)  # indexes pre-populate before handlers run
             yield hub, {"spokes": spokes, "claim": claim, "fls": fls}
             for item in (hub.get(fls) or {}).get("items", []):
                 hub.delete(f"{fls}/{item['metadata']['name']}")

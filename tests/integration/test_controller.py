@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from hub_controller import credentials_layout
 from hub_controller.api import FLRef, claim_placement
 from hub_controller.operator.desired import server as server_mod
 from hub_controller.operator.desired.works import work_name
+from hub_controller.operator.reconcile import KEYS_WAIT_S
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import Kube, KubeError
 
@@ -96,32 +98,63 @@ def set_claim(spoke: Kube, name: str, value: str) -> None:
     )
 
 
+# The module's tests make their namespaces with this prefix: its one operator watches them all.
+NS_PREFIX = "tc-"
+
+
+@pytest.fixture(scope="module")
+def test_namespaces(control_plane: ControlPlane) -> Iterator[list[str]]:
+    """The namespaces this module's tests made, deleted at its end (after the operator has
+    finished deleting every resource in them)."""
+    made: list[str] = []
+    yield made
+    hub = Kube(control_plane.hub_kubeconfig)
+    for name in made:
+        hub.delete(f"/api/v1/namespaces/{name}")
+    hub.close()
+
+
 @pytest.fixture
+def namespace(hub: Kube, test_namespaces: list[str]) -> Iterator[str]:
+    """A fresh namespace for the test; its resources are deleted after it, and the module's
+    operator (still running) finishes their deletion while the next test runs."""
+    name = f"{NS_PREFIX}{uuid.uuid4().hex[:8]}"
+    hub.create("/api/v1/namespaces", {"metadata": {"name": name}}, exist_ok=False)
+    test_namespaces.append(name)
+    yield name
+    for item in (hub.get(fl_path(name)) or {}).get("items", []):
+        hub.delete(fl_path(name, item["metadata"]["name"]))
+
+
+@pytest.fixture(scope="module")
 def operator(
     control_plane: ControlPlane,
-    hub: Kube,
-    namespace: str,
+    test_namespaces: list[str],
     tmp_path_factory: pytest.TempPathFactory,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[KopfRunner]:
-    """The operator alone, kopf in-process against the hub; at the end the test's resources
-    are deleted while the operator still runs, so its finalizer can do its job."""
-    monkeypatch.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
+    """The operator alone, kopf in-process against the hub, once for the module (kopf holds
+    handlers back until its indexes are filled). At the end every test's resources must be
+    gone while it still runs: its finalizer does that."""
+    hub = Kube(control_plane.hub_kubeconfig)
     # The hub CA (ca_init on a real hub): agents trust it; tenant credentials never come from it.
     ca_dir = tmp_path_factory.mktemp("hub-ca")
     pki.save_tls_dir(ca_dir, pki.create_ca("test-hub-ca"), None)
-    monkeypatch.setenv(constants.ENV_CA_DIR, str(ca_dir))
-    # Only this test's namespace and the cluster namespaces (where the works live), so other
+    # Only this module's namespaces and the cluster namespaces (where the works live), so other
     # tests' resources on a shared plane are left to their own operators.
-    watched = [f"--namespace={n}" for n in (namespace, *control_plane.clusters)]
+    watched = [f"--namespace={NS_PREFIX}*", *(f"--namespace={c}" for c in control_plane.clusters)]
     registry = kopf_registry("hub_controller.operator.handlers")
-    with KopfRunner(["run", "--standalone", *watched], registry=registry, timeout=60) as runner:
-        time.sleep(2)  # indexes pre-populate before handlers run
-        yield runner
-        for item in (hub.get(fl_path(namespace)) or {}).get("items", []):
-            hub.delete(fl_path(namespace, item["metadata"]["name"]))
-        wait_for(lambda: not (hub.get(fl_path(namespace)) or {}).get("items"), 90, "FL gone")
-    assert runner.exception is None, runner.exception
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
+        env.setenv(constants.ENV_CA_DIR, str(ca_dir))
+        with KopfRunner(["run", "--standalone", *watched], registry=registry, timeout=60) as run:
+            yield run
+
+            def left() -> list[str]:
+                return [n for n in test_namespaces if (hub.get(fl_path(n)) or {}).get("items")]
+
+            wait_for(lambda: not left(), 120, "every test's FederatedLearning deleted")
+    hub.close()
+    assert run.exception is None, run.exception
 
 
 def fl_body(namespace: str, claim: str, **server: Any) -> dict[str, Any]:
@@ -414,7 +447,9 @@ def test_server_starts_once_enough_clusters_are_ready(
     jobs_path = f"/apis/batch/v1/namespaces/{namespace}/jobs"
     # The work is there, but no cluster has sent its SuperNode key: no server yet.
     wait_for(lambda: works_of(hub, namespace).get(first), 60, "the work")
-    time.sleep(5)
+    # Something that must not happen has no event to wait for: give the controller two of its
+    # key checks (reconcile.KEYS_WAIT_S apart) in which it could wrongly start the server.
+    time.sleep(2 * KEYS_WAIT_S + 1)
     assert not (hub.get(jobs_path, {"labelSelector": selector}) or {}).get("items")
     # What the Fleet signer does for the cluster's agent CSR (no agent runs here).
     enrol_supernode_key(hub, ref, first)
