@@ -26,8 +26,7 @@ from hub_controller import credentials_layout
 from hub_controller.api import FLRef
 from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
-from hub_controller.signer import csr_outcome
-from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
+from hub_controller.signer.csr_events import CSR_RESOURCE, decide_with_retries, of_signer
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
     Deny,
@@ -180,7 +179,7 @@ class FleetSigner:
         name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")
         if isinstance(decision, ApproveFleet) and uid in self.signed:
             return Ignore("signed by this signer already")
-        path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, name)
+        path = path_of(constants.CSR_API_VERSION, "CertificateSigningRequest", None, name)
         if isinstance(decision, ApproveFleet):
             ca = self._fleet_ca(decision.ref)
             if ca is None:
@@ -259,31 +258,17 @@ def start_fleet_signer(memo: kopf.Memo, **_: Any) -> None:
     memo.fleet_signer = FleetSigner(Kube(field_manager="ocm-fl-fleet-signer"))
 
 
-@kopf.on.event(
-    "certificates.k8s.io",
-    "v1",
-    "certificatesigningrequests",
-    field="spec.signerName",
-    value=constants.FLEET_SIGNER_NAME,
-)
+@kopf.on.event(*CSR_RESOURCE, **of_signer(constants.FLEET_SIGNER_NAME))
 def fleet_csr_changed(
     type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     """Every event of a Fleet CSR (kopf runs sync handlers in its thread pool)."""
     if type == "DELETED":
         return
+    # An approved key reaches the running server through the controller, which watches the
+    # signed CSR (operator/handlers.py fleet_csr_signed): same process or not. A Fleet CSR can
+    # come before its federation's CA Secret, or a moment after the requester's hub
+    # credential was issued: wait for them a little.
+    waits = (NO_CA_YET, WAITING_FOR_LEDGER)
     signer: FleetSigner = memo.fleet_signer
-    members = members_of(kwargs)
-
-    def handle(csr: dict[str, Any]) -> str | None:
-        # An approved key reaches the running server through the controller, which watches
-        # the signed CSR (operator/handlers.py fleet_csr_signed): same process or not.
-        csr_outcome.mirror(signer.kube, csr, members, signer.clock())  # once decided
-        decision = signer.handle(csr, members)
-        # A Fleet CSR can come before its federation's CA Secret, or a moment after the
-        # requester's hub credential was issued: wait for them a little.
-        if isinstance(decision, Ignore) and decision.why in (NO_CA_YET, WAITING_FOR_LEDGER):
-            return decision.why
-        return None
-
-    handle_with_retries(signer.kube, dict(body), handle, logger, "Fleet CSR")
+    decide_with_retries(signer, dict(body), members_of(kwargs), logger, "Fleet CSR", waits)
