@@ -243,13 +243,19 @@ class AgentState:
         validate_report(report)  # never queue what the hub would refuse
         return self.buffer.add(report)
 
-    def on_metrics(self, post: MetricsPost) -> report_pb2.Report:
-        """A client posted local metrics: the run is running; report the row."""
+    def _run_of(self, post: MetricsPost | ClientLogPost) -> tuple[RunKey, RunState]:
+        """The run `post` counts for, and its state: new when the run is unknown here or the
+        post names another uid (a run of the same name made again)."""
         key = (post.fl_namespace, post.fl_name)
         run = self.runs.get(key)
         if run is None or (post.fl_uid and run.uid and post.fl_uid != run.uid):
             run = self.runs[key] = RunState(uid=post.fl_uid)
         run.uid = run.uid or post.fl_uid
+        return key, run
+
+    def on_metrics(self, post: MetricsPost) -> report_pb2.Report:
+        """A client posted local metrics: the run is running; report the row."""
+        key, run = self._run_of(post)
         if run.phase not in TERMINAL:
             run.phase = report_pb2.CLIENT_PHASE_RUNNING
         run.round = max(run.round, post.round)
@@ -273,11 +279,7 @@ class AgentState:
 
     def on_client_log(self, post: ClientLogPost) -> report_pb2.Report:
         """A client's launcher posted its log tail: report it with the run's current state."""
-        key = (post.fl_namespace, post.fl_name)
-        run = self.runs.get(key)
-        if run is None or (post.fl_uid and run.uid and post.fl_uid != run.uid):
-            run = self.runs[key] = RunState(uid=post.fl_uid)
-        run.uid = run.uid or post.fl_uid
+        key, run = self._run_of(post)
         try:
             return self._report(key, run, client_log=post.log)
         except ReportInvalid as e:
