@@ -1,5 +1,6 @@
 """CSR events: kopf's filter for one signer's CSRs (the signers, the ledger, the indexes and
-the controller), and one event handled with retries (the agent signer and the Fleet signer)."""
+the controller), one event handled with retries, and the decision written on a CSR (the
+agent signer and the Fleet signer)."""
 
 from __future__ import annotations
 
@@ -28,6 +29,16 @@ def of_signer(signer_name: str, labels: Mapping[str, str] | None = None) -> dict
 HUB_CREDENTIAL_CSRS: Final = of_signer(
     constants.KUBE_APISERVER_CLIENT_SIGNER, {constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME}
 )
+
+
+def write_decision(
+    kube: Kube, path: str, csr: dict[str, Any], condition: dict[str, Any]
+) -> dict[str, Any]:
+    """Add a signer's `condition` (Approved or Denied) to the CSR at `path` through its
+    approval subresource; the CSR as written."""
+    status = dict(csr.get("status") or {})
+    status["conditions"] = [*(status.get("conditions") or []), condition]
+    return kube.put(f"{path}/approval", {**csr, "status": status})
 
 
 class CSRSigner(Protocol):

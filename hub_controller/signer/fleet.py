@@ -26,7 +26,12 @@ from hub_controller import credentials_layout
 from hub_controller.api import FLRef
 from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
-from hub_controller.signer.csr_events import CSR_RESOURCE, decide_with_retries, of_signer
+from hub_controller.signer.csr_events import (
+    CSR_RESOURCE,
+    decide_with_retries,
+    of_signer,
+    write_decision,
+)
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
     Deny,
@@ -34,6 +39,7 @@ from hub_controller.signer.policy import (
     Members,
     check_requester,
     conditions_of,
+    csr_condition,
     defer_unverified,
     open_request,
     requested_lifetime,
@@ -137,20 +143,10 @@ def node_key_entry(decision: ApproveFleet) -> tuple[str, bytes]:
 
 
 def _condition(decision: ApproveFleet | Deny, now: dt.datetime) -> dict[str, Any]:
-    ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     if isinstance(decision, ApproveFleet):
-        kind, reason = "Approved", "FleetIdentity"
         message = f"agent of {decision.cluster} for {decision.ref.namespace}/{decision.ref.name}"
-    else:
-        kind, reason, message = "Denied", decision.reason, decision.message
-    return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message,
-        "lastUpdateTime": ts,
-        "lastTransitionTime": ts,
-    }
+        return csr_condition("Approved", "FleetIdentity", message, now)
+    return csr_condition("Denied", decision.reason, decision.message, now)
 
 
 @dataclass
@@ -185,12 +181,7 @@ class FleetSigner:
             if ca is None:
                 return Ignore(NO_CA_YET)
         if isinstance(decision, Deny) or not decision.already_approved:
-            status = dict(csr.get("status") or {})
-            status["conditions"] = [
-                *(status.get("conditions") or []),
-                _condition(decision, self.clock()),
-            ]
-            csr = self.kube.put(f"{path}/approval", {**csr, "status": status})
+            csr = write_decision(self.kube, path, csr, _condition(decision, self.clock()))
             log.info("Fleet CSR %s: %s", name, decision)
         if isinstance(decision, ApproveFleet):
             assert ca is not None

@@ -23,7 +23,12 @@ from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
 from hub_controller.signer.addon_status import Outcome
-from hub_controller.signer.csr_events import CSR_RESOURCE, decide_with_retries, of_signer
+from hub_controller.signer.csr_events import (
+    CSR_RESOURCE,
+    decide_with_retries,
+    of_signer,
+    write_decision,
+)
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
     Approve,
@@ -78,12 +83,7 @@ class Signer:
                 return Ignore(str(e))
         path = path_of(constants.CSR_API_VERSION, "CertificateSigningRequest", None, name)
         if isinstance(decision, Deny) or not decision.already_approved:
-            status = dict(csr.get("status") or {})
-            status["conditions"] = [
-                *(status.get("conditions") or []),
-                approval_condition(decision, self.clock()),
-            ]
-            csr = self.kube.put(f"{path}/approval", {**csr, "status": status})
+            csr = write_decision(self.kube, path, csr, approval_condition(decision, self.clock()))
             log.info("CSR %s: %s", name, decision)
         if isinstance(decision, Approve) and ca is not None:
             cert = sign_request(csr, decision, ca)
