@@ -29,8 +29,7 @@ log = logging.getLogger(__name__)
 
 RENEW_AT_REMAINING: Final = 0.2  # like OCM: renew with 20 % of the lifetime left
 MAX_WAITS: Final = 3  # timed-out waits for one CSR before the agent asks with a new one
-CSR_API_VERSION: Final = "certificates.k8s.io/v1"
-CSRS: Final = path_of(CSR_API_VERSION, "CertificateSigningRequest")
+CSRS: Final = path_of(constants.CSR_API_VERSION, "CertificateSigningRequest")
 
 
 class RenewalError(RuntimeError):
@@ -74,7 +73,7 @@ def csr_object(
     if expiration_seconds is not None:
         spec["expirationSeconds"] = expiration_seconds
     return {
-        "apiVersion": CSR_API_VERSION,
+        "apiVersion": constants.CSR_API_VERSION,
         "kind": "CertificateSigningRequest",
         "metadata": {
             "generateName": f"{constants.ADDON_NAME}-{cluster}-",

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from agent_addon.csr import (
-    CSR_API_VERSION,
     PendingCSR,
     RenewalError,
     await_signed,
@@ -102,7 +101,7 @@ def fleet_csr_object(
     """The CertificateSigningRequest asking for `cluster`'s Fleet identity in a federation."""
     request = pki.csr_to_pem(pki.create_fleet_csr(federation_uid, cluster, key, node_public))
     return {
-        "apiVersion": CSR_API_VERSION,
+        "apiVersion": constants.CSR_API_VERSION,
         "kind": "CertificateSigningRequest",
         "metadata": {
             "generateName": f"{constants.ADDON_NAME}-fleet-{cluster}-",

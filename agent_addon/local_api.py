@@ -10,8 +10,8 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -22,6 +22,7 @@ from agent_addon.state import (
     ClientLogPost,
     Forbidden,
     MetricsPost,
+    PostScope,
     Unauthorized,
     parse_client_log_post,
     parse_metrics_post,
@@ -40,20 +41,6 @@ CLIENT_LOGS_OFF_REASON = (
     "CLIENT_LOGS to off)"
 )
 _Post = TypeVar("_Post", MetricsPost, ClientLogPost)
-_Parsed = TypeVar("_Parsed", MetricsPost, ClientLogPost, covariant=True)
-
-
-class _Parser(Protocol[_Parsed]):
-    """parse_metrics_post, parse_client_log_post: a post's body for this agent's runs."""
-
-    def __call__(
-        self,
-        body: Any,
-        *,
-        cluster: str,
-        runs: Mapping[RunKey, str],
-        sender: tuple[RunKey, str] | None = None,
-    ) -> _Parsed: ...
 
 
 def make_app(
@@ -74,7 +61,7 @@ def make_app(
 
     async def accept(
         request: web.Request,
-        parse: _Parser[_Post],
+        parse: Callable[[Any, PostScope], _Post],
         apply: Callable[[_Post], report_pb2.Report],
         what: str,
     ) -> web.Response | report_pb2.Report:
@@ -86,7 +73,7 @@ def make_app(
             return web.json_response({"error": f"body is not JSON: {e}"}, status=400)
         who = sender(request.remote) if sender is not None and request.remote else None
         try:
-            post = parse(body, cluster=state.cluster, runs=state.active_runs(), sender=who)
+            post = parse(body, PostScope(state.cluster, state.active_runs(), who))
             if tokens is not None:
                 presented = bearer_token(request.headers.get("Authorization"))
                 run = (post.fl_namespace, post.fl_name)

@@ -86,15 +86,21 @@ def _int(body: Mapping[str, Any], key: str, lo: int, hi: int) -> int:
     return value
 
 
-def run_of_post(
-    body: Mapping[str, Any],
-    *,
-    cluster: str,
-    runs: Mapping[RunKey, str],
-    sender: tuple[RunKey, str] | None = None,
-) -> tuple[str, str, str]:
+@dataclass(frozen=True)
+class PostScope:
+    """What a client pod's post is checked against: this agent's `cluster`, the runs active
+    here (`runs`: run -> uid, from the watcher) and, when the watcher knows the pod's
+    address, the run (and uid) of the pod that sent it (`sender`)."""
+
+    cluster: str
+    runs: Mapping[RunKey, str]
+    sender: tuple[RunKey, str] | None = None
+
+
+def run_of_post(body: Mapping[str, Any], scope: PostScope) -> tuple[str, str, str]:
     """(fl_namespace, fl_name, fl_uid) a post from a client pod counts for (see
     parse_metrics_post); BadRequest or Forbidden names the field."""
+    cluster, runs, sender = scope.cluster, scope.runs, scope.sender
     sent_cluster = body.get("cluster")
     if sent_cluster is not None and sent_cluster != cluster:
         raise BadRequest(f"cluster: {sent_cluster!r} is not this agent's cluster {cluster!r}")
@@ -126,20 +132,13 @@ def run_of_post(
     return ns, name, uid
 
 
-def parse_metrics_post(
-    body: Any,
-    *,
-    cluster: str,
-    runs: Mapping[RunKey, str],
-    sender: tuple[RunKey, str] | None = None,
-) -> MetricsPost:
+def parse_metrics_post(body: Any, scope: PostScope) -> MetricsPost:
     """Validate a POST /v1/metrics JSON body; BadRequest names the bad field.
 
-    `sender` is the run (and uid) of the client pod the post came from, when the watcher
-    knows its address: the post then counts for that run only, and naming another is
+    With a `scope.sender`, the post counts for that run only, and naming another is
     Forbidden (one tenant's client cannot write another tenant's status). Otherwise
-    `fl_namespace`/`fl_name` may be left out when exactly one run is active here (`runs`:
-    run -> uid, from the watcher). `cluster`, when sent, must be this agent's cluster.
+    `fl_namespace`/`fl_name` may be left out when exactly one run is active here
+    (`scope.runs`). `cluster`, when sent, must be this agent's cluster.
     """
     if not isinstance(body, dict):
         raise BadRequest("body must be a JSON object")
@@ -152,9 +151,9 @@ def parse_metrics_post(
     duration = _number(body, "duration_s", required=False) or 0.0
     if duration < 0:
         raise BadRequest("duration_s: must not be negative")
-    ns, name, uid = run_of_post(body, cluster=cluster, runs=runs, sender=sender)
+    ns, name, uid = run_of_post(body, scope)
     return MetricsPost(
-        cluster=cluster,
+        cluster=scope.cluster,
         round=_int(body, "round", 1, MAX_ROUND),
         phase=phase,
         loss=_number(body, "loss", required=False),
@@ -178,13 +177,7 @@ class ClientLogPost:
     log: str
 
 
-def parse_client_log_post(
-    body: Any,
-    *,
-    cluster: str,
-    runs: Mapping[RunKey, str],
-    sender: tuple[RunKey, str] | None = None,
-) -> ClientLogPost:
+def parse_client_log_post(body: Any, scope: PostScope) -> ClientLogPost:
     """Validate a POST /v1/client-log JSON body ({"log": text} plus the run, as for
     metrics); BadRequest names the bad field."""
     if not isinstance(body, dict):
@@ -192,7 +185,7 @@ def parse_client_log_post(
     text = body.get("log")
     if not isinstance(text, str) or not text.strip():
         raise BadRequest("log: must be a non-empty string")
-    ns, name, uid = run_of_post(body, cluster=cluster, runs=runs, sender=sender)
+    ns, name, uid = run_of_post(body, scope)
     return ClientLogPost(ns, name, uid, client_log_tail(text.splitlines()))
 
 
@@ -250,13 +243,19 @@ class AgentState:
         validate_report(report)  # never queue what the hub would refuse
         return self.buffer.add(report)
 
-    def on_metrics(self, post: MetricsPost) -> report_pb2.Report:
-        """A client posted local metrics: the run is running; report the row."""
+    def _run_of(self, post: MetricsPost | ClientLogPost) -> tuple[RunKey, RunState]:
+        """The run `post` counts for, and its state: new when the run is unknown here or the
+        post names another uid (a run of the same name made again)."""
         key = (post.fl_namespace, post.fl_name)
         run = self.runs.get(key)
         if run is None or (post.fl_uid and run.uid and post.fl_uid != run.uid):
             run = self.runs[key] = RunState(uid=post.fl_uid)
         run.uid = run.uid or post.fl_uid
+        return key, run
+
+    def on_metrics(self, post: MetricsPost) -> report_pb2.Report:
+        """A client posted local metrics: the run is running; report the row."""
+        key, run = self._run_of(post)
         if run.phase not in TERMINAL:
             run.phase = report_pb2.CLIENT_PHASE_RUNNING
         run.round = max(run.round, post.round)
@@ -280,11 +279,7 @@ class AgentState:
 
     def on_client_log(self, post: ClientLogPost) -> report_pb2.Report:
         """A client's launcher posted its log tail: report it with the run's current state."""
-        key = (post.fl_namespace, post.fl_name)
-        run = self.runs.get(key)
-        if run is None or (post.fl_uid and run.uid and post.fl_uid != run.uid):
-            run = self.runs[key] = RunState(uid=post.fl_uid)
-        run.uid = run.uid or post.fl_uid
+        key, run = self._run_of(post)
         try:
             return self._report(key, run, client_log=post.log)
         except ReportInvalid as e:

@@ -8,7 +8,7 @@ CRD's structural schema. JSON names are camelCase (aliases); Python names are sn
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -95,6 +95,14 @@ class _OpenModel(BaseModel):
     """Open object: fields we do not model are kept (x-kubernetes-preserve-unknown-fields)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="allow")
+
+
+def defaulted(factory: Callable[[], Any], description: str) -> Any:
+    """An object field made by `factory` when unset; the CRD default `{}` keeps it present in
+    stored objects too (its fields' defaults apply there, and CEL rules can read it)."""
+    return Field(
+        default_factory=factory, json_schema_extra={"default": {}}, description=description
+    )
 
 
 # --- enums ---------------------------------------------------------------------------------
@@ -479,25 +487,17 @@ class ServerSpec(_Model):
         "path in the server image, or s3://bucket/key; .npz, .arrayrecord, .pt/.pth "
         "(state_dict) or .safetensors. A restarted server resumes from its checkpoints.",
     )
-    storage: Storage = Field(
-        default_factory=Storage,
-        json_schema_extra={"default": {}},
-        description="Where checkpoints and the final model go.",
-    )
+    storage: Storage = defaulted(Storage, "Where checkpoints and the final model go.")
     resources: Resources | None = Field(default=None, description="Server container resources.")
-    timeouts: Timeouts = Field(
-        default_factory=Timeouts, json_schema_extra={"default": {}}, description="Waits."
-    )
+    timeouts: Timeouts = defaulted(Timeouts, "Waits.")
     advertise_address: str | None = Field(
         default=None,
         pattern=_HOST_PORT,
         description="host:port clusters use to reach the server; default: the server "
         "Service's LoadBalancer ingress.",
     )
-    pod: PodSettings = Field(
-        default_factory=PodSettings,
-        json_schema_extra={"default": {}},
-        description="Labels, annotations and scheduling of the server pod.",
+    pod: PodSettings = defaulted(
+        PodSettings, "Labels, annotations and scheduling of the server pod."
     )
     task: str | None = Field(default=None, description=_REFUSED + " Use app.path.")
     strategy: dict[str, Any] | None = Field(
@@ -552,11 +552,7 @@ class ClientSpec(_Model):
         min_length=1,
         description="Client image: must carry the app's dependencies.",
     )
-    placement: PlacementSpec = Field(
-        default_factory=PlacementSpec,
-        json_schema_extra={"default": {}},
-        description="Which clusters train (an OCM Placement).",
-    )
+    placement: PlacementSpec = defaulted(PlacementSpec, "Which clusters train (an OCM Placement).")
     data_claim: str | None = Field(
         default=None,
         max_length=253,
@@ -564,11 +560,7 @@ class ClientSpec(_Model):
         description="ClusterClaim whose value is the data path on each cluster. Unset: the "
         "one ClusterClaim key the placement selects with Exists (said in a condition).",
     )
-    data_mount: DataMount = Field(
-        default_factory=DataMount,
-        json_schema_extra={"default": {}},
-        description="Where the data appears in the client pod.",
-    )
+    data_mount: DataMount = defaulted(DataMount, "Where the data appears in the client pod.")
     resources: Resources | None = Field(default=None, description="Client container resources.")
     run_config: dict[str, RunConfigValue] = Field(
         default_factory=dict,
@@ -577,10 +569,8 @@ class ClientSpec(_Model):
     overrides: list[ClusterOverride] = Field(
         default_factory=list, description="Per-cluster env, resources and node config."
     )
-    pod: PodSettings = Field(
-        default_factory=PodSettings,
-        json_schema_extra={"default": {}},
-        description="Labels, annotations and scheduling of the client pods.",
+    pod: PodSettings = defaulted(
+        PodSettings, "Labels, annotations and scheduling of the client pods."
     )
     supernode: str | None = Field(
         default=None, description=_REFUSED + " Each client runs its own SuperNode."
@@ -591,11 +581,7 @@ class FederatedLearningSpec(_Model):
     """What to train, where, and how."""
 
     framework: Framework = Field(default=Framework.FLOWER, description="FL framework.")
-    server: ServerSpec = Field(
-        default_factory=ServerSpec,
-        json_schema_extra={"default": {}},
-        description="The server on the hub.",
-    )
+    server: ServerSpec = defaulted(ServerSpec, "The server on the hub.")
     client: ClientSpec = Field(description="The clients on the chosen clusters.")
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import kopf
 
 from hub_controller.membership import AddonMembers, addon_info, cluster_info
+from hub_controller.signer.csr_events import CSR_RESOURCE, HUB_CREDENTIAL_CSRS
 from hub_controller.signer.hub_identity import HubIdentity, classify
 from ocmfl import constants
 
@@ -47,14 +48,7 @@ async def addon_idx(namespace: str | None, body: Any, **_: Any) -> Any:
     return {namespace or "": info}
 
 
-@kopf.index(
-    "certificates.k8s.io",
-    "v1",
-    "certificatesigningrequests",
-    field="spec.signerName",
-    value=constants.KUBE_APISERVER_CLIENT_SIGNER,
-    labels={constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME},
-)
+@kopf.index(*CSR_RESOURCE, **HUB_CREDENTIAL_CSRS)
 async def hub_csr_idx(body: Any, **_: Any) -> Any:
     """The addon's hub-credential CSRs that prove a `HubIdentity` (issued, asked by the
     cluster's own registration agent), by cluster; forged ones are never indexed

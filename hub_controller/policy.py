@@ -50,6 +50,7 @@ from hub_controller.api import (
     StorageType,
     Toleration,
     data_claim_of,
+    defaulted,
 )
 from ocmfl import constants
 
@@ -92,6 +93,11 @@ def allowed_none(description: str) -> Any:
     return Field(default_factory=list, json_schema_extra={"default": []}, description=description)
 
 
+def refused_unless(description: str) -> Any:
+    """A policy switch that stays off (refused) until the admin sets it."""
+    return Field(default=False, description=description)
+
+
 class FederationPolicySpec(BaseModel):
     """What FederatedLearning resources in this namespace may use. Unset lists allow nothing."""
 
@@ -106,14 +112,11 @@ class FederationPolicySpec(BaseModel):
         "ClusterClaim names this namespace may use as its data claim "
         "(spec.client.dataClaim, or the one the placement selects when dataClaim is unset).",
     )
-    allow_writable_data_mount: bool = Field(
-        default=False,
-        description="Allow spec.client.dataMount.readOnly: false (clients may write to the "
-        "clusters' data).",
+    allow_writable_data_mount: bool = refused_unless(
+        "Allow spec.client.dataMount.readOnly: false (clients may write to the clusters' data).",
     )
-    allow_host_path_store: bool = Field(
-        default=False,
-        description="Allow spec.server.storage.type HostPath (a directory on a hub node).",
+    allow_host_path_store: bool = refused_unless(
+        "Allow spec.server.storage.type HostPath (a directory on a hub node).",
     )
     allowed_advertise_domains: list[Domain] = allowed_none(
         "DNS suffixes spec.server.advertiseAddress may use: its host must equal "
@@ -136,9 +139,8 @@ class FederationPolicySpec(BaseModel):
         "ManagedCluster taint keys spec.client.placement.tolerations may "
         "tolerate, e.g. cluster.open-cluster-management.io/unreachable.",
     )
-    allow_keyless_tolerations: bool = Field(
-        default=False,
-        description="Allow tolerations without a key (operator Exists: every taint), on the "
+    allow_keyless_tolerations: bool = refused_unless(
+        "Allow tolerations without a key (operator Exists: every taint), on the "
         "pods and in the placement.",
     )
     allowed_node_selector_keys: list[Name] = allowed_none(
@@ -153,10 +155,9 @@ class FederationPolicySpec(BaseModel):
         "Pod annotation keys (spec.*.pod.annotations) must start with one of "
         f"these. Keys under {PLATFORM_DOMAINS_TEXT} are always refused.",
     )
-    max_pod_resources: dict[Name, Quantity] = Field(
-        default_factory=dict,
-        json_schema_extra={"default": {}},
-        description="Per-container caps on requests and limits (spec.server.resources, "
+    max_pod_resources: dict[Name, Quantity] = defaulted(
+        dict,
+        "Per-container caps on requests and limits (spec.server.resources, "
         "spec.client.resources, spec.client.overrides[].resources), e.g. {cpu: '4', memory: "
         "8Gi, nvidia.com/gpu: '1'}. cpu, memory and ephemeral-storage are uncapped unless "
         "listed; any other resource (GPUs, devices) is refused unless listed.",
@@ -182,9 +183,8 @@ class FederationPolicySpec(BaseModel):
         f"mounts ({', '.join(constants.PLATFORM_MOUNT_DIRS)}) and paths with . or .. "
         "segments are always refused.",
     )
-    allow_install_dependencies: bool = Field(
-        default=False,
-        description="Allow spec.server.app.installDependencies: true (Flower installs the "
+    allow_install_dependencies: bool = refused_unless(
+        "Allow spec.server.app.installDependencies: true (Flower installs the "
         "app's dependencies from a package index at run time, next to the data).",
     )
     allowed_s3_buckets: list[Name] = allowed_none(

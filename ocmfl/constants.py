@@ -40,6 +40,8 @@ LABEL_OCM_CLUSTER_NAME: Final = "open-cluster-management.io/cluster-name"
 LABEL_OCM_ADDON_NAME: Final = "open-cluster-management.io/addon-name"
 
 # --- identities ----------------------------------------------------------------------------
+# The agents ask for certificates, and the hub's signers answer, with CertificateSigningRequests.
+CSR_API_VERSION: Final = "certificates.k8s.io/v1"
 # Signer name of agent client certificates: only the project's own CSR signer
 # (hub_controller/signer/) signs it, with the agent CA; OCM's addon manager never sees it (the
 # AddOnTemplate registers no CustomSigner). Subject CN = "cluster:<name>", O =

@@ -18,10 +18,11 @@ showed: any app's progress, with or without the SDK).
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 REASON_LIMIT = 400
@@ -194,19 +195,8 @@ def decide(
     """The outcome of a finished run (see the module docstring), with the per-round history
     its log showed. ``model_url`` is where the manifest's final entry lives (None when there
     is none)."""
-    outcome = _decide(status, manifest, run_log, rounds=rounds, uid=uid, model_url=model_url)
-    return replace(outcome, history=tuple(run_log.history()))
-
-
-def _decide(
-    status: Mapping[str, Any],
-    manifest: Mapping[str, Any] | None,
-    run_log: RunLog,
-    *,
-    rounds: int | None,
-    uid: str,
-    model_url: str | None,
-) -> Outcome:
+    # Every outcome carries the run's status (details) and the per-round history.
+    outcome = functools.partial(Outcome, details=status, history=tuple(run_log.history()))
     state = str(status.get("status", ""))
     run_id = status.get("run-id")
     errors = "; ".join(run_log.client_errors)
@@ -215,20 +205,19 @@ def _decide(
         reason = f"run {run_id} {state}: {details or 'no details from Flower'}"
         if errors and errors not in reason:
             reason += f"; client errors: {errors}"
-        return Outcome(False, one_line(reason), run_log.rounds_started or None, details=status)
+        return outcome(False, one_line(reason), run_log.rounds_started or None)
     final = (manifest or {}).get("final")
     if isinstance(final, Mapping) and final.get("uid", "") == uid and model_url:
         done = int(final.get("round", 0))
         if rounds is not None and done < rounds:
-            return Outcome(
+            return outcome(
                 False,
                 f"run {run_id} completed but its final model is from round {done} of {rounds}",
                 done,
-                details=status,
             )
         metrics = final_metrics(final.get("metrics") or {})
         shown = ", ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items())[:4])
-        return Outcome(
+        return outcome(
             True,
             one_line(
                 f"run {run_id} completed {done} rounds; final model {model_url} sha256 "
@@ -238,18 +227,17 @@ def _decide(
             model_url,
             str(final.get("sha256")),
             metrics,
-            details=status,
         )
     if run_log.short_rounds:
         reason = (
             f"run {run_id}: a round got fewer than {run_log.min_results} successful client "
             f"results ({run_log.short_rounds[0]}): {errors or 'no client error text'}"
         )
-        return Outcome(False, one_line(reason), run_log.rounds_started or None, details=status)
+        return outcome(False, one_line(reason), run_log.rounds_started or None)
     done_rounds = run_log.rounds_started or None
     reason = (
         f"run {run_id} completed"
         + (f" {done_rounds} rounds" if done_rounds else "")
         + "; the app stored no final model (workloads.sdk.run_strategy stores one)"
     )
-    return Outcome(True, reason, done_rounds, details=status)
+    return outcome(True, reason, done_rounds)

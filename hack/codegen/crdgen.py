@@ -152,104 +152,89 @@ def bounded(node: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _namespaced_crd(
+    kind: str,
+    plural: str,
+    short_name: str,
+    description: str,
+    properties: dict[str, Any],
+    version_extra: dict[str, Any],
+) -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition of one served and stored version; `properties`
+    follow apiVersion, kind and metadata, `version_extra` goes before the schema."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{constants.GROUP}"},
+        "spec": {
+            "group": constants.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": kind.lower(),
+                "shortNames": [short_name],
+            },
+            "versions": [
+                {
+                    "name": constants.VERSION,
+                    "served": True,
+                    "storage": True,
+                    **version_extra,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "description": description,
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                **properties,
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
 def crd() -> dict[str, Any]:
     """The CustomResourceDefinition object for FederatedLearning."""
     spec_schema = bounded(_schema_of(FederatedLearningSpec))
     spec_schema["description"] = "Desired federation: server on the hub, clients on clusters."
     status_schema = _schema_of(FederatedLearningStatus)
     status_schema["description"] = "Observed state, written by the hub controller."
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{constants.PLURAL}.{constants.GROUP}"},
-        "spec": {
-            "group": constants.GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": constants.KIND,
-                "listKind": f"{constants.KIND}List",
-                "plural": constants.PLURAL,
-                "singular": constants.KIND.lower(),
-                "shortNames": [constants.SHORT_NAME],
-            },
-            "versions": [
-                {
-                    "name": constants.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
-                        {"name": "Round", "type": "integer", "jsonPath": ".status.round"},
-                        {"name": "Clients", "type": "string", "jsonPath": ".status.clients"},
-                        {"name": "Accuracy", "type": "number", "jsonPath": ".status.accuracy"},
-                        {
-                            "name": "Age",
-                            "type": "date",
-                            "jsonPath": ".metadata.creationTimestamp",
-                        },
-                    ],
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "A federated-learning run across OCM managed clusters.",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                                "status": status_schema,
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    columns = [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Round", "type": "integer", "jsonPath": ".status.round"},
+        {"name": "Clients", "type": "string", "jsonPath": ".status.clients"},
+        {"name": "Accuracy", "type": "number", "jsonPath": ".status.accuracy"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+    return _namespaced_crd(
+        constants.KIND,
+        constants.PLURAL,
+        constants.SHORT_NAME,
+        "A federated-learning run across OCM managed clusters.",
+        {"spec": spec_schema, "status": status_schema},
+        {"subresources": {"status": {}}, "additionalPrinterColumns": columns},
+    )
 
 
 def policy_crd() -> dict[str, Any]:
     """The CustomResourceDefinition object for FederationPolicy (written by the hub admin)."""
-    spec_schema = bounded(_schema_of(policy.FederationPolicySpec))
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{policy.PLURAL}.{constants.GROUP}"},
-        "spec": {
-            "group": constants.GROUP,
-            "scope": "Namespaced",
-            "names": {
-                "kind": policy.KIND,
-                "listKind": f"{policy.KIND}List",
-                "plural": policy.PLURAL,
-                "singular": policy.KIND.lower(),
-                "shortNames": [policy.SHORT_NAME],
-            },
-            "versions": [
-                {
-                    "name": constants.VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "The hub admin's policy for FederatedLearning "
-                            f"resources in its namespace; only the one named {policy.POLICY_NAME} "
-                            "is used.",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": spec_schema,
-                            },
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    return _namespaced_crd(
+        policy.KIND,
+        policy.PLURAL,
+        policy.SHORT_NAME,
+        "The hub admin's policy for FederatedLearning resources in its namespace; only the one "
+        f"named {policy.POLICY_NAME} is used.",
+        {"spec": bounded(_schema_of(policy.FederationPolicySpec))},
+        {},
+    )
 
 
 def _render(obj: dict[str, Any], args: str) -> str:

@@ -136,6 +136,12 @@ def cri_ready(socket: Path) -> bool:
     return True
 
 
+def _start(track: object, logs: Path, name: str, argv: list[str]) -> Proc:
+    """Start process `name` (its output in `logs/<name>.log`), handed to `track` to stop."""
+    proc: Proc = track(processes.spawn(name, argv, logs / f"{name}.log"))  # type: ignore[operator]
+    return proc
+
+
 def start_node(
     spec: NodeSpec,
     state: State,
@@ -154,24 +160,27 @@ def start_node(
             parents=True, exist_ok=True
         )
 
-    holder = track(  # type: ignore[operator]
-        processes.spawn(
-            f"node-ns-{spec.cluster}",
-            [
-                "unshare",
-                "--mount",
-                "--net",
-                "--propagation",
-                "private",
-                "--",
-                "sh",
-                "-c",
-                holder_script(spec),
-            ],
-            logs / f"node-ns-{spec.cluster}.log",
-        )
+    holder = _start(
+        track,
+        logs,
+        f"node-ns-{spec.cluster}",
+        [
+            "unshare",
+            "--mount",
+            "--net",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            holder_script(spec),
+        ],
     )
     _wait("node namespaces", lambda: (spec.dir / "holder.ready").exists(), 20, holder)
+
+    def in_node(name: str, argv: list[str]) -> Proc:
+        """Start `argv` in the node's namespaces as process `<name>-<cluster>`."""
+        return _start(track, logs, f"{name}-{spec.cluster}", _nsenter(holder.pid, argv))
 
     # veth: the host end on this plane's bridge, eth0 inside with the node address.
     host_end = veth_name(spec.slot, spec.i)
@@ -206,59 +215,35 @@ def start_node(
     copy_store(store, spec.dir / "containerd" / "root")
     (spec.dir / "containerd.toml").write_text(containerd_config(spec))
     (spec.dir / "cni" / "10-ocmfl.conflist").write_text(cni_config(spec))
-    ctrd = track(  # type: ignore[operator]
-        processes.spawn(
-            f"containerd-{spec.cluster}",
-            _nsenter(holder.pid, ["containerd", "--config", str(spec.dir / "containerd.toml")]),
-            logs / f"containerd-{spec.cluster}.log",
-        )
-    )
+    ctrd = in_node("containerd", ["containerd", "--config", str(spec.dir / "containerd.toml")])
     _wait("containerd socket", spec.socket.exists, 30, ctrd)
     # The socket comes before the CRI: while containerd recovers its state (its images: about
     # a second here) the CRI answers "server is not initialized yet", and a kubelet that
     # checks it then exits for good (seen in CI).
     _wait("containerd CRI", lambda: cri_ready(spec.socket), 60, ctrd)
     (spec.dir / "kubelet.yaml").write_text(kubelet_config(spec))
-    track(  # type: ignore[operator]
-        processes.spawn(
-            f"kubelet-{spec.cluster}",
-            _nsenter(
-                holder.pid,
-                [
-                    str(COMPONENT.binaries["kubelet"]),
-                    f"--config={spec.dir / 'kubelet.yaml'}",
-                    f"--kubeconfig={spec.dir / 'kubelet.kubeconfig'}",
-                    f"--root-dir={spec.dir / 'kubelet'}",
-                    f"--hostname-override={spec.name}",
-                    f"--node-ip={spec.ip}",
-                    f"--node-labels={NODE_LABEL}=true",
-                    "--v=1",
-                ],
-            ),
-            logs / f"kubelet-{spec.cluster}.log",
-        )
+    in_node(
+        "kubelet",
+        [
+            str(COMPONENT.binaries["kubelet"]),
+            f"--config={spec.dir / 'kubelet.yaml'}",
+            f"--kubeconfig={spec.dir / 'kubelet.kubeconfig'}",
+            f"--root-dir={spec.dir / 'kubelet'}",
+            f"--hostname-override={spec.name}",
+            f"--node-ip={spec.ip}",
+            f"--node-labels={NODE_LABEL}=true",
+            "--v=1",
+        ],
     )
     (spec.dir / "Corefile").write_text(corefile(spec))
-    track(  # type: ignore[operator]
-        processes.spawn(
-            f"coredns-{spec.cluster}",
-            _nsenter(
-                holder.pid,
-                [str(DNS_COMPONENT.binaries["coredns"]), "-conf", str(spec.dir / "Corefile")],
-            ),
-            logs / f"coredns-{spec.cluster}.log",
-        )
+    in_node(
+        "coredns",
+        [str(DNS_COMPONENT.binaries["coredns"]), "-conf", str(spec.dir / "Corefile")],
     )
     (spec.dir / "kube-proxy.yaml").write_text(kube_proxy_config(spec))
-    track(  # type: ignore[operator]
-        processes.spawn(
-            f"kube-proxy-{spec.cluster}",
-            _nsenter(
-                holder.pid,
-                [str(COMPONENT.binaries["kube-proxy"]), f"--config={spec.dir / 'kube-proxy.yaml'}"],
-            ),
-            logs / f"kube-proxy-{spec.cluster}.log",
-        )
+    in_node(
+        "kube-proxy",
+        [str(COMPONENT.binaries["kube-proxy"]), f"--config={spec.dir / 'kube-proxy.yaml'}"],
     )
 
 
@@ -329,21 +314,20 @@ def bootstrap_apiserver(kube: Kube, spec: NodeSpec) -> None:
 def start_scheduler(state: State, cluster: str, track: object) -> Proc:
     port = processes.free_port()
     kc = state.kubeconfigs[cluster]
-    p: Proc = track(  # type: ignore[operator]
-        processes.spawn(
-            f"kube-scheduler-{cluster}",
-            [
-                str(COMPONENT.binaries["kube-scheduler"]),
-                f"--kubeconfig={kc}",
-                f"--authentication-kubeconfig={kc}",
-                f"--authorization-kubeconfig={kc}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={port}",
-                "--profiling=false",
-            ],
-            Path(state.dir) / "logs" / f"kube-scheduler-{cluster}.log",
-        )
+    p = _start(
+        track,
+        Path(state.dir) / "logs",
+        f"kube-scheduler-{cluster}",
+        [
+            str(COMPONENT.binaries["kube-scheduler"]),
+            f"--kubeconfig={kc}",
+            f"--authentication-kubeconfig={kc}",
+            f"--authorization-kubeconfig={kc}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--profiling=false",
+        ],
     )
     p.port = port
     return p

@@ -3,26 +3,15 @@
 # hack/tools/gomod/helm/go.mod, into ~/.cache/ocm-fl/bin/helm-<version>/helm.
 # Skips the build when that binary already exists. Prints the binary's path on stdout.
 set -euo pipefail
-root=$(cd "$(dirname "$0")/../.." && pwd)
-mod="$root/hack/tools/gomod/helm"
-version=$(awk '$1 == "helm.sh/helm/v3" {print $2; exit}' "$mod/go.mod")
-if [ -z "$version" ]; then
-  echo "build-helm.sh: no helm.sh/helm/v3 version in $mod/go.mod" >&2
-  exit 1
-fi
-out="${OCMFL_CACHE:-$HOME/.cache/ocm-fl}/bin/helm-$version"
-if [ -x "$out/helm" ]; then
-  echo "$out/helm"
-  exit 0
-fi
+# shellcheck source=SCRIPTDIR/gotool.sh
+. "$(dirname "$0")/gotool.sh"
+pinned_tool helm helm.sh/helm/v3
 # Helm's default Kubernetes version (helm template, lint) comes from its client-go module, as
 # helm's own Makefile does it: v0.35.x -> 1.35.
 client_go=$(awk '$1 == "k8s.io/client-go" {print $2; exit}' "$mod/go.mod")
 k8s_minor=$(cut -d. -f2 <<<"$client_go")
-mkdir -p "$out"
 cd "$mod"
 # -mod=mod: the wrapper's go.sum is the pin; a fresh module cache downloads what it lists.
-echo "building helm $version into $out (first time only)" >&2
 GOFLAGS=-mod=mod go build -trimpath \
   -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$version \
     -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \

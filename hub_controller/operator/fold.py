@@ -530,6 +530,12 @@ def fold(
     elif job.exists:
         lost_for = (now - clients_ready.last_transition_time).total_seconds()
         limit = spec.server.timeouts.clients_ready_seconds
+        # What keeps the missing clusters away, for both messages of too few clusters.
+        blocked = ""
+        if problems:
+            blocked += f"; client pod cannot run on {problems_text(problems)}"
+        if refused:
+            blocked += f"; work refused by {problems_text(refused)}"
         if enough:
             phase, message = Phase.RUNNING, f"training with {len(ready)} cluster(s)"
             training = ("False", "InProgress", message)
@@ -540,10 +546,7 @@ def fold(
                 "(timeouts.clientsReadySeconds): bring clusters back or lower "
                 "minAvailableClients, then recreate the resource"
             )
-            if problems:
-                message += f"; client pod cannot run on {problems_text(problems)}"
-            if refused:
-                message += f"; work refused by {problems_text(refused)}"
+            message += blocked
             training = ("False", "ClientsLost", message)
         else:
             phase = Phase.RUNNING
@@ -551,10 +554,7 @@ def fold(
                 f"only {len(ready)} of {min_clients} required clusters ready; failing in "
                 f"{int(limit - lost_for)}s unless clusters return"
             )
-            if problems:
-                message += f"; client pod cannot run on {problems_text(problems)}"
-            if refused:
-                message += f"; work refused by {problems_text(refused)}"
+            message += blocked
             training = ("False", "InProgress", message)
     else:
         started = obs.placement.satisfied is not None or bool(obs.resolutions)

@@ -58,6 +58,7 @@ from hub_controller.operator.reconcile import (
 )
 from hub_controller.operator.writer import AioKube, Writer
 from hub_controller.reports import NoReports, ReportSource
+from hub_controller.signer.csr_events import CSR_RESOURCE, of_signer
 from ocmfl import constants
 from ocmfl.kube import Kube, KubeError, path_of
 
@@ -244,13 +245,7 @@ async def cluster_changed(memo: kopf.Memo, **_: Any) -> None:
     memo.operator.wake_all()
 
 
-@kopf.on.event(
-    "certificates.k8s.io",
-    "v1",
-    "certificatesigningrequests",
-    field="spec.signerName",
-    value=constants.FLEET_SIGNER_NAME,
-)
+@kopf.on.event(*CSR_RESOURCE, **of_signer(constants.FLEET_SIGNER_NAME))
 async def fleet_csr_signed(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A cluster's SuperNode key was enrolled (its Fleet CSR signed): the server needs it."""
     signed = None if type == "DELETED" else signed_fleet_csr(body)

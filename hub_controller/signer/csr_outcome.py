@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from hub_controller.membership import Registry
-from hub_controller.signer.csr_events import CSR_API_VERSION
 from hub_controller.signer.policy import agent_user, check_requester
 from ocmfl import constants, csroutcome
 from ocmfl.kube import Kube, KubeError, Obj, path_of
@@ -37,7 +36,7 @@ def outcome_configmap(csr: Mapping[str, Any], cluster: str, data: dict[str, str]
             "labels": {constants.LABEL_CLUSTER: cluster, constants.LABEL_COMPONENT: "csr-outcome"},
             "ownerReferences": [
                 {
-                    "apiVersion": CSR_API_VERSION,
+                    "apiVersion": constants.CSR_API_VERSION,
                     "kind": "CertificateSigningRequest",
                     "name": meta["name"],
                     "uid": meta.get("uid", ""),

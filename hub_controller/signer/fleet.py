@@ -26,8 +26,12 @@ from hub_controller import credentials_layout
 from hub_controller.api import FLRef
 from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
-from hub_controller.signer import csr_outcome
-from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
+from hub_controller.signer.csr_events import (
+    CSR_RESOURCE,
+    decide_with_retries,
+    of_signer,
+    write_decision,
+)
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
     Deny,
@@ -35,6 +39,7 @@ from hub_controller.signer.policy import (
     Members,
     check_requester,
     conditions_of,
+    csr_condition,
     defer_unverified,
     open_request,
     requested_lifetime,
@@ -138,20 +143,10 @@ def node_key_entry(decision: ApproveFleet) -> tuple[str, bytes]:
 
 
 def _condition(decision: ApproveFleet | Deny, now: dt.datetime) -> dict[str, Any]:
-    ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
     if isinstance(decision, ApproveFleet):
-        kind, reason = "Approved", "FleetIdentity"
         message = f"agent of {decision.cluster} for {decision.ref.namespace}/{decision.ref.name}"
-    else:
-        kind, reason, message = "Denied", decision.reason, decision.message
-    return {
-        "type": kind,
-        "status": "True",
-        "reason": reason,
-        "message": message,
-        "lastUpdateTime": ts,
-        "lastTransitionTime": ts,
-    }
+        return csr_condition("Approved", "FleetIdentity", message, now)
+    return csr_condition("Denied", decision.reason, decision.message, now)
 
 
 @dataclass
@@ -180,18 +175,13 @@ class FleetSigner:
         name, uid = csr["metadata"]["name"], csr["metadata"].get("uid", "")
         if isinstance(decision, ApproveFleet) and uid in self.signed:
             return Ignore("signed by this signer already")
-        path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, name)
+        path = path_of(constants.CSR_API_VERSION, "CertificateSigningRequest", None, name)
         if isinstance(decision, ApproveFleet):
             ca = self._fleet_ca(decision.ref)
             if ca is None:
                 return Ignore(NO_CA_YET)
         if isinstance(decision, Deny) or not decision.already_approved:
-            status = dict(csr.get("status") or {})
-            status["conditions"] = [
-                *(status.get("conditions") or []),
-                _condition(decision, self.clock()),
-            ]
-            csr = self.kube.put(f"{path}/approval", {**csr, "status": status})
+            csr = write_decision(self.kube, path, csr, _condition(decision, self.clock()))
             log.info("Fleet CSR %s: %s", name, decision)
         if isinstance(decision, ApproveFleet):
             assert ca is not None
@@ -259,31 +249,17 @@ def start_fleet_signer(memo: kopf.Memo, **_: Any) -> None:
     memo.fleet_signer = FleetSigner(Kube(field_manager="ocm-fl-fleet-signer"))
 
 
-@kopf.on.event(
-    "certificates.k8s.io",
-    "v1",
-    "certificatesigningrequests",
-    field="spec.signerName",
-    value=constants.FLEET_SIGNER_NAME,
-)
+@kopf.on.event(*CSR_RESOURCE, **of_signer(constants.FLEET_SIGNER_NAME))
 def fleet_csr_changed(
     type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     """Every event of a Fleet CSR (kopf runs sync handlers in its thread pool)."""
     if type == "DELETED":
         return
+    # An approved key reaches the running server through the controller, which watches the
+    # signed CSR (operator/handlers.py fleet_csr_signed): same process or not. A Fleet CSR can
+    # come before its federation's CA Secret, or a moment after the requester's hub
+    # credential was issued: wait for them a little.
+    waits = (NO_CA_YET, WAITING_FOR_LEDGER)
     signer: FleetSigner = memo.fleet_signer
-    members = members_of(kwargs)
-
-    def handle(csr: dict[str, Any]) -> str | None:
-        # An approved key reaches the running server through the controller, which watches
-        # the signed CSR (operator/handlers.py fleet_csr_signed): same process or not.
-        csr_outcome.mirror(signer.kube, csr, members, signer.clock())  # once decided
-        decision = signer.handle(csr, members)
-        # A Fleet CSR can come before its federation's CA Secret, or a moment after the
-        # requester's hub credential was issued: wait for them a little.
-        if isinstance(decision, Ignore) and decision.why in (NO_CA_YET, WAITING_FOR_LEDGER):
-            return decision.why
-        return None
-
-    handle_with_retries(signer.kube, dict(body), handle, logger, "Fleet CSR")
+    decide_with_retries(signer, dict(body), members_of(kwargs), logger, "Fleet CSR", waits)

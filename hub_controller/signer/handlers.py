@@ -22,9 +22,13 @@ import kopf
 from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
 from hub_controller.membership_indexes import members_of
-from hub_controller.signer import csr_outcome
 from hub_controller.signer.addon_status import Outcome
-from hub_controller.signer.csr_events import CSR_API_VERSION, handle_with_retries
+from hub_controller.signer.csr_events import (
+    CSR_RESOURCE,
+    decide_with_retries,
+    of_signer,
+    write_decision,
+)
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
     Approve,
@@ -77,14 +81,9 @@ class Signer:
             except CAUnavailable as e:
                 log.error("CSR %s left pending: %s", name, e)
                 return Ignore(str(e))
-        path = path_of(CSR_API_VERSION, "CertificateSigningRequest", None, name)
+        path = path_of(constants.CSR_API_VERSION, "CertificateSigningRequest", None, name)
         if isinstance(decision, Deny) or not decision.already_approved:
-            status = dict(csr.get("status") or {})
-            status["conditions"] = [
-                *(status.get("conditions") or []),
-                approval_condition(decision, self.clock()),
-            ]
-            csr = self.kube.put(f"{path}/approval", {**csr, "status": status})
+            csr = write_decision(self.kube, path, csr, approval_condition(decision, self.clock()))
             log.info("CSR %s: %s", name, decision)
         if isinstance(decision, Approve) and ca is not None:
             cert = sign_request(csr, decision, ca)
@@ -133,27 +132,13 @@ def start_signer(memo: kopf.Memo, **_: Any) -> None:
     )
 
 
-@kopf.on.event(
-    "certificates.k8s.io",
-    "v1",
-    "certificatesigningrequests",
-    field="spec.signerName",
-    value=constants.SIGNER_NAME,
-)
+@kopf.on.event(*CSR_RESOURCE, **of_signer(constants.SIGNER_NAME))
 def csr_changed(
     type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
 ) -> None:
     """Every event of one of our CSRs (kopf runs sync handlers in its thread pool)."""
     if type == "DELETED":
         return
+    # A requester's hub credential issued a moment ago: look again (the indexes fill in).
     signer: Signer = memo.signer
-    members = members_of(kwargs)
-
-    def handle(csr: dict[str, Any]) -> str | None:
-        csr_outcome.mirror(signer.kube, csr, members, signer.clock())  # once decided
-        decision = signer.handle(csr, members)
-        # A requester's hub credential issued a moment ago: look again (the indexes fill in).
-        waiting = isinstance(decision, Ignore) and decision.why == WAITING_FOR_LEDGER
-        return WAITING_FOR_LEDGER if waiting else None
-
-    handle_with_retries(signer.kube, dict(body), handle, logger, "CSR")
+    decide_with_retries(signer, dict(body), members_of(kwargs), logger, "CSR", [WAITING_FOR_LEDGER])

@@ -28,7 +28,11 @@ from typing import Any, Final
 import kopf
 
 from hub_controller.signer.addon_status import Outcome
-from hub_controller.signer.csr_events import handle_with_retries
+from hub_controller.signer.csr_events import (
+    CSR_RESOURCE,
+    HUB_CREDENTIAL_CSRS,
+    handle_with_retries,
+)
 from hub_controller.signer.hub_identity import (
     ANNOTATION,
     Forged,
@@ -165,14 +169,7 @@ def start_ledger(memo: kopf.Memo, **_: Any) -> None:
     memo.ledger = Ledger(Kube(field_manager="ocm-fl-ledger"), _post_warning, report=report)
 
 
-@kopf.on.event(
-    "certificates.k8s.io",
-    "v1",
-    "certificatesigningrequests",
-    field="spec.signerName",
-    value=constants.KUBE_APISERVER_CLIENT_SIGNER,
-    labels={constants.LABEL_OCM_ADDON_NAME: constants.ADDON_NAME},
-)
+@kopf.on.event(*CSR_RESOURCE, **HUB_CREDENTIAL_CSRS)
 def hub_credential_csr(
     type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:

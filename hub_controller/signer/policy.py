@@ -251,25 +251,25 @@ def sign_request(csr: Mapping[str, Any], decision: Approve, ca: pki.CertAndKey) 
     return base64.b64encode(pki.cert_to_pem(cert)).decode()
 
 
-def approval_condition(decision: Approve | Deny, now: dt.datetime) -> dict[str, Any]:
+def csr_condition(kind: str, reason: str, message: str, now: dt.datetime) -> dict[str, Any]:
+    """A signer's condition on a CSR (`kind` Approved or Denied), stamped `now`."""
     ts = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    if isinstance(decision, Approve):
-        return {
-            "type": "Approved",
-            "status": "True",
-            "reason": "AgentIdentity",
-            "message": f"addon agent of cluster {decision.cluster}",
-            "lastUpdateTime": ts,
-            "lastTransitionTime": ts,
-        }
     return {
-        "type": "Denied",
+        "type": kind,
         "status": "True",
-        "reason": decision.reason,
-        "message": decision.message,
+        "reason": reason,
+        "message": message,
         "lastUpdateTime": ts,
         "lastTransitionTime": ts,
     }
+
+
+def approval_condition(decision: Approve | Deny, now: dt.datetime) -> dict[str, Any]:
+    """The agent signer's condition for `decision`."""
+    if isinstance(decision, Approve):
+        message = f"addon agent of cluster {decision.cluster}"
+        return csr_condition("Approved", "AgentIdentity", message, now)
+    return csr_condition("Denied", decision.reason, decision.message, now)
 
 
 def requested_lifetime(

@@ -15,7 +15,7 @@ import pytest
 from agent_addon.agent import Agent, AgentConfig
 from agent_addon.buffer import ReportBuffer
 from agent_addon.phase import derive_client_phase, phases_by_run, runs_by_pod_ip
-from agent_addon.state import AgentState, BadRequest, Forbidden, parse_metrics_post
+from agent_addon.state import AgentState, BadRequest, Forbidden, PostScope, parse_metrics_post
 from hack.testing import TestPKI, await_for, free_port
 from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServerCredentials
 from hub_controller.aggregator.store import ReportStore
@@ -42,7 +42,7 @@ POST: dict[str, Any] = {
 
 # --- pure parts ----------------------------------------------------------------------------
 def test_metrics_post_is_parsed() -> None:
-    post = parse_metrics_post(POST, cluster="cluster-a", runs={})
+    post = parse_metrics_post(POST, PostScope("cluster-a", {}))
     assert (post.round, post.phase, post.accuracy, post.fl_name) == (1, "fit", 0.6, "mnist")
 
 
@@ -62,29 +62,29 @@ def test_metrics_post_is_parsed() -> None:
 )
 def test_bad_metrics_posts_name_the_field(change: dict[str, Any], field: str) -> None:
     with pytest.raises(BadRequest, match=f"^{field}:"):
-        parse_metrics_post({**POST, **change}, cluster="cluster-a", runs={})
+        parse_metrics_post({**POST, **change}, PostScope("cluster-a", {}))
 
 
 def test_run_is_inferred_only_when_exactly_one_is_active() -> None:
     body = {k: v for k, v in POST.items() if not k.startswith("fl_")}
-    post = parse_metrics_post(body, cluster="cluster-a", runs={RUN: "u1"})
+    post = parse_metrics_post(body, PostScope("cluster-a", {RUN: "u1"}))
     assert (post.fl_namespace, post.fl_name, post.fl_uid) == ("fl", "mnist", "u1")
     with pytest.raises(BadRequest, match="fl_namespace, fl_name"):
-        parse_metrics_post(body, cluster="cluster-a", runs={})
+        parse_metrics_post(body, PostScope("cluster-a", {}))
 
 
 def test_a_client_pod_posts_only_for_its_own_run() -> None:
     """Attributed by its address, a tenant's client cannot write another run's status."""
     mine = (("fl", "mnist"), "0a1b-2c3d")
     body = {k: v for k, v in POST.items() if not k.startswith("fl_")}
-    post = parse_metrics_post(body, cluster="cluster-a", runs={}, sender=mine)
+    post = parse_metrics_post(body, PostScope("cluster-a", {}, mine))
     assert (post.fl_namespace, post.fl_name, post.fl_uid) == ("fl", "mnist", "0a1b-2c3d")
-    assert parse_metrics_post(POST, cluster="cluster-a", runs={}, sender=mine).fl_name == "mnist"
+    assert parse_metrics_post(POST, PostScope("cluster-a", {}, mine)).fl_name == "mnist"
     other = {**POST, "fl_namespace": "tenant-b", "fl_name": "mnist", "fl_uid": ""}
     with pytest.raises(Forbidden, match="belongs to fl/mnist, not tenant-b/mnist"):
-        parse_metrics_post(other, cluster="cluster-a", runs={}, sender=mine)
+        parse_metrics_post(other, PostScope("cluster-a", {}, mine))
     with pytest.raises(Forbidden, match=r"^fl_uid"):
-        parse_metrics_post({**POST, "fl_uid": "ffff"}, cluster="cluster-a", runs={}, sender=mine)
+        parse_metrics_post({**POST, "fl_uid": "ffff"}, PostScope("cluster-a", {}, mine))
 
 
 def test_client_pod_addresses_name_their_runs() -> None:
@@ -108,7 +108,7 @@ def test_client_pod_addresses_name_their_runs() -> None:
 
 
 def test_nan_accuracy_counts_as_absent() -> None:
-    post = parse_metrics_post({**POST, "accuracy": float("nan")}, cluster="cluster-a", runs={})
+    post = parse_metrics_post({**POST, "accuracy": float("nan")}, PostScope("cluster-a", {}))
     assert post.accuracy is None
 
 

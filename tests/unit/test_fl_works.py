@@ -354,10 +354,10 @@ def test_without_compute_caps_no_limit_range_and_the_quota_counts_pods_only() ->
 
 def test_a_changed_cap_rebuilds_the_cached_work() -> None:
     cache = WorkCache()
-    first = cache.works(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "4"})
-    again = cache.works(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "4"})
+    first = dict(cache.each(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "4"}))
+    again = dict(cache.each(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "4"}))
     assert again["c1"] is first["c1"]
-    changed = cache.works(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "2"})
+    changed = dict(cache.each(1, REF, spec(), [C1], ADDR, server_name=SNI, caps={"cpu": "2"}))
     assert spec_hash(changed["c1"]) != spec_hash(first["c1"])
     [item] = _manifest(changed["c1"], "LimitRange")["spec"]["limits"]
     assert item["max"] == {"cpu": "2"}

@@ -504,16 +504,18 @@ def desired_works(
     `agent_endpoints` overrides where
     a cluster's client finds its agent (default: the agent Service, DEFAULT_AGENT_ENDPOINT).
     """
-    return WorkCache().works(
-        None,
-        ref,
-        spec,
-        resolutions,
-        server_address,
-        agent_endpoints,
-        server_name=server_name,
-        client_token=client_token,
-        caps=caps,
+    return dict(
+        WorkCache().each(
+            None,
+            ref,
+            spec,
+            resolutions,
+            server_address,
+            agent_endpoints,
+            server_name=server_name,
+            client_token=client_token,
+            caps=caps,
+        )
     )
 
 
@@ -524,34 +526,6 @@ class WorkCache:
 
     def __init__(self) -> None:
         self._items: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
-
-    def works(
-        self,
-        generation: int | None,
-        ref: FLRef,
-        spec: FederatedLearningSpec,
-        resolutions: Iterable[ClusterResolution],
-        server_address: str,
-        agent_endpoints: Mapping[str, str] | None = None,
-        *,
-        server_name: str,
-        client_token: str | None = None,
-        caps: Mapping[str, Quantity] | None = None,
-    ) -> dict[str, dict[str, Any]]:
-        """What `desired_works` returns for the same arguments (works are not to be mutated)."""
-        return dict(
-            self.each(
-                generation,
-                ref,
-                spec,
-                resolutions,
-                server_address,
-                agent_endpoints,
-                server_name=server_name,
-                client_token=client_token,
-                caps=caps,
-            )
-        )
 
     def each(
         self,
@@ -566,8 +540,9 @@ class WorkCache:
         client_token: str | None = None,
         caps: Mapping[str, Quantity] | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """`works` one (cluster, work) at a time, each as soon as it is built (a caller can
-        send the first while the rest are built); the cache is updated once all are."""
+        """What `desired_works` returns for the same arguments, one (cluster, work) at a time,
+        each as soon as it is built (a caller can send the first while the rest are built);
+        the cache is updated once all are. Works are not to be mutated."""
         endpoints = agent_endpoints or {}
         capped = limits.caps_key(caps or {})
         fresh: dict[str, tuple[tuple[Any, ...], dict[str, Any]]] = {}
