@@ -5,8 +5,9 @@
   holds no CA key: the aggregator's certificate comes from a Secret the signer keeps, and
   client certificates are checked against the agent CA's certificate alone;
 - `signer`: the CSR signers for agent and Fleet identities, the hub-identity ledger they check
-  requesters against, and the aggregator's certificate (hub_controller.signer). Only this
-  part reads the hub CA's and the agent CA's keys;
+  requesters against, the aggregator's certificate, and each federation's Fleet CA and server
+  certificates (hub_controller.signer). Only this part reads the hub CA's, the agent CA's and
+  the Fleet CAs' keys;
 - `all` (the default): both, in one process (the local plane's hub).
 
 The chart runs `controller` and `signer` as two Deployments. OCMFL_RUN_CSR_SIGNER=false leaves
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         import hub_controller.signer.addon_status
         import hub_controller.signer.aggregator_cert
         import hub_controller.signer.fleet
+        import hub_controller.signer.fleet_server
         import hub_controller.signer.ledger
     if args.role in ("all", "controller"):
         import hub_controller.operator.handlers

@@ -142,8 +142,17 @@ SIGNER_RULES: Final[tuple[Rule, ...]] = (
         resource_names=(constants.SIGNER_NAME, constants.FLEET_SIGNER_NAME),
         why="only our signers",
     ),
-    # Each federation's Fleet CA (its credentials Secret) and its enrolled-keys shards.
-    Rule("", "secrets", ("get", "create", "patch"), Scope.FL_NAMESPACES, why="Fleet CA, keys"),
+    # Each federation's credentials Secret (watched; the server certificates written into
+    # it) and its enrolled-keys shards.
+    Rule(
+        "",
+        "secrets",
+        ("get", "list", "watch", "create", "patch"),
+        Scope.FL_NAMESPACES,
+        why="server certificates, keys",
+    ),
+    # A credentials Secret's owner must exist with its uid; a Fleet CA outlives no federation.
+    Rule(constants.GROUP, constants.PLURAL, ("get",), why="a credentials Secret's federation"),
     # Each CSR's outcome, in the requesting cluster's namespace (signer/csr_outcome.py):
     # created once, immutable; never changed or deleted (the garbage collector does that).
     Rule("", "configmaps", ("create",), why="CSR outcomes for the agents"),
@@ -157,17 +166,16 @@ SIGNER_RULES: Final[tuple[Rule, ...]] = (
         resource_names=(csroutcome.READER_ROLE,),
         why="outcome reader, nothing else",
     ),
-    # The aggregator's server certificate in its own namespace (create cannot be limited by
-    # name; get and update are).
+    # In its own namespace: the aggregator's server certificate and each federation's Fleet CA
+    # (`ocm-fl-fleet-ca-<uid>`: names cannot be listed ahead), deleted with its federation.
+    # The namespace holds the hub CA and agent CA Secrets too, which this part mounts anyway.
     Rule(
         "",
         "secrets",
-        ("get", "update"),
+        ("get", "list", "create", "update", "delete"),
         Scope.RELEASE_NAMESPACE,
-        resource_names=(constants.AGGREGATOR_TLS_SECRET,),
-        why="the aggregator's certificate",
+        why="the aggregator's certificate, Fleet CAs",
     ),
-    Rule("", "secrets", ("create",), Scope.RELEASE_NAMESPACE, why="the aggregator's certificate"),
 )
 
 # One `ocm-fl-hub` running both parts (`--role all`, the local plane's hub) needs both.

@@ -66,7 +66,7 @@ from hub_controller.operator.observed import (
 from hub_controller.operator.workwatch import WorkStore
 from hub_controller.operator.writer import AsyncKube, ThreadedKube, Writer
 from hub_controller.reports import ReportSource
-from ocmfl import certlife, constants, pki
+from ocmfl import constants
 from ocmfl.kube import MERGE_PATCH, Kube, KubeError, object_path, path_of
 
 GROUP, VERSION, PLURAL = constants.GROUP, constants.VERSION, constants.PLURAL
@@ -261,7 +261,6 @@ class Run:
     sent: dict[str, str] = field(default_factory=dict)
     # Monotonic time at which a credential (gateway certificate, ...) is due for renewal:
     # everything is applied again then, whatever else changed.
-    renew_at: float = float("inf")
     # The decided clusters this loop acts on: OCM's decisions read mid-rewrite are not
     # taken as they are (membership.settle_decisions).
     decisions: DecisionView = field(default_factory=DecisionView)
@@ -302,10 +301,11 @@ def ensure_credentials(
     written: dict[str, str] | None = None,
     keys: bool = True,
 ) -> dict[str, bytes]:
-    """Issue/renew the resource's credentials (its own Fleet CA, never the hub CA) and store
-    them in its hub Secrets: the credentials Secret when it changed and, with `keys`, each
-    node-keys shard whose body differs from what `written` says this loop last applied
-    there. Returned: all of it, members' public keys included (with `keys` only)."""
+    """Ask the signer for the resource's server certificates (its own Fleet CA, never the hub
+    CA; the signer part holds the CA) by applying the credentials Secret's request, and, with
+    `keys`, store each node-keys shard whose body differs from what `written` says this loop
+    last applied there. Returned: the server certificates the signer has issued so far and,
+    with `keys` only, members' public keys."""
     written = {} if written is None else written
     name = credentials_layout.server_name(ref)
     secret_path = path_of(
@@ -316,7 +316,7 @@ def ensure_credentials(
         constants.LABEL_OWNER_UID
     )
     if secret is not None and owner != ref.uid:
-        # Never reuse (its CA key could be anyone's) nor overwrite another's credentials.
+        # Never reuse (its certificates could be anyone's) nor overwrite another's credentials.
         raise ObjectRefused(
             secret,
             detail=f"a Secret of this name exists and belongs to {owner or 'no resource'} "
@@ -335,28 +335,20 @@ def ensure_credentials(
         else []
     )
     enrolled = credentials.enrolled_data(shards)
-    data = credentials.reconcile_credentials(
-        current,
-        clusters=members,
-        gateway=server_mod.gateway_names(ref, server_address),
-        federation_uid=ref.uid,
-        ca_name=credentials.fleet_ca_name(ref.namespace, ref.name),
-        enrolled=enrolled,
-        gateway_lifetime=certlife.leaf_lifetime(pki.DEFAULT_SERVER_LIFETIME),
-    )
+    data = credentials.credentials(current, clusters=members, enrolled=enrolled)
+    gateway = server_mod.gateway_names(ref, server_address)
     meta = {
         "namespace": ref.namespace,
         "labels": ref.labels(server_mod.COMPONENT),
         "ownerReferences": [ref.owner_reference()],
     }
-    secrets = credentials.hub_secrets(meta, name, data)
+    secrets = credentials.hub_secrets(meta, name, gateway, data)
     for obj in secrets if keys else secrets[:1]:
         path = object_path(obj)
         digest = hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()
-        if path == secret_path:
-            if secret is not None and credentials.without_node_keys(data) == current:
-                continue
-        elif written.get(path) == digest:
+        if path == secret_path and secret is None:
+            written.pop(path, None)  # deleted meanwhile: ask again
+        if written.get(path) == digest:
             continue
         _refusable(functools.partial(kube.apply, obj), obj)
         written[path] = digest
@@ -641,8 +633,7 @@ def reconcile(
     )
     waiting_for_keys = False
     try:
-        renew = clock() >= run.renew_at
-        if inputs != run.applied or clock() - run.applied_at >= RESYNC_S or renew:
+        if inputs != run.applied or clock() - run.applied_at >= RESYNC_S:
             if clock() - run.applied_at >= RESYNC_S:
                 run.written.clear()  # write every key shard again (drift)
                 run.sent.clear()
@@ -662,17 +653,20 @@ def reconcile(
                 keys=obs.server_job.exists or should_start_server(fl, obs, previous, generation),
                 caps=caps,
             )
-            due = credentials.renew_in_s(creds, now) if creds else None
-            run.renew_at = float("inf") if due is None else clock() + due
             keys_missing = False
             if should_start_server(fl, obs, previous, generation):
                 # The server registers SuperNode keys once, at start: wait until enough
-                # clusters' agents have sent theirs (through the Fleet signer).
+                # clusters' agents have sent theirs (through the Fleet signer), and for the
+                # server certificates the signer part issues.
                 have = len(credentials.server_node_keys(creds or {}))
-                keys_missing = have < fl.server.min_available_clients
-                if keys_missing:
+                gateway = server_mod.gateway_names(ref, obs.server_address)
+                unready = credentials.tls_ready(creds or {}, gateway, now)
+                keys_missing = have < fl.server.min_available_clients or unready is not None
+                if have < fl.server.min_available_clients:
                     logger.info("waiting for SuperNode keys: %d of %d clusters have sent one",
                                 have, fl.server.min_available_clients)  # fmt: skip
+                elif unready is not None:
+                    logger.info("waiting for the server certificates: %s", unready)
                 else:
                     logger.info("%d clusters ready: starting the server", len(ready_clusters(obs)))
                     job = server_mod.desired_job(ref, fl, op.hostpath_root)
@@ -706,5 +700,4 @@ def reconcile(
     held = run.decisions.recheck_in(clock())
     if held is not None:
         delay = min(delay, held + 0.05)
-    # Back when a credential is due (at least a second on: a failing renewal is retried).
-    return min(delay, max(1.0, run.renew_at - clock()))
+    return delay

@@ -5,7 +5,8 @@ An agent asks, per federation that has a work on its cluster, for a Fleet client
 that cluster's addon agent with a hub credential OCM issued to it through the cluster's own
 registration agent (`policy.check_requester`, the agent signer's own check), the cluster is
 registered, and the federation named by uid in the CSR has a ManifestWork on that cluster.
-The certificate is signed with that federation's own Fleet CA (from its credentials Secret),
+The certificate is signed with that federation's own Fleet CA (kept in the signer's namespace,
+hub_controller.signer.fleet_server),
 and the SuperNode public key the CSR carries is stored beside it for the server to register.
 No private key of the cluster ever reaches the hub.
 Always runs in `ocm-fl-hub`, next to the agent signer.
@@ -16,6 +17,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -32,6 +34,7 @@ from hub_controller.signer.csr_events import (
     of_signer,
     write_decision,
 )
+from hub_controller.signer.fleet_server import FleetCAs
 from hub_controller.signer.policy import (
     WAITING_FOR_LEDGER,
     Deny,
@@ -45,7 +48,7 @@ from hub_controller.signer.policy import (
     requested_lifetime,
 )
 from ocmfl import certlife, constants, pki
-from ocmfl.kube import MERGE_PATCH, Kube, path_of
+from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
 
 log = logging.getLogger(__name__)
 
@@ -154,6 +157,7 @@ class FleetSigner:
     """Applies `decide_fleet_csr`; kept in kopf's memo as `memo.fleet_signer`."""
 
     kube: Kube
+    cas: FleetCAs | None = None
     clock: Callable[[], dt.datetime] = pki.utcnow
     signed: set[str] = field(default_factory=set)
 
@@ -198,17 +202,15 @@ class FleetSigner:
             log.info("Fleet CSR %s signed for %s in %s", name, decision.cluster, decision.ref)
         return decision
 
-    def _secret_path(self, ref: FLRef) -> str:
-        name = credentials_layout.credentials_secret_name(credentials_layout.server_name(ref))
-        return path_of("v1", "Secret", ref.namespace, name)
-
     def _fleet_ca(self, ref: FLRef) -> pki.CertAndKey | None:
-        data = credentials_layout.secret_data(self.kube.get(self._secret_path(ref)))
+        """The federation's Fleet CA (made now if it has none yet), None while the signer
+        cannot store one."""
+        if self.cas is None:
+            return None
         try:
-            return pki.load_cert_and_key(
-                data[credentials_layout.CA], data[credentials_layout.FLEET_CA_KEY]
-            )
-        except (KeyError, ValueError):
+            return self.cas.get(ref)
+        except KubeError as exc:
+            log.warning("no Fleet CA for %s: %s", ref, exc)
             return None
 
     def _store_node_key(self, decision: ApproveFleet) -> None:
@@ -246,7 +248,9 @@ class FleetSigner:
 
 @kopf.on.startup()
 def start_fleet_signer(memo: kopf.Memo, **_: Any) -> None:
-    memo.fleet_signer = FleetSigner(Kube(field_manager="ocm-fl-fleet-signer"))
+    kube = Kube(field_manager="ocm-fl-fleet-signer")
+    namespace = os.environ.get(constants.ENV_POD_NAMESPACE) or constants.HUB_NAMESPACE
+    memo.fleet_signer = FleetSigner(kube, FleetCAs(kube, namespace))
 
 
 @kopf.on.event(*CSR_RESOURCE, **of_signer(constants.FLEET_SIGNER_NAME))

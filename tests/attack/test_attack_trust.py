@@ -8,6 +8,7 @@ a federation's Fleet certificates come from that federation's own Fleet CA.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import datetime as dt
 import json
@@ -31,6 +32,7 @@ from hub_controller.aggregator.store import ReportStore
 from hub_controller.membership import ClusterResolution, StaticMembers
 from hub_controller.operator.desired import credentials as cr
 from hub_controller.operator.desired import works as works_mod
+from hub_controller.signer import fleet_server
 from ocmfl import constants, pki
 from ocmfl.kube import Kube
 from ocmfl.status.stream import first_ack
@@ -53,22 +55,20 @@ AGGREGATOR_HOST = "ocm-fl-hub.open-cluster-management.svc"
 FL_UID = "6f1c-tenant-uid"
 
 
+FLEET_CA = fleet_server.fleet_ca({}, "ocm-fl-fleet-ca team/digits", pki.utcnow())[0]
+
+
 def tenant_credentials(*clusters: str, gateway_host: str = "fl.team.example") -> dict[str, bytes]:
-    """What the operator stores in a tenant's credentials Secret (the tenant can read it)."""
-    return cr.reconcile_credentials(
-        {},
-        clusters=list(clusters),
-        gateway=cr.GatewayNames(dns=(gateway_host,)),
-        federation_uid=FL_UID,
-    )
+    """What the signer issues into a tenant's credentials Secret (the tenant can read it)
+    with the federation's Fleet CA, whose key stays in the signer's namespace."""
+    gateway = credentials_layout.GatewayNames(dns=(gateway_host,))
+    return fleet_server.server_tls({}, FLEET_CA, gateway, pki.utcnow())
 
 
-def tenant_fleet_identity(data: dict[str, bytes], cluster: str) -> pki.CertAndKey:
-    """A Fleet client identity as the federation's Fleet CA issues them."""
-    fleet_ca = pki.load_cert_and_key(
-        data[credentials_layout.CA], data[credentials_layout.FLEET_CA_KEY]
-    )
-    return pki.issue_fleet_client_cert(fleet_ca, FL_UID, cluster)
+def tenant_fleet_identity(cluster: str) -> pki.CertAndKey:
+    """A Fleet client identity as the Fleet signer issues them with the federation's Fleet CA
+    (the tenant's code in a client pod can read its pod's)."""
+    return pki.issue_fleet_client_cert(FLEET_CA, FL_UID, cluster)
 
 
 # --- the aggregator refuses Fleet certificates ----------------------------------------------
@@ -118,10 +118,9 @@ async def _spoof(aggregator: AggregatorServer, hub_ca: bytes, cert: bytes, key: 
 async def test_report_spoofed_with_a_fleet_key_is_refused(
     aggregator: AggregatorServer, hub_pki: TestPKI
 ) -> None:
-    # A tenant holds a valid Fleet identity for cluster-a: its client pod's, or one minted
-    # with its own federation's Fleet CA (its credentials Secret). It reports as cluster-a
-    # into the hub, e.g. into another tenant's federation.
-    fleet = tenant_fleet_identity(tenant_credentials("cluster-a"), "cluster-a")
+    # A tenant holds a valid Fleet identity for cluster-a: its client pod's (its own code runs
+    # there). It reports as cluster-a into the hub, e.g. into another tenant's federation.
+    fleet = tenant_fleet_identity("cluster-a")
     hub_ca = pki.cert_to_pem(hub_pki.ca.cert)
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await _spoof(aggregator, hub_ca, fleet.cert_pem, fleet.key_pem)
@@ -152,7 +151,7 @@ def test_no_fleet_certificate_chains_to_the_hub_ca(hub_pki: TestPKI) -> None:
         n: pki.load_cert_pem(data[n])
         for n in (credentials_layout.GATEWAY_CERT, credentials_layout.SUPERLINK_CERT)
     }
-    certs["fleet"] = tenant_fleet_identity(data, "cluster-a").cert
+    certs["fleet"] = tenant_fleet_identity("cluster-a").cert
     for name, cert in certs.items():
         assert not pki.verify_issued_by(cert, hub_pki.ca.cert), name
         assert pki.verify_issued_by(cert, fleet_ca), name
@@ -180,7 +179,9 @@ def test_a_federations_hub_objects_hold_no_cluster_private_key() -> None:
     members = [ClusterResolution(c, f"/srv/{c}", "claim") for c in ("cluster-a", "cluster-b")]
     data = tenant_credentials("cluster-a", "cluster-b")
     server = credentials_layout.server_name(FIXTURE_REF)
-    secrets = cr.hub_secrets({"namespace": FIXTURE_REF.namespace}, server, data)
+    gateway = credentials_layout.GatewayNames(dns=("fl.team.example",))
+    secrets = cr.hub_secrets({"namespace": FIXTURE_REF.namespace}, server, gateway, data)
+    secrets[0]["data"] = {k: base64.b64encode(v).decode() for k, v in data.items()}
     works = works_mod.desired_works(
         FIXTURE_REF, fixture_spec(), members, "127.0.0.1:9443", server_name="fl.team.example"
     )
@@ -224,8 +225,13 @@ def test_plane_advertise_address_of_the_aggregator_gives_no_trusted_certificate(
         hub_ca,
         AGGREGATOR_HOST,
     )
-    # The hub CA key never lands in a tenant's Secret.
+    # The hub CA key never lands in a tenant's Secret, and neither does the Fleet CA's key:
+    # no entry but the SuperLink's and the gateway's own keys holds a private key.
     assert (hub_ca_dir / pki.KEY_FILE).read_bytes() not in data.values()
+    keys = {k for k, v in data.items() if b"PRIVATE KEY" in v}
+    assert keys == {credentials_layout.SUPERLINK_KEY, credentials_layout.GATEWAY_KEY}, keys
+    fleet_ca = pki.load_cert_pem(data[credentials_layout.CA])
+    assert pki.verify_issued_by(gw_cert, fleet_ca)
 
 
 def _tenant_credentials(kube: Kube, namespace: str) -> dict[str, bytes] | None:

@@ -132,9 +132,10 @@ def operator(
     test_namespaces: list[str],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[KopfRunner]:
-    """The operator alone, kopf in-process against the hub, once for the module (kopf holds
-    handlers back until its indexes are filled). At the end every test's resources must be
-    gone while it still runs: its finalizer does that."""
+    """The operator, and the signer part's Fleet server certificates (which the server waits
+    for), kopf in-process against the hub, once for the module (kopf holds handlers back until
+    its indexes are filled). At the end every test's resources must be gone while it still
+    runs: its finalizer does that."""
     hub = Kube(control_plane.hub_kubeconfig)
     # The hub CA (ca_init on a real hub): agents trust it; tenant credentials never come from it.
     ca_dir = tmp_path_factory.mktemp("hub-ca")
@@ -142,10 +143,17 @@ def operator(
     # Only this module's namespaces and the cluster namespaces (where the works live), so other
     # tests' resources on a shared plane are left to their own operators.
     watched = [f"--namespace={NS_PREFIX}*", *(f"--namespace={c}" for c in control_plane.clusters)]
-    registry = kopf_registry("hub_controller.operator.handlers")
+    registry = kopf_registry(
+        "hub_controller.operator.handlers", "hub_controller.signer.fleet_server"
+    )
+    # The signer keeps each federation's Fleet CA in its own namespace (deleted at the end).
+    signer_ns = f"{NS_PREFIX}signer-{uuid.uuid4().hex[:8]}"
+    hub.create("/api/v1/namespaces", {"metadata": {"name": signer_ns}}, exist_ok=False)
+    test_namespaces.append(signer_ns)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("KUBECONFIG", control_plane.hub_kubeconfig)
         env.setenv(constants.ENV_CA_DIR, str(ca_dir))
+        env.setenv(constants.ENV_POD_NAMESPACE, signer_ns)
         with KopfRunner(["run", "--standalone", *watched], registry=registry, timeout=60) as run:
             yield run
 

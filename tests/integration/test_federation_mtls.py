@@ -22,6 +22,7 @@ import pytest
 from hack.testing import free_port
 from hub_controller import credentials_layout
 from hub_controller.operator.desired import credentials as cr
+from hub_controller.signer import fleet_server
 from ocmfl import nodekeys, pki
 from workloads.data import partition
 
@@ -59,15 +60,13 @@ def _write(directory: Path, files: dict[str, bytes]) -> Path:
 
 def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> None:
     gateway_name = "fl-server.team.svc"
-    gateway_names = cr.GatewayNames(dns=(gateway_name,))
-    data = cr.reconcile_credentials(
-        {}, clusters=list(CLUSTERS), gateway=gateway_names, federation_uid=UID
-    )
+    gateway_names = credentials_layout.GatewayNames(dns=(gateway_name,))
+    # What the signer part does: the federation's Fleet CA (kept in its own namespace) and
+    # the server certificates it issues into the credentials Secret.
+    fleet_ca, _ = fleet_server.fleet_ca({}, "fleet", pki.utcnow())
+    tls = fleet_server.server_tls({}, fleet_ca, gateway_names, pki.utcnow())
     # What each cluster's agent and the hub's Fleet signer do: keys made "on the cluster",
     # the Fleet certificate from the federation's Fleet CA, the SuperNode key enrolled.
-    fleet_ca = pki.load_cert_and_key(
-        data[credentials_layout.CA], data[credentials_layout.FLEET_CA_KEY]
-    )
     bundles: dict[str, dict[str, bytes]] = {}
     enrolled: dict[str, bytes] = {}
     for cluster in CLUSTERS:
@@ -78,13 +77,11 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
         bundles[cluster] = {
             pki.CERT_FILE: pki.cert_to_pem(cert),
             pki.KEY_FILE: pki.key_to_pem(key),
-            pki.CA_FILE: data[credentials_layout.CA],
+            pki.CA_FILE: tls[credentials_layout.CA],
             "node.key": node_private,
         }
         enrolled[f"{cluster}.node.pub"] = node_public
-    data = cr.reconcile_credentials(
-        data, clusters=list(CLUSTERS), gateway=gateway_names, federation_uid=UID, enrolled=enrolled
-    )
+    data = cr.credentials(tls, clusters=list(CLUSTERS), enrolled=enrolled)
     server_tls = _write(tmp_path / "server-tls", cr.server_tls_bundle(data))
     node_keys = _write(tmp_path / "node-keys", cr.server_node_keys(data))
     partition(tmp_path / "data", list(CLUSTERS), split="iid", sizes="1,1", seed=0)

@@ -5,25 +5,18 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
-from typing import TypedDict
 
 import pytest
 
 from agent_addon.csr import next_check_s
 from hack.controlplane import podplan
 from hub_controller import credentials_layout
-from hub_controller.operator.desired import credentials
+from hub_controller.signer import fleet_server
 from hub_controller.signer.policy import Deny, requested_lifetime
 from ocmfl import certlife, pki
 from workloads.fleet_tls import PairWatch
 
 NOW = dt.datetime(2026, 12, 1, 12, 0, tzinfo=dt.UTC)
-
-
-class _ReconcileArgs(TypedDict):
-    clusters: list[str]
-    gateway: credentials.GatewayNames
-    federation_uid: str
 
 
 def test_the_lifetime_setting_caps_leaf_lifetimes() -> None:
@@ -86,25 +79,21 @@ def test_the_agent_checks_again_when_its_certificate_becomes_due(tmp_path: Path)
     assert next_check_s(tmp_path, 300, now=NOW + dt.timedelta(hours=1)) == 1.0  # overdue
 
 
-def test_the_reconcile_loop_comes_back_when_the_gateway_certificate_is_due() -> None:
-    gateway = credentials.GatewayNames(dns=("gw.example",))
-    common: _ReconcileArgs = {"clusters": [], "gateway": gateway, "federation_uid": "u"}
-    data = credentials.reconcile_credentials(
-        {}, **common, now=NOW, gateway_lifetime=dt.timedelta(seconds=60)
-    )
-    due = credentials.renew_in_s(data, NOW)
+def test_the_signer_renews_the_gateway_certificate_when_it_is_due() -> None:
+    gateway = credentials_layout.GatewayNames(dns=("gw.example",))
+    ca, _ = fleet_server.fleet_ca({}, "fleet", NOW)
+    data = fleet_server.server_tls({}, ca, gateway, NOW, dt.timedelta(seconds=60))
+    due = fleet_server.renew_in_s(data, NOW)
     assert due == pytest.approx(60 - 0.3 * 66)
     assert due is not None
     # Not yet due: kept. Due: a new gateway certificate, the CA and SuperLink pair kept.
     later = NOW + dt.timedelta(seconds=due - 1)
-    assert credentials.reconcile_credentials(data, **common, now=later) == data
-    renewed = credentials.reconcile_credentials(
-        data, **common, now=NOW + dt.timedelta(seconds=due + 1)
-    )
+    assert fleet_server.server_tls(data, ca, gateway, later) == data
+    renewed = fleet_server.server_tls(data, ca, gateway, NOW + dt.timedelta(seconds=due + 1))
     assert renewed[credentials_layout.GATEWAY_CERT] != data[credentials_layout.GATEWAY_CERT]
     assert renewed[credentials_layout.SUPERLINK_CERT] == data[credentials_layout.SUPERLINK_CERT]
     assert renewed[credentials_layout.CA] == data[credentials_layout.CA]
-    assert credentials.renew_in_s({}, NOW) is None
+    assert fleet_server.renew_in_s({}, NOW) is None
 
 
 def _volume(directory: Path, pair: pki.CertAndKey, ca: bytes) -> None:

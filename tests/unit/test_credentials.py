@@ -1,23 +1,26 @@
-"""Per-FederatedLearning credentials: issued once, reused, renewed, scoped to members."""
+"""Per-FederatedLearning credentials on the controller's side: the request it makes of the
+signer, what the server gets, when it may start, and the Secrets' bounds."""
 
 from __future__ import annotations
 
 import base64
 import datetime as dt
 
-from cryptography import x509
+import pytest
 
 from hub_controller import credentials_layout
 from hub_controller.operator.desired import credentials as cr
+from hub_controller.signer import fleet_server
 from ocmfl import nodekeys, pki
 
-GW = cr.GatewayNames(dns=("fl-server.team.svc",), ips=("127.0.1.5",))
-UID = "0b5e-uid"
+GW = credentials_layout.GatewayNames(dns=("fl-server.team.svc",), ips=("127.0.1.5",))
+NOW = pki.utcnow()
 
 
-def _reconcile(current: dict[str, bytes], clusters: list[str], **kw: object) -> dict[str, bytes]:
-    args: dict[str, object] = {"gateway": GW, "federation_uid": UID, **kw}
-    return cr.reconcile_credentials(current, clusters=clusters, **args)  # type: ignore[arg-type]
+def signer_tls(gateway: credentials_layout.GatewayNames = GW) -> dict[str, bytes]:
+    """The server entries as the signer part writes them into the credentials Secret."""
+    ca, _ = fleet_server.fleet_ca({}, "fleet", NOW)
+    return fleet_server.server_tls({}, ca, gateway, NOW)
 
 
 def enrolled(*clusters: str) -> dict[str, bytes]:
@@ -25,59 +28,63 @@ def enrolled(*clusters: str) -> dict[str, bytes]:
     return {f"{c}.node.pub": nodekeys.generate_keypair(c)[1] for c in clusters}
 
 
-def test_first_reconcile_issues_the_server_side_and_only_public_cluster_material() -> None:
+def test_the_server_gets_the_signers_certificates_and_only_members_public_keys() -> None:
     keys = enrolled("cluster1", "cluster2", "cluster9")
-    data = _reconcile({}, ["cluster1", "cluster2"], enrolled=keys)
+    tls = signer_tls()
+    data = cr.credentials(tls, clusters=["cluster1", "cluster2"], enrolled=keys)
     # Members' SuperNode public keys reach the server; a non-member's does not.
     assert cr.server_node_keys(data) == {
         "cluster1.pub": keys["cluster1.node.pub"],
         "cluster2.pub": keys["cluster2.node.pub"],
     }
-    # No cluster private key or Fleet client certificate is made on the hub.
-    assert not [k for k in data if k.endswith((".tls.key", ".node.key", ".tls.crt"))]
-
-
-def test_every_certificate_comes_from_the_resources_own_fleet_ca() -> None:
-    # Each resource gets its own CA; none of it is signed by anything agents trust.
-    first, other = _reconcile({}, ["cluster1"]), _reconcile({}, ["cluster1"])
-    assert first[credentials_layout.CA] != other[credentials_layout.CA]
-    ca = pki.load_cert_and_key(first[credentials_layout.CA], first[credentials_layout.FLEET_CA_KEY])
-    for key in (credentials_layout.SUPERLINK_CERT, credentials_layout.GATEWAY_CERT):
-        assert pki.verify_issued_by(pki.load_cert_pem(first[key]), ca.cert)
-
-
-def test_second_reconcile_reuses_material_so_nothing_restarts() -> None:
-    first = _reconcile({}, ["cluster1"])
-    second = _reconcile(first, ["cluster1"])
-    assert second == first
+    assert cr.server_tls_bundle(data) == tls
+    # No private key of a cluster or of the Fleet CA, and no Fleet client certificate.
+    assert not [k for k in data if k.endswith((".tls.key", ".node.key", ".tls.crt", "ca.key"))]
 
 
 def test_leaving_cluster_loses_its_key_and_joining_cluster_gets_its_enrolled_one() -> None:
     keys = enrolled("cluster1", "cluster2", "cluster3")
-    first = _reconcile({}, ["cluster1", "cluster2"], enrolled=keys)
-    second = _reconcile(first, ["cluster2", "cluster3"], enrolled=keys)
-    assert set(cr.server_node_keys(second)) == {"cluster2.pub", "cluster3.pub"}
+    data = cr.credentials(signer_tls(), clusters=["cluster2", "cluster3"], enrolled=keys)
+    assert set(cr.server_node_keys(data)) == {"cluster2.pub", "cluster3.pub"}
 
 
-def test_gateway_certificate_follows_the_advertised_address() -> None:
-    first = _reconcile({}, [])
-    moved = cr.GatewayNames(dns=("fl.example.com",), ips=())
-    second = _reconcile(first, [], gateway=moved)
-    cert = pki.load_cert_pem(second[credentials_layout.GATEWAY_CERT])
-    san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
-    assert san.get_values_for_type(x509.DNSName) == ["fl.example.com"]
-    assert second[credentials_layout.SUPERLINK_CERT] == first[credentials_layout.SUPERLINK_CERT]
+def test_the_controllers_request_holds_no_key_material_and_names_the_gateway() -> None:
+    meta = {"namespace": "team", "labels": {"a": "b"}, "ownerReferences": []}
+    request = cr.credentials_request(meta, "fl-server", GW)
+    assert "data" not in request  # the signer owns every entry
+    assert request["metadata"]["labels"][credentials_layout.LABEL_KEYS] == "tls"
+    annotation = request["metadata"]["annotations"][credentials_layout.GATEWAY_NAMES_ANNOTATION]
+    assert credentials_layout.GatewayNames.from_annotation(annotation) == GW
 
 
-def test_a_fleet_ca_near_its_end_is_replaced_with_everything_it_signed() -> None:
-    data = _reconcile({}, ["cluster1"])
-    assert _reconcile(data, ["cluster1"], now=pki.utcnow() + dt.timedelta(days=5)) == data
-    much_later = pki.utcnow() + dt.timedelta(days=300)
-    rotated = _reconcile(data, ["cluster1"], now=much_later)
-    new_ca = pki.load_cert_pem(rotated[credentials_layout.CA])
-    assert rotated[credentials_layout.CA] != data[credentials_layout.CA]
-    for key in (credentials_layout.SUPERLINK_CERT, credentials_layout.GATEWAY_CERT):
-        assert pki.verify_issued_by(pki.load_cert_pem(rotated[key]), new_ca)
+def test_the_server_waits_until_the_signer_issued_for_the_current_gateway() -> None:
+    assert "has not issued ca.crt" in str(cr.tls_ready({}, GW, NOW))
+    tls = signer_tls()
+    assert cr.tls_ready(tls, GW, NOW) is None
+    moved = credentials_layout.GatewayNames(dns=("fl.example.com",))
+    assert "does not name the gateway's current names" in str(cr.tls_ready(tls, moved, NOW))
+    # A certificate of another CA than the one in ca.crt does not count.
+    assert "not a current certificate" in str(
+        cr.tls_ready({**tls, credentials_layout.CA: signer_tls()[credentials_layout.CA]}, GW, NOW)
+    )
+    later = NOW + dt.timedelta(days=300)
+    assert "not a current certificate" in str(cr.tls_ready(tls, GW, later))
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("[]", "expected"),
+        ('{"names": ["x"]}', "expected"),
+        ('{"dns": "x"}', "lists of at most 64"),
+        ('{"dns": [1]}', "1 to 253 characters"),
+        ('{"dns": [], "ips": []}', "no name"),
+        ("{", "Expecting"),  # not JSON
+    ],
+)
+def test_a_malformed_gateway_annotation_is_refused(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        credentials_layout.GatewayNames.from_annotation(text)
 
 
 def test_hub_secrets_stay_bounded_at_3500_clusters() -> None:
@@ -86,12 +93,12 @@ def test_hub_secrets_stay_bounded_at_3500_clusters() -> None:
     key = nodekeys.generate_keypair("x")[1]
     names = [f"cluster-{i:04d}" for i in range(3500)]
     keys = {f"{c}.node.pub": key for c in names}
-    data = _reconcile({}, names, enrolled=keys)
+    data = cr.credentials(signer_tls(), clusters=names, enrolled=keys)
     meta = {"namespace": "team", "labels": {}, "ownerReferences": []}
-    secrets = cr.hub_secrets(meta, "fl-server", data)
+    secrets = cr.hub_secrets(meta, "fl-server", GW, data)
     [creds, *shards] = secrets
     assert len(shards) == credentials_layout.NODE_KEY_SHARDS
-    assert not [k for k in creds["data"] if k.endswith(".node.pub")]
+    assert "data" not in creds
     assert len(str(creds)) < 16 * 1024
     sizes = [sum(len(v) for v in s["data"].values()) for s in shards]
     assert max(sizes) < 64 * 1024

@@ -27,6 +27,7 @@ from hub_controller.operator.observed import (
     signed_fleet_csr,
 )
 from hub_controller.reports import ClusterReport, NoReports
+from hub_controller.signer import fleet_server
 from ocmfl import constants, nodekeys, pki
 from ocmfl.kube import object_path
 
@@ -35,10 +36,16 @@ LOG = logging.getLogger("test")
 CLEANUP: Any = handlers.cleanup
 
 
+FLEET_CA = fleet_server.fleet_ca({}, "fleet", pki.utcnow())[0]
+
+
 class FakeKube:
-    """Records writes; `objects` answers list_objects() by kind."""
+    """Records writes; `objects` answers list_objects() by kind. With `signer` on, a
+    credentials Secret's request comes back with the server certificates the signer part
+    issues for the names it asks for (hub_controller.signer.fleet_server)."""
 
     def __init__(self) -> None:
+        self.signer = True
         self.applied: list[dict[str, Any]] = []
         self.created: list[dict[str, Any]] = []
         self.deleted: list[str] = []
@@ -47,6 +54,13 @@ class FakeKube:
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         self.applied.append(obj)
+        meta = obj["metadata"]
+        names = (meta.get("annotations") or {}).get(credentials_layout.GATEWAY_NAMES_ANNOTATION)
+        if self.signer and names is not None:
+            gateway = credentials_layout.GatewayNames.from_annotation(names)
+            data = fleet_server.server_tls({}, FLEET_CA, gateway, pki.utcnow())
+            encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
+            self.applied[-1] = {**obj, "data": encoded}
         return obj
 
     def create(self, path: str, body: dict[str, Any], exist_ok: bool = True) -> dict[str, Any]:
@@ -304,6 +318,38 @@ def test_changed_inputs_apply_only_changed_works_and_start_the_server_at_the_gat
         + credentials_layout.credentials_secret_name(credentials_layout.server_name(REF))
     )
     assert creds is not None and not any(k.endswith(".node.pub") for k in creds["data"])
+
+
+def test_the_server_waits_for_the_signers_certificates_and_asks_for_them_without_keys(
+    op: reconciler.Operator, kube: FakeKube
+) -> None:
+    spec = spec_dict(advertiseAddress="127.0.0.1:9443", minAvailableClients=1)
+    kube.signer = False  # the signer part has not answered yet
+    kube.objects["secrets"] = enrolled_keys_secrets("c1", "c2")
+    state = run(op, spec, indexes())
+    works = [
+        WorkState(cluster=w["metadata"]["namespace"], name=work_name(REF), applied=True,
+                  spec_hash=next(iter(w["metadata"]["annotations"].values())))
+        for w in kube.created
+        if w["kind"] == "ManifestWork"
+    ]  # fmt: skip
+    state.applied = None  # a later pass (KEYS_WAIT_S on), both works applied on the clusters
+    run(op, spec, indexes(works=works), state)
+    assert "Job" not in kube.kinds(kube.created)
+    # What the controller asked for: the gateway's names, and no key material of its own.
+    path = f"/api/v1/namespaces/{REF.namespace}/secrets/" + (
+        credentials_layout.credentials_secret_name(credentials_layout.server_name(REF))
+    )
+    request = kube.get(path)
+    assert request is not None and "data" not in request
+    names = request["metadata"]["annotations"][credentials_layout.GATEWAY_NAMES_ANNOTATION]
+    assert credentials_layout.GatewayNames.from_annotation(names).ips == ("127.0.0.1",)
+    # The signer issues: the next pass starts the server.
+    kube.signer = True
+    kube.apply(request)
+    state.applied = None
+    run(op, spec, indexes(works=works), state)
+    assert kube.kinds(kube.created).count("Job") == 1
 
 
 def enrolled_keys_secrets(*clusters: str) -> list[dict[str, Any]]:

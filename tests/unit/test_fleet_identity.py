@@ -14,8 +14,9 @@ from hub_creds import HubCredential, issue_hub_credential, registration_agent, r
 
 from agent_addon import fleet_identity as fi
 from hack import keyscan
+from hub_controller import credentials_layout
 from hub_controller.membership import StaticMembers
-from hub_controller.operator.desired import credentials as cr
+from hub_controller.signer import fleet_server
 from hub_controller.signer.fleet import ApproveFleet, WorkLookup, decide_fleet_csr, node_key_entry
 from hub_controller.signer.policy import Deny
 from ocmfl import constants, csroutcome, nodekeys, pki
@@ -277,8 +278,9 @@ def _secret(name: str, data: Mapping[str, bytes]) -> dict[str, Any]:
 
 
 def test_keyscan_accepts_hub_keys_and_finds_cluster_keys_wherever_they_are() -> None:
-    creds = cr.reconcile_credentials(
-        {}, clusters=["c1"], gateway=cr.GatewayNames(dns=("fl.example",)), federation_uid=UID
+    fleet_ca, _ = fleet_server.fleet_ca({}, "fleet", pki.utcnow())
+    creds = fleet_server.server_tls(
+        {}, fleet_ca, credentials_layout.GatewayNames(dns=("fl.example",)), pki.utcnow()
     )
     body, key, node_private = request()
     csr = as_submitted(body, "c1")
@@ -286,7 +288,7 @@ def test_keyscan_accepts_hub_keys_and_finds_cluster_keys_wherever_they_are() -> 
         "Secret": [_secret("digits-server-credentials", creds)],
         "CertificateSigningRequest": [csr],
     }
-    assert keyscan.scan(clean) == []  # the Fleet CA, gateway and SuperLink keys are hub keys
+    assert keyscan.scan(clean) == []  # the gateway and SuperLink keys are hub keys
 
     leaked_tls = _secret("stash", {"x": pki.key_to_pem(key)})
     leaked_node = _secret("stash2", {"y": node_private})

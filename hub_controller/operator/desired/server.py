@@ -13,7 +13,7 @@ from typing import Any, Final
 from hub_controller import credentials_layout
 from hub_controller.api import DEFAULT_MODEL_CLAIM_SIZE, FederatedLearningSpec, FLRef
 from hub_controller.credentials_layout import SERVER_COMPONENT, server_name
-from hub_controller.operator.desired import credentials, security
+from hub_controller.operator.desired import security
 from ocmfl import constants
 from ocmfl.names import hub_side_name
 
@@ -362,7 +362,7 @@ def _advertised_host(address: str) -> tuple[str, bool]:
     return host, host.replace(".", "").isdigit() or ":" in host
 
 
-def gateway_names(ref: FLRef, address: str | None) -> credentials.GatewayNames:
+def gateway_names(ref: FLRef, address: str | None) -> credentials_layout.GatewayNames:
     """SANs of the Fleet gateway certificate: the Service's DNS names and the advertised host."""
     svc = server_name(ref)
     dns = [f"{svc}.{ref.namespace}.svc", f"{svc}.{ref.namespace}.svc.cluster.local"]
@@ -373,7 +373,7 @@ def gateway_names(ref: FLRef, address: str | None) -> credentials.GatewayNames:
             ips.append(host)
         elif host not in dns:
             dns.append(host)
-    return credentials.GatewayNames(dns=tuple(dns), ips=tuple(ips))
+    return credentials_layout.GatewayNames(dns=tuple(dns), ips=tuple(ips))
 
 
 def gateway_server_name(ref: FLRef, address: str) -> str:

@@ -1,0 +1,335 @@
+"""Each federation's Fleet CA, and the server certificates it signs, kept by the signer part.
+
+A federation's Fleet CA (its certificate and key) lives in a Secret in the signer's own
+namespace (`credentials_layout.fleet_ca_secret_name`, by uid), never in the tenant's namespace
+and never in the process that parses tenant specs: a tenant, or the controller, can read the
+CA's certificate but can mint no client identity. It is made at the first need (a server
+certificate or a cluster's Fleet CSR, hub_controller.signer.fleet) and deleted once its
+federation is gone (an ownerReference cannot cross namespaces).
+
+The controller asks for the server certificates by labelling the federation's credentials
+Secret (`LABEL_KEYS: tls`) and naming the gateway on it (`GATEWAY_NAMES_ANNOTATION`). For a
+Secret that is the credentials Secret of an existing federation, by name, namespace and owner
+uid (`federation_of`), this module writes into it the CA's certificate, the SuperLink's
+loopback pair and the gateway's pair (`server_tls`), and renews them before they end. The
+names come from the annotation: a tenant who edits it gets a gateway certificate that only
+its own federation's clients trust, as before.
+
+`federation_of`, `fleet_ca` and `server_tls` are pure; `FleetServerCerts` applies them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import datetime as dt
+import logging
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import kopf
+
+from hub_controller import credentials_layout as layout
+from hub_controller.api import FLRef
+from ocmfl import certlife, constants, pki
+from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER: Final = "ocm-fl-fleet-server-certs"
+RECHECK_S: Final = 300.0  # renewals and gone federations' CAs are looked for at least this often
+RETRY_S: Final = 5.0  # after a failed issue
+FLEET_CA_COMPONENT: Final = "fleet-ca"
+
+
+def fleet_ca_name(ref: FLRef) -> str:
+    """Common name of a federation's Fleet CA (says whose it is; trust comes from the key)."""
+    return f"ocm-fl-fleet-ca {ref.namespace}/{ref.name}"
+
+
+def federation_of(secret: Mapping[str, Any], fl: Mapping[str, Any] | None) -> FLRef | str:
+    """The federation whose credentials Secret `secret` is, or why it is not one: `fl` is the
+    FederatedLearning the Secret's controller ownerReference names, in the Secret's namespace
+    (None: there is none). A Secret that names another namespace's or another uid's federation,
+    or that is not that federation's credentials Secret by name, gets nothing."""
+    meta = secret.get("metadata") or {}
+    owners = [
+        o
+        for o in meta.get("ownerReferences") or []
+        if o.get("controller") and o.get("kind") == constants.KIND
+    ]
+    if len(owners) != 1:
+        return "it has no FederatedLearning as its controller owner"
+    owner = owners[0]
+    if fl is None:
+        return f"its owner {owner.get('name')!r} does not exist"
+    fl_meta = fl.get("metadata") or {}
+    if fl_meta.get("uid") != owner.get("uid") or fl_meta.get("name") != owner.get("name"):
+        return f"its owner reference does not match FederatedLearning {owner.get('name')!r}"
+    ref = FLRef(namespace=str(meta.get("namespace")), name=fl_meta["name"], uid=fl_meta["uid"])
+    expected = layout.credentials_secret_name(layout.server_name(ref))
+    if meta.get("name") != expected:
+        return f"it is not that federation's credentials Secret ({expected})"
+    if (meta.get("labels") or {}).get(constants.LABEL_OWNER_UID) != ref.uid:
+        return f"its label {constants.LABEL_OWNER_UID} is not its owner's uid"
+    return ref
+
+
+def fleet_ca(
+    current: Mapping[str, bytes], common_name: str, now: dt.datetime
+) -> tuple[pki.CertAndKey, bool]:
+    """The stored Fleet CA while readable and not due for renewal, else a new one; and
+    whether it is new (a new CA reissues everything it signs)."""
+    try:
+        ca = pki.load_cert_and_key(current[pki.CERT_FILE], current[pki.KEY_FILE])
+    except (KeyError, ValueError):
+        return pki.create_ca(common_name, key_kind="ec", now=now), True
+    if pki.remaining_fraction(ca.cert, now) < layout.RENEW_BELOW:
+        return pki.create_ca(common_name, key_kind="ec", now=now), True
+    return ca, False
+
+
+def server_tls(
+    current: Mapping[str, bytes],
+    ca: pki.CertAndKey,
+    gateway: layout.GatewayNames,
+    now: dt.datetime,
+    gateway_lifetime: dt.timedelta = pki.DEFAULT_SERVER_LIFETIME,
+) -> dict[str, bytes]:
+    """The credentials Secret's server entries (`layout.SERVER_TLS`): those of `current`
+    that `ca` issued and that are not due (the gateway's only while it names `gateway`),
+    newly issued where not."""
+    out: dict[str, bytes] = {layout.CA: pki.cert_to_pem(ca.cert)}
+    if layout.fresh_cert(current, layout.SUPERLINK_CERT, ca.cert, now) and current.get(
+        layout.SUPERLINK_KEY
+    ):
+        out[layout.SUPERLINK_CERT] = current[layout.SUPERLINK_CERT]
+        out[layout.SUPERLINK_KEY] = current[layout.SUPERLINK_KEY]
+    else:
+        pair = pki.issue_server_cert(
+            ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"], now=now
+        )
+        out[layout.SUPERLINK_CERT], out[layout.SUPERLINK_KEY] = pair.cert_pem, pair.key_pem
+    gw = layout.fresh_cert(current, layout.GATEWAY_CERT, ca.cert, now)
+    if gw is not None and layout.names_match(gw, gateway) and current.get(layout.GATEWAY_KEY):
+        out[layout.GATEWAY_CERT], out[layout.GATEWAY_KEY] = (
+            current[layout.GATEWAY_CERT],
+            current[layout.GATEWAY_KEY],
+        )
+    else:
+        pair = pki.issue_server_cert(
+            ca,
+            dns_names=list(gateway.dns),
+            ip_addresses=list(gateway.ips),
+            now=now,
+            lifetime=gateway_lifetime,
+        )
+        out[layout.GATEWAY_CERT], out[layout.GATEWAY_KEY] = pair.cert_pem, pair.key_pem
+    return out
+
+
+def renew_in_s(data: Mapping[str, bytes], now: dt.datetime) -> float | None:
+    """Seconds until the first of the CA, SuperLink and gateway certificates in `data` is due
+    for renewal; None when none is readable."""
+    due = []
+    for key in (layout.CA, layout.SUPERLINK_CERT, layout.GATEWAY_CERT):
+        try:
+            cert = pki.load_cert_pem(data[key])
+        except (KeyError, ValueError):
+            continue
+        due.append(certlife.renew_in(cert, layout.RENEW_BELOW, now))
+    return min(due) if due else None
+
+
+def _fl_path(namespace: str, name: str) -> str:
+    return path_of(constants.API_VERSION, constants.KIND, namespace, name)
+
+
+def _encoded(data: Mapping[str, bytes]) -> dict[str, str]:
+    return {k: base64.b64encode(v).decode() for k, v in sorted(data.items())}
+
+
+@dataclass
+class FleetCAs:
+    """The Fleet CA Secrets in the signer's namespace (`namespace`)."""
+
+    kube: Kube
+    namespace: str
+    clock: Callable[[], dt.datetime] = pki.utcnow
+
+    def path(self, uid: str = "") -> str:
+        name = layout.fleet_ca_secret_name(uid) if uid else None
+        return path_of("v1", "Secret", self.namespace, name)
+
+    def get(self, ref: FLRef) -> pki.CertAndKey:
+        """The federation's Fleet CA: the stored one, else a new one stored now (renewed when
+        due). KubeError when it cannot be stored (then nothing is signed with it)."""
+        path = self.path(ref.uid)
+        secret = self.kube.get(path)
+        ca, new = fleet_ca(layout.secret_data(secret), fleet_ca_name(ref), self.clock())
+        if not new:
+            return ca
+        pems = {pki.CERT_FILE: pki.cert_to_pem(ca.cert), pki.KEY_FILE: pki.key_to_pem(ca.key)}
+        data = _encoded(pems)
+        if secret is None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "kubernetes.io/tls",
+                "metadata": {
+                    "name": layout.fleet_ca_secret_name(ref.uid),
+                    "namespace": self.namespace,
+                    "labels": ref.labels(FLEET_CA_COMPONENT),
+                },
+                "data": data,
+            }
+            if self.kube.create(self.path(), body) is None:  # made meanwhile: use that one
+                return self.get(ref)
+        else:  # resourceVersion kept: a concurrent renewal makes this fail, then retry
+            self.kube.put(path, {**secret, "data": data})
+        log.info("Fleet CA %s made for %s", layout.fleet_ca_secret_name(ref.uid), ref)
+        return ca
+
+    def sweep(self) -> list[str]:
+        """Delete the Fleet CAs whose federation is gone (no FederatedLearning of that
+        namespace, name and uid); returns their Secrets' names."""
+        selector = f"{constants.LABEL_COMPONENT}={FLEET_CA_COMPONENT}"
+        gone = []
+        for secret in self.kube.list_objects(self.path(), selector):
+            meta = secret["metadata"]
+            labels = meta.get("labels") or {}
+            ns = labels.get(constants.LABEL_OWNER_NAMESPACE)
+            name = labels.get(constants.LABEL_OWNER_NAME)
+            fl = self.kube.get(_fl_path(ns, name)) if ns and name else None
+            uid = labels.get(constants.LABEL_OWNER_UID)
+            if fl is not None and fl["metadata"].get("uid") == uid:
+                continue
+            self.kube.delete(path_of("v1", "Secret", self.namespace, meta["name"]))
+            log.info("Fleet CA %s deleted: its federation is gone", meta["name"])
+            gone.append(meta["name"])
+        return gone
+
+
+@dataclass
+class FleetServerCerts:
+    """Issues and renews the server certificates of every federation's credentials Secret;
+    `memo.fleet_server_certs`."""
+
+    kube: Kube
+    cas: FleetCAs
+    clock: Callable[[], dt.datetime] = pki.utcnow
+    # The credentials Secrets seen (namespace, name), for renewals: kopf's events fill it.
+    requests: set[tuple[str, str]] = field(default_factory=set)
+    refused: dict[tuple[str, str], str] = field(default_factory=dict)
+    wake: asyncio.Event | None = field(default=None, repr=False)
+    loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    def ensure(self, secret: Mapping[str, Any]) -> float | None:
+        """Issue what `secret` (a credentials Secret) lacks or holds due; seconds until its
+        first certificate is due (None: nothing issued, it is not a genuine request)."""
+        meta = secret.get("metadata") or {}
+        key = (str(meta.get("namespace")), str(meta.get("name")))
+        annotation = (meta.get("annotations") or {}).get(layout.GATEWAY_NAMES_ANNOTATION)
+        if annotation is None:
+            return None
+        owner: Mapping[str, Any] = next(iter(meta.get("ownerReferences") or []), {})
+        owner_name = str(owner.get("name") or "")
+        fl = self.kube.get(_fl_path(key[0], owner_name)) if owner_name else None
+        ref = federation_of(secret, fl)
+        try:
+            names = layout.GatewayNames.from_annotation(annotation)
+        except ValueError as exc:
+            ref = f"annotation {layout.GATEWAY_NAMES_ANNOTATION}: {exc}"
+        if isinstance(ref, str):
+            if self.refused.get(key) != ref:  # said once per reason, not on every pass
+                log.warning("no server certificates for Secret %s/%s: %s", *key, ref)
+                self.refused[key] = ref
+            return None
+        self.refused.pop(key, None)
+        now = self.clock()
+        current = layout.secret_data(dict(secret))
+        ca = self.cas.get(ref)
+        lifetime = certlife.leaf_lifetime(pki.DEFAULT_SERVER_LIFETIME)
+        data = server_tls(current, ca, names, now, lifetime)
+        if any(current.get(k) != v for k, v in data.items()):
+            path = path_of("v1", "Secret", key[0], key[1])
+            self.kube.patch(path, {"data": _encoded(data)}, MERGE_PATCH)
+            log.info("server certificates issued for %s (gateway %s)", ref, names)
+        return renew_in_s(data, now)
+
+    def ensure_all(self) -> float:
+        """`ensure` for every credentials Secret seen, and the sweep of gone federations'
+        CAs; seconds until the next is due (at most RECHECK_S)."""
+        delay = RECHECK_S
+        for namespace, name in sorted(self.requests):
+            secret = self.kube.get(path_of("v1", "Secret", namespace, name))
+            if secret is None:
+                self.requests.discard((namespace, name))
+                continue
+            due = self.ensure(secret)
+            if due is not None:
+                delay = min(delay, due)
+        self.cas.sweep()
+        return delay
+
+    async def keep(self) -> None:
+        """Renew when due and sweep, for the life of the process."""
+        self.wake, self.loop = asyncio.Event(), asyncio.get_running_loop()
+        while True:
+            try:
+                delay = await asyncio.to_thread(self.ensure_all)
+            except (KubeError, OSError, ValueError):
+                log.exception("keeping the Fleet server certificates failed; retrying")
+                delay = RETRY_S
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), max(delay, 1.0))
+
+    def poke(self) -> None:
+        """Wake `keep` now (from any thread)."""
+        if self.loop is not None and self.wake is not None:
+            self.loop.call_soon_threadsafe(self.wake.set)
+
+
+@kopf.on.startup()
+async def start_fleet_server_certs(memo: kopf.Memo, **_: Any) -> None:
+    namespace = os.environ.get(constants.ENV_POD_NAMESPACE) or constants.HUB_NAMESPACE
+    kube = Kube(field_manager=FIELD_MANAGER)
+    certs = FleetServerCerts(kube, FleetCAs(kube, namespace))
+    memo.fleet_cas = certs.cas
+    memo.fleet_server_certs = certs
+    certs.task = asyncio.create_task(certs.keep())
+
+
+@kopf.on.cleanup()
+async def stop_fleet_server_certs(memo: kopf.Memo, **_: Any) -> None:
+    certs: FleetServerCerts | None = memo.get("fleet_server_certs")
+    if certs is not None and certs.task is not None:
+        certs.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await certs.task
+
+
+@kopf.on.event("", "v1", "secrets", labels={layout.LABEL_KEYS: layout.TLS_KEYS})
+def credentials_changed(
+    type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+) -> None:
+    """A credentials Secret made or changed (its gateway names): issue at once; deleted: its
+    federation's CA goes at the sweep, which runs now (kopf runs sync handlers in its thread
+    pool)."""
+    certs: FleetServerCerts = memo.fleet_server_certs
+    key = (str(body.metadata.namespace), str(body.metadata.name))
+    if type == "DELETED":
+        certs.requests.discard(key)
+        certs.refused.pop(key, None)
+        certs.poke()
+        return
+    certs.requests.add(key)
+    try:
+        certs.ensure(dict(body))
+    except KubeError as exc:  # the renewal loop tries again
+        logger.warning("server certificates for %s/%s: %s; retrying", *key, exc)
