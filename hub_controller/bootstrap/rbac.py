@@ -142,17 +142,12 @@ SIGNER_RULES: Final[tuple[Rule, ...]] = (
         resource_names=(constants.SIGNER_NAME, constants.FLEET_SIGNER_NAME),
         why="only our signers",
     ),
-    # Each federation's credentials Secret (watched; the server certificates written into
-    # it) and its enrolled-keys shards.
-    Rule(
-        "",
-        "secrets",
-        ("get", "list", "watch", "create", "patch"),
-        Scope.FL_NAMESPACES,
-        why="server certificates, keys",
-    ),
-    # A credentials Secret's owner must exist with its uid; a Fleet CA outlives no federation.
-    Rule(constants.GROUP, constants.PLURAL, ("get",), why="a credentials Secret's federation"),
+    # Each federation's credentials Secret (the server certificates written into it, read by
+    # name) and its enrolled-keys shards.
+    Rule("", "secrets", ("get", "create", "patch"), Scope.FL_NAMESPACES, why="server certs, keys"),
+    # Federations: each one's credentials Secret is read on its events; a Fleet CA outlives
+    # no federation.
+    Rule(constants.GROUP, constants.PLURAL, READ, why="federations' server certificates"),
     # Each CSR's outcome, in the requesting cluster's namespace (signer/csr_outcome.py):
     # created once, immutable; never changed or deleted (the garbage collector does that).
     Rule("", "configmaps", ("create",), why="CSR outcomes for the agents"),

@@ -8,10 +8,12 @@ certificate or a cluster's Fleet CSR, hub_controller.signer.fleet) and deleted o
 federation is gone (an ownerReference cannot cross namespaces).
 
 The controller asks for the server certificates by labelling the federation's credentials
-Secret (`LABEL_KEYS: tls`) and naming the gateway on it (`GATEWAY_NAMES_ANNOTATION`). For a
-Secret that is the credentials Secret of an existing federation, by name, namespace and owner
-uid (`federation_of`), this module writes into it the CA's certificate, the SuperLink's
-loopback pair and the gateway's pair (`server_tls`), and renews them before they end. The
+Secret (`LABEL_KEYS: tls`) and naming the gateway on it (`GATEWAY_NAMES_ANNOTATION`). The
+signer watches FederatedLearnings (not Secrets: the chart's default RBAC gives it Secrets in
+the tenants' namespaces only by name) and reads each one's credentials Secret. For a Secret
+that is the credentials Secret of that federation, by name, namespace and owner uid
+(`federation_of`), it writes into it the CA's certificate, the SuperLink's loopback pair and
+the gateway's pair (`server_tls`), and renews them before they end. The
 names come from the annotation: a tenant who edits it gets a gateway certificate that only
 its own federation's clients trust, as before.
 
@@ -26,6 +28,7 @@ import contextlib
 import datetime as dt
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -52,9 +55,9 @@ def fleet_ca_name(ref: FLRef) -> str:
 
 def federation_of(secret: Mapping[str, Any], fl: Mapping[str, Any] | None) -> FLRef | str:
     """The federation whose credentials Secret `secret` is, or why it is not one: `fl` is the
-    FederatedLearning the Secret's controller ownerReference names, in the Secret's namespace
-    (None: there is none). A Secret that names another namespace's or another uid's federation,
-    or that is not that federation's credentials Secret by name, gets nothing."""
+    FederatedLearning it is read for (None: there is none). A Secret in another namespace than
+    `fl`, whose controller ownerReference or owner label names another uid, or that is not
+    `fl`'s credentials Secret by name, gets nothing."""
     meta = secret.get("metadata") or {}
     owners = [
         o
@@ -67,6 +70,8 @@ def federation_of(secret: Mapping[str, Any], fl: Mapping[str, Any] | None) -> FL
     if fl is None:
         return f"its owner {owner.get('name')!r} does not exist"
     fl_meta = fl.get("metadata") or {}
+    if fl_meta.get("namespace") != meta.get("namespace"):
+        return f"it is not in its federation's namespace {fl_meta.get('namespace')!r}"
     if fl_meta.get("uid") != owner.get("uid") or fl_meta.get("name") != owner.get("name"):
         return f"its owner reference does not match FederatedLearning {owner.get('name')!r}"
     ref = FLRef(namespace=str(meta.get("namespace")), name=fl_meta["name"], uid=fl_meta["uid"])
@@ -215,30 +220,31 @@ class FleetCAs:
 
 @dataclass
 class FleetServerCerts:
-    """Issues and renews the server certificates of every federation's credentials Secret;
+    """Issues and renews the server certificates in every federation's credentials Secret;
     `memo.fleet_server_certs`."""
 
     kube: Kube
     cas: FleetCAs
     clock: Callable[[], dt.datetime] = pki.utcnow
-    # The credentials Secrets seen (namespace, name), for renewals: kopf's events fill it.
-    requests: set[tuple[str, str]] = field(default_factory=set)
+    # The federations seen, (namespace, name) -> their metadata (kopf's events fill it), and
+    # those whose credentials Secret has not asked yet -> how many looks found nothing.
+    federations: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pending: dict[tuple[str, str], int] = field(default_factory=dict)
     refused: dict[tuple[str, str], str] = field(default_factory=dict)
+    last_sweep: float = float("-inf")
     wake: asyncio.Event | None = field(default=None, repr=False)
     loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
-    def ensure(self, secret: Mapping[str, Any]) -> float | None:
-        """Issue what `secret` (a credentials Secret) lacks or holds due; seconds until its
-        first certificate is due (None: nothing issued, it is not a genuine request)."""
+    def ensure(self, secret: Mapping[str, Any], fl: Mapping[str, Any] | None) -> float | None:
+        """Issue what `secret` (a credentials Secret) lacks or holds due, when it is `fl`'s
+        (`federation_of`); seconds until its first certificate is due (None: nothing issued,
+        it asks for nothing or is not a genuine request)."""
         meta = secret.get("metadata") or {}
         key = (str(meta.get("namespace")), str(meta.get("name")))
         annotation = (meta.get("annotations") or {}).get(layout.GATEWAY_NAMES_ANNOTATION)
         if annotation is None:
             return None
-        owner: Mapping[str, Any] = next(iter(meta.get("ownerReferences") or []), {})
-        owner_name = str(owner.get("name") or "")
-        fl = self.kube.get(_fl_path(key[0], owner_name)) if owner_name else None
         ref = federation_of(secret, fl)
         try:
             names = layout.GatewayNames.from_annotation(annotation)
@@ -261,19 +267,44 @@ class FleetServerCerts:
             log.info("server certificates issued for %s (gateway %s)", ref, names)
         return renew_in_s(data, now)
 
+    def ensure_federation(self, fl: Mapping[str, Any]) -> float | None:
+        """`ensure` for the credentials Secret of federation `fl` (as read or as its event
+        shows it), which the signer reads by name: it may not watch Secrets in the tenants'
+        namespaces (the chart's namespaced RBAC)."""
+        meta = fl.get("metadata") or {}
+        ref = FLRef(namespace=meta["namespace"], name=meta["name"], uid=meta.get("uid", ""))
+        key = (ref.namespace, ref.name)
+        self.federations[key] = {"metadata": {k: meta.get(k) for k in ("namespace", "name", "uid")}}
+        name = layout.credentials_secret_name(layout.server_name(ref))
+        secret = self.kube.get(path_of("v1", "Secret", ref.namespace, name))
+        due = None if secret is None else self.ensure(secret, fl)
+        if due is None:
+            self.pending[key] = self.pending.get(key, 0) + 1
+        else:
+            self.pending.pop(key, None)
+        return due
+
+    def forget(self, namespace: str, name: str) -> None:
+        """A federation deleted: its CA goes at the next sweep, which runs now."""
+        self.federations.pop((namespace, name), None)
+        self.pending.pop((namespace, name), None)
+        self.last_sweep = float("-inf")
+        self.poke()
+
     def ensure_all(self) -> float:
-        """`ensure` for every credentials Secret seen, and the sweep of gone federations'
-        CAs; seconds until the next is due (at most RECHECK_S)."""
+        """`ensure_federation` for every federation seen, and, at most every RECHECK_S or
+        after a deletion, the sweep of gone federations' CAs; seconds until the next look (at
+        most RECHECK_S; sooner while a federation's request has not come, backing off)."""
         delay = RECHECK_S
-        for namespace, name in sorted(self.requests):
-            secret = self.kube.get(path_of("v1", "Secret", namespace, name))
-            if secret is None:
-                self.requests.discard((namespace, name))
-                continue
-            due = self.ensure(secret)
+        for key, fl in sorted(self.federations.items()):
+            due = self.ensure_federation(fl)
             if due is not None:
                 delay = min(delay, due)
-        self.cas.sweep()
+            elif key in self.pending:
+                delay = min(delay, RETRY_S * 2 ** min(self.pending[key] - 1, 6))
+        if time.monotonic() - self.last_sweep >= RECHECK_S:
+            self.cas.sweep()
+            self.last_sweep = time.monotonic()
         return delay
 
     async def keep(self) -> None:
@@ -314,22 +345,21 @@ async def stop_fleet_server_certs(memo: kopf.Memo, **_: Any) -> None:
             await certs.task
 
 
-@kopf.on.event("", "v1", "secrets", labels={layout.LABEL_KEYS: layout.TLS_KEYS})
-def credentials_changed(
+@kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
+def federation_changed(
     type: str | None, body: kopf.Body, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
-    """A credentials Secret made or changed (its gateway names): issue at once; deleted: its
-    federation's CA goes at the sweep, which runs now (kopf runs sync handlers in its thread
-    pool)."""
+    """Any event of a FederatedLearning (the controller writes its status right after it
+    asks for certificates): issue what its credentials Secret asks for at once; deleted: its
+    CA goes (kopf runs sync handlers in its thread pool)."""
     certs: FleetServerCerts = memo.fleet_server_certs
-    key = (str(body.metadata.namespace), str(body.metadata.name))
     if type == "DELETED":
-        certs.requests.discard(key)
-        certs.refused.pop(key, None)
-        certs.poke()
+        certs.forget(str(body.metadata.namespace), str(body.metadata.name))
         return
-    certs.requests.add(key)
+    key = (str(body.metadata.namespace), str(body.metadata.name))
     try:
-        certs.ensure(dict(body))
+        certs.ensure_federation(dict(body))
     except KubeError as exc:  # the renewal loop tries again
-        logger.warning("server certificates for %s/%s: %s; retrying", *key, exc)
+        logger.warning("server certificates for %s: %s; retrying", body.metadata.name, exc)
+    if certs.pending.get(key) == 1:
+        certs.poke()  # newly waiting for its request: the loop looks again soon, backing off

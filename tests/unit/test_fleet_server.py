@@ -83,7 +83,7 @@ def test_a_credentials_secret_gets_server_certificates_of_a_ca_kept_in_the_signe
     kube = SignerKube()
     kube.add(_fl(), constants.KIND)
     path = kube.add(_request())
-    due = _signer(kube).ensure(kube.objects[path])
+    due = _signer(kube).ensure_federation(_fl())
     data = _data(kube, path)
     assert set(data) == set(layout.SERVER_TLS)
     assert cr.tls_ready(data, GW, NOW) is None
@@ -95,7 +95,7 @@ def test_a_credentials_secret_gets_server_certificates_of_a_ca_kept_in_the_signe
     assert due is not None and due > 0
     # Nothing changed: nothing written again.
     writes = kube.writes
-    _signer(kube).ensure(kube.objects[path])
+    _signer(kube).ensure_federation(_fl())
     assert kube.writes == writes
 
 
@@ -103,13 +103,13 @@ def test_the_gateway_certificate_follows_the_names_and_the_rest_is_kept() -> Non
     kube = SignerKube()
     kube.add(_fl(), constants.KIND)
     path = kube.add(_request())
-    _signer(kube).ensure(kube.objects[path])
+    _signer(kube).ensure_federation(_fl())
     first = _data(kube, path)
     moved = layout.GatewayNames(dns=("fl.example.com",))
     kube.objects[path]["metadata"]["annotations"] = _request(gateway=moved)["metadata"][
         "annotations"
     ]
-    _signer(kube).ensure(kube.objects[path])
+    _signer(kube).ensure_federation(_fl())
     second = _data(kube, path)
     san = pki.load_cert_pem(second[layout.GATEWAY_CERT]).extensions
     names = san.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -122,11 +122,11 @@ def test_a_ca_near_its_end_is_replaced_with_everything_it_signed() -> None:
     kube = SignerKube()
     kube.add(_fl(), constants.KIND)
     path = kube.add(_request())
-    _signer(kube).ensure(kube.objects[path])
+    _signer(kube).ensure_federation(_fl())
     first = _data(kube, path)
-    _signer(kube, NOW + dt.timedelta(days=5)).ensure(kube.objects[path])
+    _signer(kube, NOW + dt.timedelta(days=5)).ensure_federation(_fl())
     assert _data(kube, path) == first
-    _signer(kube, NOW + dt.timedelta(days=300)).ensure(kube.objects[path])
+    _signer(kube, NOW + dt.timedelta(days=300)).ensure_federation(_fl())
     rotated = _data(kube, path)
     assert rotated[layout.CA] != first[layout.CA]
     new_ca = pki.load_cert_pem(rotated[layout.CA])
@@ -141,44 +141,66 @@ def test_each_federation_has_its_own_ca() -> None:
     for ref in (REF, other):
         kube.add(_fl(ref), constants.KIND)
         paths.append(kube.add(_request(ref)))
-        _signer(kube).ensure(kube.objects[paths[-1]])
+        _signer(kube).ensure_federation(_fl(ref))
     assert _data(kube, paths[0])[layout.CA] != _data(kube, paths[1])[layout.CA]
 
 
-def _forged(change: str) -> tuple[SignerKube, str]:
-    """A tenant's Secret that tries to get another federation's certificates."""
-    kube = SignerKube()
-    victim = FLRef(namespace="team-b", name="victim", uid="uid-victim")
-    kube.add(_fl(victim), constants.KIND)
-    kube.add(_fl(), constants.KIND)
+VICTIM = FLRef(namespace="team-b", name="victim", uid="uid-victim")
+
+
+def _forged(change: str) -> dict[str, Any]:
+    """A Secret in tenant `team`'s namespace that tries to get the certificates of `team-b`'s
+    federation VICTIM, or of its own without asking properly."""
     secret = _request(REF)
     meta = secret["metadata"]
-    if change == "other namespace's owner":  # names team-b's federation from team
-        meta["ownerReferences"] = [victim.owner_reference()]
+    if change == "other namespace's federation":  # everything names team-b's federation
+        secret = _request(FLRef(namespace=REF.namespace, name=VICTIM.name, uid=VICTIM.uid))
     elif change == "wrong uid":
-        meta["ownerReferences"] = [{**REF.owner_reference(), "uid": victim.uid}]
+        meta["ownerReferences"] = [{**REF.owner_reference(), "uid": VICTIM.uid}]
     elif change == "uid label":
-        meta["labels"][constants.LABEL_OWNER_UID] = victim.uid
+        meta["labels"][constants.LABEL_OWNER_UID] = VICTIM.uid
     elif change == "other name":
         meta["name"] = "my-own-secret"
     elif change == "no owner":
         meta["ownerReferences"] = []
     elif change == "bad names":
         meta["annotations"][layout.GATEWAY_NAMES_ANNOTATION] = '{"dns": "x"}'
-    return kube, kube.add(secret)
+    return secret
 
 
 @pytest.mark.parametrize(
     "change",
-    ["other namespace's owner", "wrong uid", "uid label", "other name", "no owner", "bad names"],
+    [
+        "other namespace's federation",
+        "wrong uid",
+        "uid label",
+        "other name",
+        "no owner",
+        "bad names",
+    ],
 )
 def test_a_secret_that_is_not_a_federations_own_credentials_secret_gets_nothing(
     change: str,
 ) -> None:
-    kube, path = _forged(change)
-    assert _signer(kube).ensure(kube.objects[path]) is None
+    kube = SignerKube()
+    secret = _forged(change)
+    path = kube.add(secret)
+    for fl in (_fl(REF), _fl(VICTIM)):
+        kube.add(fl, constants.KIND)
+        assert _signer(kube).ensure(kube.objects[path], fl) is None
     assert "data" not in kube.objects[path]
     assert not [p for p in kube.objects if p.startswith(f"/api/v1/namespaces/{SIGNER_NS}/")]
+
+
+def test_a_federation_without_its_request_yet_is_looked_at_again_soon() -> None:
+    kube = SignerKube()
+    kube.add(_fl(), constants.KIND)
+    signer = _signer(kube)
+    assert signer.ensure_federation(_fl()) is None  # the controller has not asked yet
+    assert signer.ensure_all() == fs.RETRY_S * 2  # second look, backing off
+    path = kube.add(_request())
+    assert signer.ensure_all() == fs.RECHECK_S  # issued: back at the latest in RECHECK_S
+    assert set(_data(kube, path)) == set(layout.SERVER_TLS)
 
 
 def test_a_gone_federations_ca_is_deleted_and_a_living_ones_kept() -> None:
@@ -201,8 +223,8 @@ def test_a_gone_federations_ca_is_deleted_and_a_living_ones_kept() -> None:
 def test_the_ca_secret_holds_the_key_the_tenant_never_sees() -> None:
     kube = SignerKube()
     kube.add(_fl(), constants.KIND)
-    path = kube.add(_request())
-    _signer(kube).ensure(kube.objects[path])
+    kube.add(_request())
+    _signer(kube).ensure_federation(_fl())
     tenant = [o for p, o in kube.objects.items() if p.startswith("/api/v1/namespaces/team/")]
     blobs = [base64.b64decode(v) for o in tenant for v in (o.get("data") or {}).values()]
     ca_path = path_of("v1", "Secret", SIGNER_NS, layout.fleet_ca_secret_name(REF.uid))

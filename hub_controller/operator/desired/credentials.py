@@ -100,11 +100,6 @@ def server_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
     }
 
 
-def without_node_keys(data: Mapping[str, bytes]) -> dict[str, bytes]:
-    """The credentials Secret's data: everything but the per-cluster public keys."""
-    return {k: v for k, v in data.items() if not k.endswith(NODE_PUB_SUFFIX)}
-
-
 def node_key_shards(data: Mapping[str, bytes]) -> list[dict[str, bytes]]:
     """The server's key directory split into NODE_KEY_SHARDS parts (`key_shard`), each
     ``<cluster>.pub`` -> key; every shard is present, empty or not."""
