@@ -259,8 +259,6 @@ class Run:
     # cluster -> spec hash of the work this loop wrote there (DELETED: deleted it) that the
     # index does not show yet (forgotten at every resync).
     sent: dict[str, str] = field(default_factory=dict)
-    # Monotonic time at which a credential (gateway certificate, ...) is due for renewal:
-    # everything is applied again then, whatever else changed.
     # The decided clusters this loop acts on: OCM's decisions read mid-rewrite are not
     # taken as they are (membership.settle_decisions).
     decisions: DecisionView = field(default_factory=DecisionView)

@@ -25,7 +25,7 @@ STATE_DIR: Final = "/var/lib/ocm-fl/state"  # FLWR_HOME, logs, nginx run dir (em
 # a replacement pod keeps the SuperNodes' node ids (they reconnect on their own) and stops
 # the killed pod's run before it submits the resumed one.
 PERSIST_DIR: Final = f"{MODEL_DIR}/.ocm-fl-server"
-TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials.server_tls_bundle
+TLS_DIR: Final = "/var/run/ocm-fl/tls"  # credentials_layout.SERVER_TLS
 NODE_KEYS_DIR: Final = "/var/run/ocm-fl/node-keys"  # <cluster>.pub
 FLEET_PORT_NAME: Final = "fleet"
 # A server pod that dies (SIGKILL, OOM, node loss) is replaced this many times; each new pod
@@ -313,16 +313,7 @@ def desired_job(
             "secret": {
                 "secretName": credentials_layout.credentials_secret_name(server_name(ref)),
                 "defaultMode": 0o400,
-                "items": [
-                    {"key": k, "path": k}
-                    for k in (
-                        credentials_layout.CA,
-                        credentials_layout.SUPERLINK_CERT,
-                        credentials_layout.SUPERLINK_KEY,
-                        credentials_layout.GATEWAY_CERT,
-                        credentials_layout.GATEWAY_KEY,
-                    )
-                ],
+                "items": [{"key": k, "path": k} for k in credentials_layout.SERVER_TLS],
             },
         },
         {
