@@ -43,8 +43,10 @@ from tests.integration.test_controller import (  # noqa: F401 (fixtures by name)
     fl_body,
     fl_path,
     hub,
+    namespace,
     operator,
     spokes,
+    test_namespaces,
 )
 from tests.unit.fl_fixtures import REF as FIXTURE_REF
 from tests.unit.fl_fixtures import spec as fixture_spec
