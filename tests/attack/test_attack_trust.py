@@ -205,17 +205,17 @@ def test_plane_advertise_address_of_the_aggregator_gives_no_trusted_certificate(
     # the controller issues the gateway certificate and stores it where the tenant reads it.
     # Worst case for this test: the admin's policy even allows that domain (the admin policy's
     # own attack tests show it refused otherwise); the trust split must hold on its own.
-    namespace = bound
+    tenant_ns = bound
     grant_namespace(
         hub,
-        namespace,
+        tenant_ns,
         data_claims=[claim],
         advertise_domains=["127.0.0.1", AGGREGATOR_HOST],
         host_path_store=True,
     )
-    body = fl_body(namespace, claim, advertiseAddress=f"{AGGREGATOR_HOST}:443")
-    hub.create(fl_path(namespace), body)
-    data = wait_for(lambda: _tenant_credentials(hub, namespace), 90, "credentials Secret")
+    body = fl_body(tenant_ns, claim, advertiseAddress=f"{AGGREGATOR_HOST}:443")
+    hub.create(fl_path(tenant_ns), body)
+    data = wait_for(lambda: _tenant_credentials(hub, tenant_ns), 90, "credentials Secret")
     gw_cert = pki.load_cert_pem(data[credentials_layout.GATEWAY_CERT])
     san = gw_cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert AGGREGATOR_HOST in san.get_values_for_type(x509.DNSName)  # the tenant's name is on it
@@ -236,9 +236,9 @@ def test_plane_advertise_address_of_the_aggregator_gives_no_trusted_certificate(
     assert pki.verify_issued_by(gw_cert, fleet_ca)
 
 
-def _tenant_credentials(kube: Kube, namespace: str) -> dict[str, bytes] | None:
+def _tenant_credentials(kube: Kube, tenant_ns: str) -> dict[str, bytes] | None:
     """The resource's credentials Secret data once it holds a gateway certificate."""
-    items = (kube.get(f"/api/v1/namespaces/{namespace}/secrets") or {}).get("items", [])
+    items = (kube.get(f"/api/v1/namespaces/{tenant_ns}/secrets") or {}).get("items", [])
     for item in items:
         if item["metadata"]["name"].endswith("-credentials"):
             data = credentials_layout.secret_data(item)
