@@ -36,6 +36,10 @@ GATEWAY_KEY: Final = "gateway.key"
 # 3,500 clusters the largest shard measured 49 KB, far below the apiserver's 1 MiB per object.
 NODE_KEY_SHARDS: Final = 32
 NODE_PUB_SUFFIX: Final = ".node.pub"
+# Each federation's Fleet CA (about 1 KB) is kept in one of this many Secrets in the signer's
+# namespace: fixed names the chart's RBAC grants by name (the CA Secrets share that namespace),
+# room for about 14,000 federations below the apiserver's 1 MiB per object.
+FLEET_CA_SHARDS: Final = 16
 # Label on the key shard Secrets: "enrolled" (the signer's) or "node" (the server's copy); on
 # the credentials Secret: "tls" (the server certificates the signer issues into it).
 LABEL_KEYS: Final = f"{constants.LABEL_PREFIX}/keys"
@@ -133,10 +137,21 @@ def credentials_secret_name(server_name: str) -> str:
     return f"{server_name}-credentials"
 
 
-def fleet_ca_secret_name(uid: str) -> str:
-    """The Secret in the signer's own namespace that holds a federation's Fleet CA (the
-    federation is named by uid: names in the tenant's namespace could be reused)."""
-    return f"ocm-fl-fleet-ca-{uid}"
+def fleet_ca_shard(uid: str) -> int:
+    """The Fleet CA shard of a federation: a stable hash of its uid."""
+    return int.from_bytes(hashlib.sha256(uid.encode()).digest()[:4], "big") % FLEET_CA_SHARDS
+
+
+def fleet_ca_secret_name(shard: int) -> str:
+    """One of the FLEET_CA_SHARDS Secrets in the signer's own namespace that hold the
+    federations' Fleet CAs (fixed names, so RBAC can grant exactly these)."""
+    return f"ocm-fl-fleet-cas-{shard}"
+
+
+def fleet_ca_keys(uid: str) -> tuple[str, str, str]:
+    """A federation's entries in its Fleet CA shard: (certificate, key, owner), by uid (names
+    in the tenant's namespace could be reused); the owner entry says ``namespace/name``."""
+    return f"{uid}.crt", f"{uid}.key", f"{uid}.owner"
 
 
 def enrolled_keys_secret_name(server_name: str, cluster: str) -> str:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from hub_controller.credentials_layout import FLEET_CA_SHARDS, fleet_ca_secret_name
 from ocmfl import constants, csroutcome
 
 # Default names of the two CA Secrets in the hub's namespace (chart values ca.secretName,
@@ -161,16 +162,21 @@ SIGNER_RULES: Final[tuple[Rule, ...]] = (
         resource_names=(csroutcome.READER_ROLE,),
         why="outcome reader, nothing else",
     ),
-    # In its own namespace: the aggregator's server certificate and each federation's Fleet CA
-    # (`ocm-fl-fleet-ca-<uid>`: names cannot be listed ahead), deleted with its federation.
-    # The namespace holds the hub CA and agent CA Secrets too, which this part mounts anyway.
+    # In its own namespace: the aggregator's server certificate and the federations' Fleet CAs
+    # (fixed shard names), by name: the CA Secrets there stay unreadable through the API
+    # (create cannot be limited by name; get and update are).
     Rule(
         "",
         "secrets",
-        ("get", "list", "create", "update", "delete"),
+        ("get", "update"),
         Scope.RELEASE_NAMESPACE,
+        resource_names=(
+            constants.AGGREGATOR_TLS_SECRET,
+            *(fleet_ca_secret_name(i) for i in range(FLEET_CA_SHARDS)),
+        ),
         why="the aggregator's certificate, Fleet CAs",
     ),
+    Rule("", "secrets", ("create",), Scope.RELEASE_NAMESPACE, why="the aggregator's certificate"),
 )
 
 # One `ocm-fl-hub` running both parts (`--role all`, the local plane's hub) needs both.

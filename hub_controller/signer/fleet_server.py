@@ -1,11 +1,13 @@
 """Each federation's Fleet CA, and the server certificates it signs, kept by the signer part.
 
-A federation's Fleet CA (its certificate and key) lives in a Secret in the signer's own
-namespace (`credentials_layout.fleet_ca_secret_name`, by uid), never in the tenant's namespace
-and never in the process that parses tenant specs: a tenant, or the controller, can read the
-CA's certificate but can mint no client identity. It is made at the first need (a server
-certificate or a cluster's Fleet CSR, hub_controller.signer.fleet) and deleted once its
-federation is gone (an ownerReference cannot cross namespaces).
+A federation's Fleet CA (its certificate and key) lives in one of FLEET_CA_SHARDS Secrets in
+the signer's own namespace (`credentials_layout.fleet_ca_secret_name`, entries by uid), never in
+the tenant's namespace and never in the process that parses tenant specs: a tenant, or the
+controller, can read the CA's certificate but can mint no client identity. The shards have
+fixed names so that the chart grants the signer exactly those (the hub CA's and the agent CA's
+Secrets share the namespace and stay unreadable through the API). A Fleet CA is made at the
+first need (a server certificate or a cluster's Fleet CSR, hub_controller.signer.fleet) and
+removed once its federation is gone (an ownerReference cannot cross namespaces).
 
 The controller asks for the server certificates by labelling the federation's credentials
 Secret (`LABEL_KEYS: tls`) and naming the gateway on it (`GATEWAY_NAMES_ANNOTATION`). The
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER: Final = "ocm-fl-fleet-server-certs"
 RECHECK_S: Final = 300.0  # renewals and gone federations' CAs are looked for at least this often
 RETRY_S: Final = 5.0  # after a failed issue
+WRITE_TRIES: Final = 5  # conflicting writes of a Fleet CA shard before giving up for now
 FLEET_CA_COMPONENT: Final = "fleet-ca"
 
 
@@ -159,62 +162,89 @@ def _encoded(data: Mapping[str, bytes]) -> dict[str, str]:
 
 @dataclass
 class FleetCAs:
-    """The Fleet CA Secrets in the signer's namespace (`namespace`)."""
+    """The federations' Fleet CAs, in the FLEET_CA_SHARDS Secrets of the signer's namespace
+    (`namespace`); each write keeps the Secret's resourceVersion, so concurrent writers (the
+    Fleet signer, this module) never lose each other's entries: a conflict is read again."""
 
     kube: Kube
     namespace: str
     clock: Callable[[], dt.datetime] = pki.utcnow
 
-    def path(self, uid: str = "") -> str:
-        name = layout.fleet_ca_secret_name(uid) if uid else None
+    def path(self, shard: int | None = None) -> str:
+        name = None if shard is None else layout.fleet_ca_secret_name(shard)
         return path_of("v1", "Secret", self.namespace, name)
 
     def get(self, ref: FLRef) -> pki.CertAndKey:
         """The federation's Fleet CA: the stored one, else a new one stored now (renewed when
         due). KubeError when it cannot be stored (then nothing is signed with it)."""
-        path = self.path(ref.uid)
-        secret = self.kube.get(path)
-        ca, new = fleet_ca(layout.secret_data(secret), fleet_ca_name(ref), self.clock())
-        if not new:
-            return ca
-        pems = {pki.CERT_FILE: pki.cert_to_pem(ca.cert), pki.KEY_FILE: pki.key_to_pem(ca.key)}
-        data = _encoded(pems)
-        if secret is None:
-            body = {
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "type": "kubernetes.io/tls",
-                "metadata": {
-                    "name": layout.fleet_ca_secret_name(ref.uid),
-                    "namespace": self.namespace,
-                    "labels": ref.labels(FLEET_CA_COMPONENT),
-                },
-                "data": data,
+        shard = layout.fleet_ca_shard(ref.uid)
+        cert_key, key_key, owner_key = layout.fleet_ca_keys(ref.uid)
+        for _ in range(WRITE_TRIES):
+            secret = self.kube.get(self.path(shard))
+            data = layout.secret_data(secret)
+            stored = {pki.CERT_FILE: data.get(cert_key, b""), pki.KEY_FILE: data.get(key_key, b"")}
+            ca, new = fleet_ca(stored, fleet_ca_name(ref), self.clock())
+            if not new:
+                return ca
+            entries = {
+                cert_key: pki.cert_to_pem(ca.cert),
+                key_key: pki.key_to_pem(ca.key),
+                owner_key: f"{ref.namespace}/{ref.name}".encode(),
             }
-            if self.kube.create(self.path(), body) is None:  # made meanwhile: use that one
-                return self.get(ref)
-        else:  # resourceVersion kept: a concurrent renewal makes this fail, then retry
-            self.kube.put(path, {**secret, "data": data})
-        log.info("Fleet CA %s made for %s", layout.fleet_ca_secret_name(ref.uid), ref)
-        return ca
+            if self._write(shard, secret, {**data, **entries}):
+                log.info("Fleet CA made for %s", ref)
+                return ca
+        raise KubeError(409, "Conflict", f"Fleet CA shard {shard} kept changing")
+
+    def _write(
+        self, shard: int, secret: Mapping[str, Any] | None, data: Mapping[str, bytes]
+    ) -> bool:
+        """Store `data` as the shard's whole content; False when another writer was first."""
+        encoded = _encoded(data)
+        try:
+            if secret is None:
+                body = {
+                    "apiVersion": "v1",
+                    "kind": "Secret",
+                    "type": "Opaque",
+                    "metadata": {
+                        "name": layout.fleet_ca_secret_name(shard),
+                        "namespace": self.namespace,
+                        "labels": {constants.LABEL_COMPONENT: FLEET_CA_COMPONENT},
+                    },
+                    "data": encoded,
+                }
+                return self.kube.create(self.path(), body) is not None
+            self.kube.put(self.path(shard), {**secret, "data": encoded})
+        except KubeError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
 
     def sweep(self) -> list[str]:
-        """Delete the Fleet CAs whose federation is gone (no FederatedLearning of that
-        namespace, name and uid); returns their Secrets' names."""
-        selector = f"{constants.LABEL_COMPONENT}={FLEET_CA_COMPONENT}"
-        gone = []
-        for secret in self.kube.list_objects(self.path(), selector):
-            meta = secret["metadata"]
-            labels = meta.get("labels") or {}
-            ns = labels.get(constants.LABEL_OWNER_NAMESPACE)
-            name = labels.get(constants.LABEL_OWNER_NAME)
-            fl = self.kube.get(_fl_path(ns, name)) if ns and name else None
-            uid = labels.get(constants.LABEL_OWNER_UID)
-            if fl is not None and fl["metadata"].get("uid") == uid:
+        """Remove the Fleet CAs whose federation is gone (no FederatedLearning of that
+        namespace, name and uid); returns their uids."""
+        gone: list[str] = []
+        for shard in range(layout.FLEET_CA_SHARDS):
+            secret = self.kube.get(self.path(shard))
+            data = layout.secret_data(secret)
+            dead = []
+            for key, owner in data.items():
+                if not key.endswith(".owner"):
+                    continue
+                uid = key[: -len(".owner")]
+                ns, _, name = owner.decode(errors="replace").partition("/")
+                fl = self.kube.get(_fl_path(ns, name)) if ns and name else None
+                if fl is None or fl["metadata"].get("uid") != uid:
+                    dead.append(uid)
+            if not dead:
                 continue
-            self.kube.delete(path_of("v1", "Secret", self.namespace, meta["name"]))
-            log.info("Fleet CA %s deleted: its federation is gone", meta["name"])
-            gone.append(meta["name"])
+            drop = {k for uid in dead for k in layout.fleet_ca_keys(uid)}
+            # A conflict leaves them for the next sweep.
+            if self._write(shard, secret, {k: v for k, v in data.items() if k not in drop}):
+                log.info("Fleet CAs of gone federations removed: %s", ", ".join(dead))
+                gone += dead
         return gone
 
 

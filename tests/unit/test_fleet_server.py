@@ -77,6 +77,15 @@ def _data(kube: SignerKube, path: str) -> dict[str, bytes]:
     return layout.secret_data(kube.objects[path])
 
 
+def _stored_ca(kube: SignerKube, ref: FLRef = REF) -> pki.CertAndKey:
+    """The federation's Fleet CA as its shard in the signer's namespace holds it."""
+    shard = layout.fleet_ca_secret_name(layout.fleet_ca_shard(ref.uid))
+    data = _data(kube, path_of("v1", "Secret", SIGNER_NS, shard))
+    cert, key, owner = layout.fleet_ca_keys(ref.uid)
+    assert data[owner] == f"{ref.namespace}/{ref.name}".encode()
+    return pki.load_cert_and_key(data[cert], data[key])
+
+
 def test_a_credentials_secret_gets_server_certificates_of_a_ca_kept_in_the_signers_namespace() -> (
     None
 ):
@@ -88,8 +97,7 @@ def test_a_credentials_secret_gets_server_certificates_of_a_ca_kept_in_the_signe
     assert set(data) == set(layout.SERVER_TLS)
     assert cr.tls_ready(data, GW, NOW) is None
     # The CA's key is only in the signer's namespace; the tenant's Secret has its certificate.
-    ca_path = path_of("v1", "Secret", SIGNER_NS, layout.fleet_ca_secret_name(REF.uid))
-    ca = pki.load_cert_and_key(*(_data(kube, ca_path)[k] for k in (pki.CERT_FILE, pki.KEY_FILE)))
+    ca = _stored_ca(kube)
     assert data[layout.CA] == pki.cert_to_pem(ca.cert)
     assert not [v for v in data.values() if b"PRIVATE KEY" in v and v == pki.key_to_pem(ca.key)]
     assert due is not None and due > 0
@@ -203,21 +211,50 @@ def test_a_federation_without_its_request_yet_is_looked_at_again_soon() -> None:
     assert set(_data(kube, path)) == set(layout.SERVER_TLS)
 
 
-def test_a_gone_federations_ca_is_deleted_and_a_living_ones_kept() -> None:
+def test_a_gone_federations_ca_is_removed_and_a_living_ones_kept() -> None:
     kube = SignerKube()
     gone = FLRef(namespace="team", name="gone", uid="uid-gone")
     reused = FLRef(namespace="team", name="mnist-old", uid="uid-old")
     signer = _signer(kube)
-    for ref in (REF, gone, reused):
+    many = [FLRef(namespace="team", name=f"fl{i}", uid=f"many-{i}") for i in range(40)]
+    for ref in (REF, gone, reused, *many):
         signer.cas.get(ref)
-    kube.add(_fl(), constants.KIND)
+    for ref in (REF, *many):
+        kube.add(_fl(ref), constants.KIND)
     kube.add(_fl(FLRef(namespace="team", name="mnist-old", uid="uid-new")), constants.KIND)
-    assert sorted(signer.cas.sweep()) == [
-        layout.fleet_ca_secret_name("uid-gone"),
-        layout.fleet_ca_secret_name("uid-old"),  # its name now belongs to another uid
-    ]
-    left = [p.rsplit("/", 1)[1] for p in kube.objects if "/secrets/" in p]
-    assert left == [layout.fleet_ca_secret_name(REF.uid)]
+    # 43 CAs in at most FLEET_CA_SHARDS Secrets; the sweep keeps every living one as it was.
+    shards = [p for p in kube.objects if p.startswith(f"/api/v1/namespaces/{SIGNER_NS}/")]
+    assert len(shards) <= layout.FLEET_CA_SHARDS
+    before = {ref.uid: pki.cert_to_pem(_stored_ca(kube, ref).cert) for ref in (REF, *many)}
+    assert sorted(signer.cas.sweep()) == ["uid-gone", "uid-old"]  # uid-old: name reused
+    after = {ref.uid: pki.cert_to_pem(_stored_ca(kube, ref).cert) for ref in (REF, *many)}
+    assert after == before
+    for uid in ("uid-gone", "uid-old"):
+        shard = layout.fleet_ca_secret_name(layout.fleet_ca_shard(uid))
+        data = _data(kube, path_of("v1", "Secret", SIGNER_NS, shard))
+        assert not set(layout.fleet_ca_keys(uid)) & set(data)
+
+
+def test_a_write_that_loses_a_race_is_read_again_and_keeps_the_other_writers_ca() -> None:
+    kube = SignerKube()
+    cas = _signer(kube).cas
+    other = FLRef(namespace="team", name="other", uid=next(
+        f"u{i}" for i in range(1000)
+        if layout.fleet_ca_shard(f"u{i}") == layout.fleet_ca_shard(REF.uid) and f"u{i}" != REF.uid
+    ))  # fmt: skip
+    real_put = kube.put
+
+    def racing_put(path: str, body: dict[str, Any]) -> dict[str, Any]:
+        kube.put = real_put  # type: ignore[method-assign]
+        cas.get(other)  # another writer gets there first: this put then conflicts
+        return real_put(path, body)
+
+    cas.get(REF)
+    kube.put = racing_put  # type: ignore[method-assign]
+    renewed = fs.FleetCAs(kube, SIGNER_NS, lambda: NOW + dt.timedelta(days=300))  # type: ignore[arg-type]
+    ca = renewed.get(REF)  # due: a new CA is written, racing the other writer
+    assert _stored_ca(kube).cert == ca.cert
+    _stored_ca(kube, other)  # the other writer's CA survived
 
 
 def test_the_ca_secret_holds_the_key_the_tenant_never_sees() -> None:
@@ -227,7 +264,6 @@ def test_the_ca_secret_holds_the_key_the_tenant_never_sees() -> None:
     _signer(kube).ensure_federation(_fl())
     tenant = [o for p, o in kube.objects.items() if p.startswith("/api/v1/namespaces/team/")]
     blobs = [base64.b64decode(v) for o in tenant for v in (o.get("data") or {}).values()]
-    ca_path = path_of("v1", "Secret", SIGNER_NS, layout.fleet_ca_secret_name(REF.uid))
-    ca_key = _data(kube, ca_path)[pki.KEY_FILE]
+    ca_key = pki.key_to_pem(_stored_ca(kube).key)
     assert ca_key not in blobs
     assert len([b for b in blobs if b"PRIVATE KEY" in b]) == 2  # the SuperLink's, the gateway's
