@@ -178,8 +178,8 @@ def test_drill_certificates_rotate_mid_run(
     prepare_data(plane, tmp_path / "data", clusters, body["spec"]["client"]["dataClaim"])
     hub_log = fed.log_file("hub")
     try:
-        # Short lifetimes from here: the hub's two parts (the signer: the aggregator
-        # certificate, both signers; the controller: gateway and SuperLink certificates) and
+        # Short lifetimes from here: the hub's signer part (the aggregator certificate, both
+        # CSR signers, the gateway and SuperLink certificates), its controller part, and
         # freshly installed agents (no certificate, so theirs come from the short signer).
         fed.hub_env[certlife.ENV_CERT_LIFETIME] = str(LIFETIME_S)
         fed.kill("hub", signal.SIGTERM)
