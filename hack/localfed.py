@@ -170,21 +170,24 @@ def apply_policy(hub: Kube, namespace: str, spec: Mapping[str, Any]) -> dict[str
 
 
 def wait_policy_admitted(hub: Kube, namespace: str, timeout: float = 30.0) -> None:
-    """Wait until the apiserver's admission policy sees the namespace's FederationPolicy (its
-    parameter cache lags the API a moment): a dry-run create no longer fails for want of it."""
+    """Wait until the apiserver's admission policy enforces the namespace's FederationPolicy:
+    both the policy (compiled a moment after it is applied) and its parameter cache lag the
+    API. A dry-run create with a data claim no policy grants must be refused by the admission
+    policy itself, not admitted and not refused for want of the parameter."""
     probe = {
         "apiVersion": constants.API_VERSION,
         "kind": constants.KIND,
         "metadata": {"name": "policy-probe", "namespace": namespace},
-        "spec": {"client": {"dataClaim": "probe"}},
+        "spec": {"client": {"dataClaim": "policy-probe.invalid"}},
     }
 
     def seen() -> bool:
         try:
             hub.request("POST", FL_PATH.format(ns=namespace), probe, query={"dryRun": "All"})
         except KubeError as exc:
-            return "no params found" not in str(exc)
-        return True
+            text = str(exc)
+            return "no params found" not in text and "ValidatingAdmissionPolicy" in text
+        return False  # admitted: the admission policy is not enforcing yet
 
     wait_for(seen, timeout, f"admission to see {namespace}'s FederationPolicy", interval=0.3)
 
