@@ -171,6 +171,11 @@ def enrolled_selector(uid: str) -> str:
     return f"{constants.LABEL_OWNER_UID}={uid},{LABEL_KEYS}=enrolled"
 
 
+def encoded_data(data: Mapping[str, bytes]) -> dict[str, str]:
+    """A Secret's `data` field for `data` (base64, keys sorted): `secret_data`'s inverse."""
+    return {k: base64.b64encode(v).decode() for k, v in sorted(data.items())}
+
+
 def secret_data(secret: Mapping[str, Any] | None) -> dict[str, bytes]:
     """Decoded data of a Secret as read from the API ({} when absent)."""
     if not secret:

@@ -25,7 +25,6 @@ its own federation's clients trust, as before.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import datetime as dt
 import logging
@@ -156,10 +155,6 @@ def _fl_path(namespace: str, name: str) -> str:
     return path_of(constants.API_VERSION, constants.KIND, namespace, name)
 
 
-def _encoded(data: Mapping[str, bytes]) -> dict[str, str]:
-    return {k: base64.b64encode(v).decode() for k, v in sorted(data.items())}
-
-
 @dataclass
 class FleetCAs:
     """The federations' Fleet CAs, in the FLEET_CA_SHARDS Secrets of the signer's namespace
@@ -200,7 +195,7 @@ class FleetCAs:
         self, shard: int, secret: Mapping[str, Any] | None, data: Mapping[str, bytes]
     ) -> bool:
         """Store `data` as the shard's whole content; False when another writer was first."""
-        encoded = _encoded(data)
+        encoded = layout.encoded_data(data)
         try:
             if secret is None:
                 body = {
@@ -293,7 +288,7 @@ class FleetServerCerts:
         data = server_tls(current, ca, names, now, lifetime)
         if any(current.get(k) != v for k, v in data.items()):
             path = path_of("v1", "Secret", key[0], key[1])
-            self.kube.patch(path, {"data": _encoded(data)}, MERGE_PATCH)
+            self.kube.patch(path, {"data": layout.encoded_data(data)}, MERGE_PATCH)
             log.info("server certificates issued for %s (gateway %s)", ref, names)
         return renew_in_s(data, now)
 
@@ -361,7 +356,6 @@ async def start_fleet_server_certs(memo: kopf.Memo, **_: Any) -> None:
     namespace = os.environ.get(constants.ENV_POD_NAMESPACE) or constants.HUB_NAMESPACE
     kube = Kube(field_manager=FIELD_MANAGER)
     certs = FleetServerCerts(kube, FleetCAs(kube, namespace))
-    memo.fleet_cas = certs.cas
     memo.fleet_server_certs = certs
     certs.task = asyncio.create_task(certs.keep())
 

@@ -26,7 +26,6 @@ directory.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,6 +43,7 @@ from hub_controller.credentials_layout import (
     GatewayNames,
     cluster_keys,
     credentials_secret_name,
+    encoded_data,
     fresh_cert,
     key_shard,
     names_match,
@@ -126,7 +126,7 @@ def _secret(
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {**meta, "name": name, "labels": labels},
-        "data": {k: base64.b64encode(v).decode() for k, v in sorted(data.items())},
+        "data": encoded_data(data),
     }
 
 
