@@ -39,6 +39,7 @@ DEFAULT_MAX_MESSAGE_BYTES: Final = 256 * 1024
 # After an agent half-closes (to rotate its certificate), how long its stream stays open for
 # the acks of reports not durable yet; it resends the rest on its new stream.
 HALF_CLOSE_ACK_WAIT_S: Final = 5.0
+SCOPE_RECHECK_S: Final = 0.2  # how often `_in_scope` looks again during its grace
 _FileSig = tuple[tuple[int, int, int], ...]
 
 
@@ -143,6 +144,19 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         self.limits = limits or Limits()
         self._streams: dict[str, int] = {}
         self._buckets: dict[str, TokenBucket] = {}
+
+    async def _in_scope(self, cluster: str, report: report_pb2.Report) -> bool:
+        """Whether `cluster` has a ManifestWork of the report's federation, looked up again for
+        `limits.scope_grace_s` before the answer is no: the client that sent it started from
+        that work, so a miss is either a report out of scope or the hub's watch of works a
+        moment behind. Only this cluster's stream waits (its acks stay in order)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.limits.scope_grace_s
+        while not self.scope.allows(cluster, report.fl_namespace, report.fl_name, report.fl_uid):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(SCOPE_RECHECK_S)
+        return True
 
     def _refusal(self, cluster: str, report: report_pb2.Report, reason: str, details: str) -> str:
         """The Ack.refused text of a report refused for good (counted by reason, never
@@ -308,9 +322,7 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                 outcome: asyncio.Future[str] = loop.create_future()
                 unacked.append((report.sequence, outcome))
                 reading = asyncio.ensure_future(anext(reports))
-                if not self.scope.allows(
-                    cluster, report.fl_namespace, report.fl_name, report.fl_uid
-                ):
+                if not await self._in_scope(cluster, report):
                     outcome.set_result(
                         self._refusal(
                             cluster,

@@ -721,3 +721,41 @@ def test_the_metrics_token_is_made_once_and_kept() -> None:
     assert len(first) >= 40 and kube.made[0]["metadata"]["namespace"] == "hub-ns"
     assert ensure_token(kube, "hub-ns") == first  # type: ignore[arg-type]
     assert len(kube.made) == 1
+
+
+async def test_a_report_is_kept_when_the_hub_sees_its_work_a_moment_later(tpki: TestPKI) -> None:
+    """The hub's ManifestWork watch can trail the work that started the reporting client: a
+    report out of scope is looked up again during the grace, and kept once the work shows;
+    one whose work never shows is refused when the grace ends."""
+    from hub_controller.aggregator.limits import Limits
+    from hub_controller.aggregator.scope import WorkScope
+
+    works: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    scope = WorkScope(works, grace_s=0)
+    scope.mark_ready()
+    creds = ReloadingServerCredentials.from_dir(tpki.server_dir("srv"))
+    hub = AggregatorServer(
+        ReportStore(),
+        StaticMembers(["cluster-a"]),
+        credentials=creds,
+        scope=scope,
+        limits=Limits(scope_grace_s=1.5),
+    )
+    await hub.start()
+    try:
+        ca = pki.cert_to_pem(tpki.ca.cert)
+        async with channel_for(hub.port, tpki.client_dir("cluster-a"), ca) as channel:
+            call = report_pb2_grpc.StatusServiceStub(channel).StreamReports()
+            await call.write(make_report("cluster-a", 1))
+            await asyncio.sleep(0.5)
+            works[("cluster-a", UID)] = [("fl", "mnist")]  # the watch catches up
+            first = await asyncio.wait_for(read_ack(call), 10)
+            assert (first.sequence, first.refused) == (1, "")
+            assert hub.store.snapshot(UID)["cluster-a"].round == 1
+            await call.write(make_report("cluster-a", 2, fl_uid="other-uid"))
+            second = await asyncio.wait_for(read_ack(call), 10)
+            assert second.sequence == 2
+            assert second.refused.startswith("not_in_scope: cluster 'cluster-a' has no")
+            await call.done_writing()
+    finally:
+        await hub.stop()
