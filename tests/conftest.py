@@ -74,6 +74,31 @@ def pytest_make_collect_report(collector: pytest.Collector) -> Iterator[None]:
         report.longrepr = f"module skipped where the set-up guarantees every tool: {reason}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under OCMFL_ROTATION, deselect the rotating tests that are not this run's turn
+    (hack/rotation.py); the run's header line names the turn and the tests left for others."""
+    from hack import rotation
+
+    turn = rotation.this_turn(os.environ.get(rotation.ENV), config.rootpath)
+    kept, left = [], []
+    for item in items:
+        marker = item.get_closest_marker("rotation")
+        if marker is None or rotation.runs(turn, int(marker.kwargs["turn"])):
+            kept.append(item)
+        else:
+            left.append(item)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if turn.turn is not None and reporter is not None:
+        names = ", ".join(i.nodeid for i in left) or "none collected"
+        reporter.write_line(
+            f"rotation: turn {turn.turn} of {rotation.TURNS} ({turn.why}); "
+            f"left to other commits: {names}"
+        )
+    if left:
+        config.hook.pytest_deselected(items=left)
+        items[:] = kept
+
+
 @pytest.fixture(scope="session")
 def helm() -> str:
     """The helm binary setup builds (hack/helm.py); skipped (so failed in make test) without."""

@@ -66,6 +66,13 @@ def _history(status: dict[str, Any]) -> set[tuple[int, str]]:
     return {(h["round"], h["cluster"]) for h in status.get("history") or []}
 
 
+@pytest.mark.rotation(
+    turn=0,
+    covered_by=(
+        "tests/drills/test_drill_membership.py::test_drill_clusters_join_leave_and_come_back",
+        "tests/drills/test_drill_agent_restart.py::test_drill_agent_killed_with_reports_buffered",
+    ),
+)
 def test_drill_supernode_killed_above_the_minimum(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
 ) -> None:
@@ -101,6 +108,13 @@ def test_drill_supernode_killed_above_the_minimum(
         _delete(hub, name)
 
 
+@pytest.mark.rotation(
+    turn=1,
+    covered_by=(
+        "tests/e2e/test_e2e_federation.py::test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason",
+        "tests/integration/test_federation.py::test_crashing_client_below_minimum_fails_the_run",
+    ),
+)
 def test_drill_supernode_killed_below_the_minimum(
     plane: cp.ControlPlane, fed: LocalFederation, hub: Kube, tmp_path: Path
 ) -> None:

@@ -17,6 +17,14 @@ N = 120
 BOUND = 256 * 1024
 
 
+@pytest.mark.rotation(
+    turn=1,
+    covered_by=(
+        "tests/unit/test_fl_scale.py::test_decisions_spanning_many_placementdecision_objects_are_all_read",
+        "tests/unit/test_decision_settling.py::test_a_join_that_shifts_slices_never_drops_a_cluster_that_stays",
+        "tests/unit/test_fl_scale.py::test_status_at_3500_clusters_keeps_the_worst_rows_counts_all_and_stays_small",
+    ),
+)
 def test_fanout_creates_every_work_and_writes_nothing_big(
     control_plane: ControlPlane, tmp_path: Path
 ) -> None:

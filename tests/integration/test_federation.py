@@ -107,7 +107,9 @@ class Federation:
             *extra,
         ]  # fmt: skip
 
-    def client_cmd(self, name: str, key: str, connect_timeout: float = 300) -> list[str]:
+    def client_cmd(
+        self, name: str, key: str, connect_timeout: float = 300, *extra: str
+    ) -> list[str]:
         return [
             str(BIN / "ocm-fl-client"),
             "--server-address", f"127.0.0.1:{self.port}",
@@ -118,6 +120,7 @@ class Federation:
             "--state-dir", str(self.root / f"client-{name}"),
             "--port", str(free_port()),
             "--connect-timeout", str(connect_timeout),
+            *extra,
         ]  # fmt: skip
 
 
@@ -158,10 +161,17 @@ def _checkpoint_rounds(storage: Path) -> list[int]:
         return []
 
 
+@pytest.mark.rotation(
+    turn=0,
+    covered_by=(
+        "tests/drills/test_drill_server_killed.py::test_drill_server_pod_killed_mid_round_resumes_from_the_checkpoint",
+        "tests/e2e/test_e2e_federation.py::test_federation_trains_to_completion_over_mtls_and_cleans_up",
+        "tests/integration/test_federation.py::test_a_node_whose_key_was_never_registered_is_refused_and_gives_up",
+    ),
+)
 def test_training_survives_server_restart_and_beats_the_initial_model(fed: Federation) -> None:
     storage = fed.root / "model"
     log = fed.root / "server.log"
-    rogue = _spawn(fed.client_cmd("rogue", "rogue", connect_timeout=20), fed.root / "rogue.log")
     first = _spawn(fed.server_cmd(storage), log)
     try:
         _wait_for(lambda: 1 in _checkpoint_rounds(storage), 300, "round 1 checkpoint", first)
@@ -197,10 +207,22 @@ def test_training_survives_server_restart_and_beats_the_initial_model(fed: Feder
             expected = {c: load_partition(fed.data / c).samples for c in CLUSTERS}
             assert reported == expected
 
-    # The node whose key was never registered is refused and gives up.
-    assert rogue.wait(timeout=120) == EXIT_REFUSED
-    rogue_log = (fed.root / "rogue.log").read_text()
-    assert "server refused this node" in rogue_log
+
+def test_a_node_whose_key_was_never_registered_is_refused_and_gives_up(fed: Federation) -> None:
+    # One retry per SuperNode start: the launcher then sees each refusal (Flower's 305).
+    rogue = _spawn(
+        fed.client_cmd("rogue", "rogue", 20, "--max-retries", "1"), fed.root / "rogue.log"
+    )
+    server = _spawn(fed.server_cmd(fed.root / "model-rogue"), fed.root / "server-rogue.log")
+    try:
+        assert rogue.wait(timeout=120) == EXIT_REFUSED
+        # The server ends on its own: killed, it would leave the real clients reconnecting
+        # (in backoff) when the next test's server starts.
+        assert server.wait(timeout=300) == 0
+    finally:
+        _kill_group(server)
+        _kill_group(rogue)
+    assert "server refused this node" in (fed.root / "rogue.log").read_text()
 
 
 def test_crashing_client_below_minimum_fails_the_run(fed: Federation) -> None:

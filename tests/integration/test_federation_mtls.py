@@ -58,6 +58,14 @@ def _write(directory: Path, files: dict[str, bytes]) -> Path:
     return directory
 
 
+@pytest.mark.rotation(
+    turn=2,
+    covered_by=(
+        "tests/e2e/test_e2e_federation.py::test_federation_trains_to_completion_over_mtls_and_cleans_up",
+        "tests/integration/test_fleet_proxy.py::test_gateway_refuses_clients_without_a_certificate",
+        "tests/integration/test_fleet_proxy.py::test_gateway_refuses_control_and_runtime_apis_even_with_a_valid_certificate",
+    ),
+)
 def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> None:
     gateway_name = "fl-server.team.svc"
     gateway_names = credentials_layout.GatewayNames(dns=(gateway_name,))
