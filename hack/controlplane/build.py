@@ -119,7 +119,7 @@ def _go() -> str:
     go = shutil.which("go")
     if go is None:
         raise BuildError(
-            "Go toolchain not found on PATH: install Go >= 1.25 (https://go.dev/dl/) to build "
+            "Go toolchain not found on PATH: install Go >= 1.26 (https://go.dev/dl/) to build "
             "etcd, kube-apiserver and the OCM controllers"
         )
     return go

@@ -29,8 +29,9 @@ class Limits:
     max_rows: int = 2_000_000  # rows kept in the whole store
     max_runs: int = 10_000  # runs (resource uids) kept
     max_metric_series: int = 5_000  # per-federation Prometheus label sets; the rest: "_other"
-    # A report out of scope is looked up again for this long before it is refused: the hub's
-    # ManifestWork watch can trail the work that started the reporting client.
+    # A report out of scope is looked up again for this long before it is refused (once per
+    # stream, from its first miss): the hub's ManifestWork watch can trail the work that
+    # started the reporting client.
     scope_grace_s: float = 5.0
 
     @classmethod

@@ -145,15 +145,14 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         self._streams: dict[str, int] = {}
         self._buckets: dict[str, TokenBucket] = {}
 
-    async def _in_scope(self, cluster: str, report: report_pb2.Report) -> bool:
-        """Whether `cluster` has a ManifestWork of the report's federation, looked up again for
-        `limits.scope_grace_s` before the answer is no: the client that sent it started from
+    async def _in_scope(self, cluster: str, report: report_pb2.Report, until: float) -> bool:
+        """Whether `cluster` has a ManifestWork of the report's federation, looked up again
+        until `until` (loop time) before the answer is no: the client that sent it started from
         that work, so a miss is either a report out of scope or the hub's watch of works a
         moment behind. Only this cluster's stream waits (its acks stay in order)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.limits.scope_grace_s
         while not self.scope.allows(cluster, report.fl_namespace, report.fl_name, report.fl_uid):
-            if loop.time() >= deadline:
+            if loop.time() >= until:
                 return False
             await asyncio.sleep(SCOPE_RECHECK_S)
         return True
@@ -249,6 +248,9 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
         reports = aiter(request_iterator)
         reading: asyncio.Future[report_pb2.Report] | None = asyncio.ensure_future(anext(reports))
         closing_at: float | None = None  # when the agent half-closed
+        # One grace per stream for reports out of scope (`_in_scope`), from its first miss: a
+        # stream of reports for other federations waits once, not once per report.
+        scope_grace_until: float | None = None
         try:
             while reading is not None or unacked:
                 waits: set[asyncio.Future[Any]] = {unacked[0][1]} if unacked else set()
@@ -322,7 +324,11 @@ class StatusServicer(report_pb2_grpc.StatusServiceServicer):
                 outcome: asyncio.Future[str] = loop.create_future()
                 unacked.append((report.sequence, outcome))
                 reading = asyncio.ensure_future(anext(reports))
-                if not await self._in_scope(cluster, report):
+                if scope_grace_until is None and not self.scope.allows(
+                    cluster, report.fl_namespace, report.fl_name, report.fl_uid
+                ):
+                    scope_grace_until = loop.time() + limits.scope_grace_s
+                if not await self._in_scope(cluster, report, scope_grace_until or 0.0):
                     outcome.set_result(
                         self._refusal(
                             cluster,
