@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from agent_addon.phase import RunKey
 from agent_addon.state import AgentState
 from agent_addon.tokens import TokenCheck
 from agent_addon.watcher import ClientWatcher, PhaseView
-from ocmfl import constants, pki
+from ocmfl import constants, pki, tasks
 
 log = logging.getLogger(__name__)
 
@@ -355,11 +354,7 @@ class Agent:
             await self.buffer.wait_empty(drain_s)
         if self._watcher is not None:
             self._watcher.stop()
-        for task in (self._renewer, self._saver, self._fleet):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await tasks.cancel(self._renewer, self._saver, self._fleet)
         await self.streamer.stop()
         self.save()
         if self._runner is not None:

@@ -8,7 +8,6 @@ watches the client certificate files and, when they change, half-closes the curr
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import random
@@ -19,7 +18,7 @@ import grpc
 import grpc.aio
 
 from agent_addon.buffer import ReportBuffer
-from ocmfl import pki
+from ocmfl import pki, tasks
 from ocmfl.status.stream import hub_acks
 from ocmfl.status.v1 import report_pb2, report_pb2_grpc
 
@@ -113,11 +112,8 @@ class HubStreamer:
         self._task = asyncio.create_task(self.run(), name="hub-streamer")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await tasks.cancel(self._task)
+        self._task = None
 
     async def run(self) -> None:
         """Connect, stream, reconnect; forever (until cancelled)."""

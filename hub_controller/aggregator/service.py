@@ -6,7 +6,6 @@ CA's certificate only (never the hub CA; no CA key here), the gRPC server, and P
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import shutil
@@ -27,7 +26,7 @@ from hub_controller.aggregator.servicer import AggregatorServer, ReloadingServer
 from hub_controller.aggregator.store import ReportStore, StoreLimits
 from hub_controller.ca import CADir, CAUnavailable
 from hub_controller.membership import Registry
-from ocmfl import constants, pki
+from ocmfl import constants, pki, tasks
 from ocmfl.kube import KubeError
 
 log = logging.getLogger(__name__)
@@ -191,11 +190,7 @@ class AggregatorService:
         return port
 
     async def stop(self) -> None:
-        for task in (self._renewer, self._trust):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await tasks.cancel(self._renewer, self._trust)
         if self.server is not None:
             await self.server.stop()
         if self._metrics_server is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import datetime as dt
 import logging
 import os
@@ -26,7 +25,7 @@ from cryptography import x509
 
 from hub_controller.aggregator.server_cert import secret_data
 from hub_controller.ca import CADir, CAUnavailable
-from ocmfl import certlife, constants, pki
+from ocmfl import certlife, constants, pki, tasks
 from ocmfl.kube import Kube, KubeError, path_of
 
 log = logging.getLogger(__name__)
@@ -193,7 +192,5 @@ async def start_aggregator_cert(memo: kopf.Memo, logger: Any, **_: Any) -> None:
 @kopf.on.cleanup()
 async def stop_aggregator_cert(memo: kopf.Memo, **_: Any) -> None:
     issuer: AggregatorCertIssuer | None = memo.get("aggregator_cert")
-    if issuer is not None and issuer.task is not None:
-        issuer.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await issuer.task
+    if issuer is not None:
+        await tasks.cancel(issuer.task)

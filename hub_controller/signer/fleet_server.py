@@ -38,7 +38,7 @@ import kopf
 
 from hub_controller import credentials_layout as layout
 from hub_controller.api import FLRef
-from ocmfl import certlife, constants, pki
+from ocmfl import certlife, constants, pki, tasks
 from ocmfl.kube import MERGE_PATCH, Kube, KubeError, path_of
 
 log = logging.getLogger(__name__)
@@ -363,10 +363,8 @@ async def start_fleet_server_certs(memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.cleanup()
 async def stop_fleet_server_certs(memo: kopf.Memo, **_: Any) -> None:
     certs: FleetServerCerts | None = memo.get("fleet_server_certs")
-    if certs is not None and certs.task is not None:
-        certs.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await certs.task
+    if certs is not None:
+        await tasks.cancel(certs.task)
 
 
 @kopf.on.event(constants.GROUP, constants.VERSION, constants.PLURAL)
