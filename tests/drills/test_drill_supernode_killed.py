@@ -67,7 +67,7 @@ def _history(status: dict[str, Any]) -> set[tuple[int, str]]:
 
 
 @pytest.mark.rotation(
-    turn=0,
+    turn=1,
     covered_by=(
         "tests/drills/test_drill_membership.py::test_drill_clusters_join_leave_and_come_back",
         "tests/drills/test_drill_agent_restart.py::test_drill_agent_killed_with_reports_buffered",
@@ -109,7 +109,7 @@ def test_drill_supernode_killed_above_the_minimum(
 
 
 @pytest.mark.rotation(
-    turn=1,
+    turn=0,
     covered_by=(
         "tests/e2e/test_e2e_federation.py::test_a_cluster_leaving_below_the_minimum_fails_the_run_with_a_clear_reason",
         "tests/integration/test_federation.py::test_crashing_client_below_minimum_fails_the_run",

@@ -14,9 +14,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from subprocess import Popen
 
+import numpy as np
 import pytest
 
 from hack.testing import free_port
@@ -25,6 +27,7 @@ from hub_controller.operator.desired import credentials as cr
 from hub_controller.signer import fleet_server
 from ocmfl import nodekeys, pki
 from workloads.data import partition
+from workloads.sdk import ModelStore
 
 pytestmark = [pytest.mark.federation, pytest.mark.timeout(600)]
 
@@ -32,9 +35,12 @@ BIN = Path(sys.executable).parent
 CLUSTERS = ("cluster1", "cluster2")
 UID = "fl-uid"
 DIGITS_APP = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
+# Float32 arrays of a size the run config sets; each client adds a known step (tests/apps).
+LARGE_APP = Path(__file__).resolve().parents[1] / "apps" / "large"
+GATEWAY_NAME = "fl-server.team.svc"
 
 
-def _spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+def _spawn(cmd: list[str], log: Path) -> Popen[bytes]:
     with log.open("ab") as fh:
         return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
 
@@ -58,94 +64,132 @@ def _write(directory: Path, files: dict[str, bytes]) -> Path:
     return directory
 
 
-@pytest.mark.rotation(
-    turn=2,
-    covered_by=(
-        "tests/e2e/test_e2e_federation.py::test_federation_trains_to_completion_over_mtls_and_cleans_up",
-        "tests/integration/test_fleet_proxy.py::test_gateway_refuses_clients_without_a_certificate",
-        "tests/integration/test_fleet_proxy.py::test_gateway_refuses_control_and_runtime_apis_even_with_a_valid_certificate",
-    ),
-)
-def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> None:
-    gateway_name = "fl-server.team.svc"
-    gateway_names = credentials_layout.GatewayNames(dns=(gateway_name,))
+@dataclass
+class Federation:
+    """What the hub's signer and each cluster's agent would have made: the server's TLS
+    files and enrolled SuperNode keys, each cluster's Fleet certificate bundle, the data."""
+
+    root: Path
+    server_tls: Path
+    node_keys: Path
+    bundles: dict[str, Path]
+    gateway: str = field(default_factory=lambda: f"127.0.0.1:{free_port()}")
+
+    def server_cmd(self, app: Path, rounds: int, run_config: dict[str, object]) -> list[str]:
+        return [
+            str(BIN / "ocm-fl-server"),
+            "--state-dir", str(self.root / "server-state"),
+            "--superlink-address", f"127.0.0.1:{free_port()}",
+            "--ssl-ca-certfile", str(self.server_tls / credentials_layout.CA),
+            "--ssl-certfile", str(self.server_tls / credentials_layout.SUPERLINK_CERT),
+            "--ssl-keyfile", str(self.server_tls / credentials_layout.SUPERLINK_KEY),
+            "--gateway-listen", self.gateway,
+            "--gateway-certfile", str(self.server_tls / credentials_layout.GATEWAY_CERT),
+            "--gateway-keyfile", str(self.server_tls / credentials_layout.GATEWAY_KEY),
+            "--supernode-keys", str(self.node_keys),
+            "--min-clients", "2",
+            "--wait-clients-timeout", "240",
+            "--status-interval", "3",
+            "--rounds", str(rounds),
+            "--app-dir", str(app),
+            "--run-config", json.dumps(run_config),
+            "--storage", str(self.root / "models"),
+            "--result-file", str(self.root / "result.json"),
+        ]  # fmt: skip
+
+    def client_cmd(self, cluster: str) -> list[str]:
+        bundle = self.bundles[cluster]
+        return [
+            str(BIN / "ocm-fl-client"),
+            "--server", self.gateway,
+            "--server-name", GATEWAY_NAME,
+            "--root-certificates", str(bundle / pki.CA_FILE),
+            "--client-certfile", str(bundle / pki.CERT_FILE),
+            "--client-keyfile", str(bundle / pki.KEY_FILE),
+            "--auth-key", str(bundle / "node.key"),
+            "--cluster", cluster,
+            "--data-dir", str(self.root / "data" / cluster),
+            "--state-dir", str(self.root / f"client-{cluster}"),
+            "--port", "0",
+            "--connect-timeout", "240",
+        ]  # fmt: skip
+
+    def start(self, app: Path, rounds: int, run_config: dict[str, object]) -> list[Popen[bytes]]:
+        """The server and both clients, the server first."""
+        procs = [_spawn(self.server_cmd(app, rounds, run_config), self.root / "server.log")]
+        procs += [_spawn(self.client_cmd(c), self.root / f"{c}.log") for c in CLUSTERS]
+        return procs
+
+    def finish(self, server: Popen[bytes]) -> dict[str, object]:
+        """Wait for the server to end on its own; its result, after checking that it
+        succeeded and that every Fleet call came through the gateway with a cluster's Fleet
+        certificate."""
+        server.wait(timeout=480)
+        log = (self.root / "server.log").read_text(errors="replace")
+        assert server.returncode == 0, log[-4000:]
+        result: dict[str, object] = json.loads((self.root / "result.json").read_text())
+        assert result["ok"], result
+        gateway_log = (self.root / "server-state" / "gateway" / "nginx.log").read_text()
+        for cluster in CLUSTERS:
+            assert f"CN=fleet:{cluster}" in gateway_log
+        assert "/v1/control/" not in gateway_log
+        return result
+
+
+def make_federation(root: Path) -> Federation:
+    gateway_names = credentials_layout.GatewayNames(dns=(GATEWAY_NAME,))
     # What the signer part does: the federation's Fleet CA (kept in its own namespace) and
     # the server certificates it issues into the credentials Secret.
     fleet_ca, _ = fleet_server.fleet_ca({}, "fleet", pki.utcnow())
     tls = fleet_server.server_tls({}, fleet_ca, gateway_names, pki.utcnow())
     # What each cluster's agent and the hub's Fleet signer do: keys made "on the cluster",
     # the Fleet certificate from the federation's Fleet CA, the SuperNode key enrolled.
-    bundles: dict[str, dict[str, bytes]] = {}
+    bundles: dict[str, Path] = {}
     enrolled: dict[str, bytes] = {}
     for cluster in CLUSTERS:
         key = pki.generate_key()
         node_private, node_public = nodekeys.generate_keypair(cluster)
         csr = pki.create_fleet_csr(UID, cluster, key, node_public)
         cert = pki.sign_fleet_csr(csr, fleet_ca, UID, cluster)
-        bundles[cluster] = {
+        files = {
             pki.CERT_FILE: pki.cert_to_pem(cert),
             pki.KEY_FILE: pki.key_to_pem(key),
             pki.CA_FILE: tls[credentials_layout.CA],
             "node.key": node_private,
         }
+        bundles[cluster] = _write(root / f"{cluster}-tls", files)
         enrolled[f"{cluster}.node.pub"] = node_public
     data = cr.credentials(tls, clusters=list(CLUSTERS), enrolled=enrolled)
-    server_tls = _write(tmp_path / "server-tls", cr.server_tls_bundle(data))
-    node_keys = _write(tmp_path / "node-keys", cr.server_node_keys(data))
-    partition(tmp_path / "data", list(CLUSTERS), split="iid", sizes="1,1", seed=0)
-    superlink_port, gateway_port = free_port(), free_port()
-    gateway = f"127.0.0.1:{gateway_port}"
-    server_cmd = [
-        str(BIN / "ocm-fl-server"),
-        "--state-dir", str(tmp_path / "server-state"),
-        "--superlink-address", f"127.0.0.1:{superlink_port}",
-        "--ssl-ca-certfile", str(server_tls / credentials_layout.CA),
-        "--ssl-certfile", str(server_tls / credentials_layout.SUPERLINK_CERT),
-        "--ssl-keyfile", str(server_tls / credentials_layout.SUPERLINK_KEY),
-        "--gateway-listen", gateway,
-        "--gateway-certfile", str(server_tls / credentials_layout.GATEWAY_CERT),
-        "--gateway-keyfile", str(server_tls / credentials_layout.GATEWAY_KEY),
-        "--supernode-keys", str(node_keys),
-        "--min-clients", "2",
-        "--wait-clients-timeout", "240",
-        "--status-interval", "3",
-        "--rounds", "2",
-        "--app-dir", str(DIGITS_APP),
-        "--run-config", json.dumps({"fraction-evaluate": 0.0}),
-        "--storage", str(tmp_path / "models"),
-        "--result-file", str(tmp_path / "result.json"),
-    ]  # fmt: skip
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        server = _spawn(server_cmd, tmp_path / "server.log")
-        procs.append(server)
-        for cluster in CLUSTERS:
-            bundle = _write(tmp_path / f"{cluster}-tls", bundles[cluster])
-            client_cmd = [
-                str(BIN / "ocm-fl-client"),
-                "--server", gateway,
-                "--server-name", gateway_name,
-                "--root-certificates", str(bundle / pki.CA_FILE),
-                "--client-certfile", str(bundle / pki.CERT_FILE),
-                "--client-keyfile", str(bundle / pki.KEY_FILE),
-                "--auth-key", str(bundle / "node.key"),
-                "--cluster", cluster,
-                "--data-dir", str(tmp_path / "data" / cluster),
-                "--state-dir", str(tmp_path / f"client-{cluster}"),
-                "--port", "0",
-                "--connect-timeout", "240",
-            ]  # fmt: skip
-            procs.append(_spawn(client_cmd, tmp_path / f"{cluster}.log"))
+    partition(root / "data", list(CLUSTERS), split="iid", sizes="1,1", seed=0)
+    return Federation(
+        root,
+        server_tls=_write(root / "server-tls", cr.server_tls_bundle(data)),
+        node_keys=_write(root / "node-keys", cr.server_node_keys(data)),
+        bundles=bundles,
+    )
 
+
+@pytest.mark.rotation(
+    turn=2,
+    covered_by=(
+        "tests/e2e/test_e2e_federation.py::test_federation_trains_to_completion_over_mtls_and_cleans_up",
+        "tests/integration/test_federation_mtls.py::test_a_model_in_many_chunks_crosses_gateway_and_tunnels_whole_and_is_stored",
+        "tests/integration/test_fleet_proxy.py::test_gateway_refuses_clients_without_a_certificate",
+        "tests/integration/test_fleet_proxy.py::test_gateway_refuses_control_and_runtime_apis_even_with_a_valid_certificate",
+    ),
+)
+def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> None:
+    fed = make_federation(tmp_path)
+    procs = fed.start(DIGITS_APP, 2, {"fraction-evaluate": 0.0})
+    try:
         # A node with a registered key but no client certificate: refused by the gateway
         # before Flower sees it (it dials the gateway directly, TLS without a client cert).
-        no_cert = tmp_path / "no-cert-tls"
-        _write(no_cert, bundles[CLUSTERS[0]])
+        no_cert = fed.bundles[CLUSTERS[0]]
         rogue = subprocess.run(
             [
                 str(BIN / "ocm-fl-client"),
                 "--server",
-                gateway,
+                fed.gateway,
                 "--root-certificates",
                 str(no_cert / pki.CA_FILE),
                 "--auth-key",
@@ -169,19 +213,33 @@ def test_training_runs_end_to_end_through_the_mtls_gateway(tmp_path: Path) -> No
             check=False,
         )
         assert rogue.returncode != 0, rogue.stdout[-2000:]
-
-        deadline = time.monotonic() + 480
-        while server.poll() is None and time.monotonic() < deadline:
-            time.sleep(2)
-        log = (tmp_path / "server.log").read_text(errors="replace")
-        assert server.returncode == 0, log[-4000:]
-        result = json.loads((tmp_path / "result.json").read_text())
-        assert result["ok"], result
-        gateway_log = (tmp_path / "server-state" / "gateway" / "nginx.log").read_text()
-        for cluster in CLUSTERS:
-            # Every Fleet call came in with the cluster's Fleet certificate.
-            assert f"CN=fleet:{cluster}" in gateway_log
-        assert "/v1/control/" not in gateway_log
+        fed.finish(procs[0])
     finally:
         for proc in procs:
             _stop(proc)
+
+
+def test_a_model_in_many_chunks_crosses_gateway_and_tunnels_whole_and_is_stored(
+    tmp_path: Path,
+) -> None:
+    """16 MB of float32 in two arrays of 8 MB: each is cut into Flower's 5 MiB chunks (one
+    object per chunk, pushed and pulled one request each through the tunnels and the
+    gateway). The app adds 0.1 and 0.2 on the two clusters, so after FedAvg every number
+    grows by exactly 0.15 a round: the ServerApp fails the run if any number differs, and
+    the stored final model must hold the same."""
+    fed = make_federation(tmp_path)
+    params, rounds = 4_000_000, 2
+    procs = fed.start(LARGE_APP, rounds, {"params": params, "layers": 2})
+    try:
+        fed.finish(procs[0])
+    finally:
+        for proc in procs:
+            _stop(proc)
+    final = ModelStore(tmp_path / "models").final()
+    assert final is not None and final.round == rounds
+    arrays = {name: array.numpy() for name, array in final.arrays.items()}
+    assert sorted(arrays) == ["layer0", "layer1"]
+    assert sum(a.size for a in arrays.values()) == params
+    for values in arrays.values():
+        assert values.dtype == np.float32
+        assert np.allclose(values, 0.15 * rounds, atol=1e-5)

@@ -1,0 +1,64 @@
+"""A model of `params` float32 numbers that "trains" by adding a known step, so the size of
+what travels is set by the run config and the aggregate can be checked exactly.
+
+Client i (its node config's cluster name ends in a digit i) adds i / 10 to every number and
+reports one example; after FedAvg over clients 1 and 2 every number has grown by 0.15 per
+round. The ServerApp checks that on the final model, so a corrupted or truncated transfer
+fails the run."""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from workloads.sdk import FedAvg, ServerPlatform, cluster_name, run_strategy
+
+server = ServerApp()
+client = ClientApp()
+
+
+def model(params: int, layers: int) -> ArrayRecord:
+    """`params` zeros in `layers` arrays (the last takes the remainder)."""
+    size, rest = divmod(params, layers)
+    arrays = {f"layer{i}": Array(np.zeros(size + (rest if i == layers - 1 else 0), np.float32))
+              for i in range(layers)}  # fmt: skip
+    return ArrayRecord(arrays)
+
+
+def step(cluster: str) -> float:
+    """What this cluster adds to every number: its trailing digit / 10."""
+    digits = "".join(c for c in cluster if c.isdigit())
+    return int(digits[-1] if digits else "1") / 10
+
+
+@client.train()
+def train(msg: Message, context: Context) -> Message:
+    """Add this cluster's step to every array of the received model."""
+    delta = np.float32(step(cluster_name(context)))
+    received = msg.content.array_records["arrays"]
+    out = ArrayRecord({k: Array(v.numpy() + delta) for k, v in received.items()})
+    metrics = MetricRecord({"num-examples": 1})
+    return Message(RecordDict({"arrays": out, "metrics": metrics}), reply_to=msg)
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    """FedAvg through the platform's loop; then check every number of the final model."""
+    config = context.run_config
+    # On the platform its rounds (spec.server.rounds) win over the app default.
+    rounds = ServerPlatform.from_env().rounds or int(config["num-server-rounds"])
+    start = model(int(config["params"]), int(config["layers"]))
+    result = run_strategy(
+        FedAvg(fraction_train=1.0, fraction_evaluate=0.0),
+        grid,
+        initial_arrays=start,
+        num_rounds=rounds,
+    )
+    assert result.arrays is not None
+    want = np.float32(0.15 * rounds)
+    for name, array in result.arrays.items():
+        values = array.numpy()
+        if not np.allclose(values, want, atol=1e-4):
+            raise ValueError(f"{name}: expected every number {want}, got {values[:3]} ...")
