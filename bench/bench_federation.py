@@ -208,6 +208,11 @@ def setup(root: Path) -> dict[str, Path]:
             "gateway_tls": root / "gateway-tls"}  # fmt: skip
 
 
+def _test_dir(app: Path, p: dict[str, Path]) -> dict[str, str]:
+    """The run config naming the server's held-out data, for an app that declares test-dir."""
+    return {"test-dir": str(p["data"] / "test")} if "test-dir" in inspect_app(app).config else {}
+
+
 def _stop_all(procs: Iterable[subprocess.Popen[Any]]) -> None:
     for proc in procs:
         try:
@@ -221,7 +226,9 @@ def _stop_all(procs: Iterable[subprocess.Popen[Any]]) -> None:
             proc.wait(timeout=10)
 
 
-def run_ours(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str, Any]:
+def run_ours(
+    root: Path, p: dict[str, Path], rounds: int, tag: str, app: Path = APP
+) -> dict[str, Any]:
     port, gateway_port = free_port(), free_port()
     clients = [
         subprocess.Popen(
@@ -268,9 +275,8 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str,
          "--gateway-certfile", str(p["gateway_tls"] / pki.CERT_FILE),
          "--gateway-keyfile", str(p["gateway_tls"] / pki.KEY_FILE),
          "--supernode-keys", str(p["pubs"]), "--rounds", str(rounds), "--min-clients", "2",
-         "--app-dir", str(APP), "--storage", str(root / f"{tag}-model"),
-         "--run-config", json.dumps({"test-dir": str(p["data"] / "test"),
-                                     **OURS["run_config"]}),
+         "--app-dir", str(app), "--storage", str(root / f"{tag}-model"),
+         "--run-config", json.dumps({**_test_dir(app, p), **OURS["run_config"]}),
          "--result-file", str(root / f"{tag}.json")],
         env={**os.environ, **OURS["env"]},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -290,7 +296,9 @@ def run_ours(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str,
             "rounds": clock.rounds()}  # fmt: skip
 
 
-def run_bare(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str, Any]:
+def run_bare(
+    root: Path, p: dict[str, Path], rounds: int, tag: str, app: Path = APP
+) -> dict[str, Any]:
     port = free_port()
     home = root / f"{tag}-home"
     env = flower_env(home, BARE_ENV)
@@ -331,13 +339,13 @@ def run_bare(root: Path, p: dict[str, Path], rounds: int, tag: str) -> dict[str,
     try:
         time.sleep(8)
         rc = root / f"{tag}-rc.toml"
-        declared = inspect_app(APP).config
+        declared = inspect_app(app).config
         stock = {k: v for k, v in BARE_RUN_CONFIG.items() if k in declared}
         settings = {"num-server-rounds": rounds, **stock}
         rc.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in settings.items()))
         started = time.monotonic()
         out = subprocess.run(
-            [str(BIN / "flwr"), "run", str(APP), "ocmfl", "--format", "json", "--run-config",
+            [str(BIN / "flwr"), "run", str(app), "ocmfl", "--format", "json", "--run-config",
              str(rc)],
             env=env, capture_output=True, text=True, check=False,
         )  # fmt: skip
