@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from flower_local import LocalGrid, stamp_task_identity
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords as flower_aggregate
 
@@ -27,7 +28,15 @@ from workloads.sdk import (
     to_numpy,
     to_record,
 )
-from workloads.sdk.aggregate import FedAvg, FedProx, aggregate_arrayrecords, array_view
+from workloads.sdk.aggregate import (
+    FedAvg,
+    FedProx,
+    FoldedArrayRecord,
+    RunningSum,
+    aggregate_arrayrecords,
+    array_view,
+    folds_replies,
+)
 from workloads.sdk.loop import poll_interval
 
 
@@ -231,3 +240,87 @@ def test_the_strategies_aggregate_train_equals_flowers(ours: Any, theirs: Any) -
     assert a is not None and b is not None and am == bm
     assert all(np.allclose(a[k].numpy(), b[k].numpy(), rtol=1e-5, atol=1e-6) for k in b)
     assert FedProx(proximal_mu=0.1).proximal_mu == 0.1
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.float16, np.int64])
+def test_replies_folded_as_they_arrive_average_as_flower_does(dtype: Any) -> None:
+    shapes = {"big": (301, 997), "small": (3, 4), "scalar": ()}
+    clients = 5
+    records = _replies(shapes, dtype, clients)
+    theirs = flower_aggregate(records, "num-examples")  # before folding empties the records
+    inputs = {
+        key: [cast(ArrayRecord, r["arrays"])[key].numpy().astype(np.float64) for r in records]
+        for key in shapes
+    }
+    running = RunningSum("num-examples")
+    for record in records:
+        assert running.fold(record)
+        # The reply's model is gone from the reply: only the running sum holds it.
+        assert isinstance(record["arrays"], FoldedArrayRecord) and not record["arrays"]
+    ours = running.result()
+    assert list(ours.keys()) == list(theirs.keys()) and not running.sums
+    weights = np.array([7 + 13 * c for c in range(clients)], dtype=np.float64)
+    factors = weights / weights.sum()
+    for key in shapes:
+        a, b = ours[key].numpy(), theirs[key].numpy()
+        assert a.dtype == b.dtype and a.shape == b.shape, key
+        # Float tolerance: 2K roundings of at most half an ulp of the running magnitude
+        # (float16's sum is kept in float64, so it rounds once, at the end).
+        magnitude = sum(f * np.abs(x) for f, x in zip(factors, inputs[key], strict=True))
+        eps = np.finfo(a.dtype).eps if np.issubdtype(a.dtype, np.floating) else 2.0**-52
+        bound = 2 * clients * eps * magnitude
+        assert np.all(np.abs(a.astype(np.float64) - b.astype(np.float64)) <= bound), key
+
+
+def test_a_reply_flower_would_refuse_fails_the_round_with_flowers_reason() -> None:
+    good, other = _replies({"w": (4,)}, np.float32, 2)
+    other["arrays"] = ArrayRecord({"v": Array(np.zeros(4, np.float32))})
+    running = RunningSum("num-examples")
+    assert running.fold(good) and not running.fold(other)
+    assert isinstance(other["arrays"], ArrayRecord) and list(other["arrays"]) == ["v"]
+    msgs = [Message(r, dst_node_id=1, message_type="train") for r in (good, other)]
+    replies = [Message(m.content, reply_to=m) for m in msgs]
+    with pytest.raises(InconsistentMessageReplies, match="same keys"):
+        FedAvg().aggregate_train(1, replies)
+    [no_weight] = _replies({"w": (4,)}, np.float32, 1)
+    no_weight["metrics"] = MetricRecord({"loss": 1.0})
+    assert not RunningSum("num-examples").fold(no_weight)
+
+
+def test_run_strategy_folds_each_train_reply_once_and_trains_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folded: list[int] = []
+    real_fold = RunningSum.fold
+
+    def counting_fold(self: RunningSum, content: RecordDict) -> bool:
+        folded.append(id(self))
+        return real_fold(self, content)
+
+    monkeypatch.setattr(RunningSum, "fold", counting_fold)
+    grid = LocalGrid(nodes([]), per_pull=1)
+    platform = ServerPlatform(storage=str(tmp_path), resource_uid="u", min_results=2)
+    result = run_strategy(FedAvg(fraction_evaluate=0.0), grid, initial_arrays=_initial(),
+                          num_rounds=3, platform=platform)  # fmt: skip
+    assert result.arrays is not None
+    assert np.array_equal(result.arrays["w"].numpy(), np.full((2, 2), 3.0, np.float32))
+    assert len(folded) == 6 and len(set(folded)) == 3  # 2 replies x 3 rounds, a sum a round
+    final = ModelStore(tmp_path, "u").final()
+    assert final is not None and np.array_equal(final.arrays["w"].numpy(), np.full((2, 2), 3.0))
+
+
+def test_a_strategy_with_its_own_aggregation_gets_every_reply_whole(tmp_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    class Custom(FedAvg):
+        def aggregate_train(self, server_round: int, replies: Any) -> Any:
+            replies = list(replies)
+            seen.append([type(m.content["arrays"]).__name__ for m in replies])
+            return super().aggregate_train(server_round, replies)
+
+    assert not folds_replies(Custom()) and folds_replies(FedAvg()) and folds_replies(FedProx())
+    platform = ServerPlatform(storage=str(tmp_path), resource_uid="u", min_results=2)
+    result = run_strategy(Custom(fraction_evaluate=0.0), LocalGrid(nodes([])),
+                          initial_arrays=_initial(), num_rounds=1, platform=platform)  # fmt: skip
+    assert seen == [["ArrayRecord", "ArrayRecord"]]
+    assert result.arrays is not None and float(result.arrays["w"].numpy()[0, 0]) == 1.0

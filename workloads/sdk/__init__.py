@@ -24,7 +24,9 @@ ServerApp side
   resource's newest checkpoint, the minimum-results rule, replies pulled every 0.2 s (Flower:
   3 s) and, with ``evaluate_in_train=True``, client evaluation folded into the train phase.
 - ``FedAvg``, ``FedProx``: Flower's strategies with the weighted average computed at memory
-  speed (same arguments, same results; ``workloads.sdk.aggregate``).
+  speed (same arguments, same results; ``workloads.sdk.aggregate``); with ``run_strategy``
+  each train reply is folded into a running sum as it arrives, so the ServerApp does not hold
+  every client's model at once.
 - ``ModelStore``, ``load_model``: the store itself (directory/PVC or S3-compatible) and model
   files, for apps that write their own loop or evaluate a stored model.
 """

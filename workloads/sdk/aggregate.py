@@ -20,7 +20,7 @@ import functools
 import io
 import os
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any, cast
@@ -28,6 +28,7 @@ from typing import Any, cast
 import numpy as np
 import numpy.typing as npt
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.serverapp.exception import InconsistentMessageReplies
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import FedProx as FlowerFedProx
 
@@ -211,15 +212,26 @@ def _average(views: Sequence[npt.NDArray[Any]], factors: Sequence[float]) -> Arr
     at all instead of ``np.save``'s three."""
     if not blockwise(views, factors):
         return Array(np.asarray(weighted_sum(views, factors)))
-    dtype = result_dtype(views, factors)
-    shape = views[0].shape
+    return _array_in_place(
+        result_dtype(views, factors),
+        views[0].shape,
+        lambda values: weighted_sum(views, factors, values),
+    )
+
+
+def _array_in_place(
+    dtype: np.dtype[Any], shape: tuple[int, ...], fill: Callable[[npt.NDArray[Any]], object]
+) -> Array:
+    """A ``.npy`` Array of `dtype` and `shape` whose values `fill` writes into the flat view it
+    gets: the header ``np.save`` writes, then the values, in the Array's own new bytes."""
     header = io.BytesIO()
     fields = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
     np.lib.format.write_array_header_1_0(header, fields)
     head = header.getvalue()
-    data, buf = _new_bytes(len(head) + views[0].size * dtype.itemsize)
+    size = int(np.prod(shape, dtype=np.int64))
+    data, buf = _new_bytes(len(head) + size * dtype.itemsize)
     buf[: len(head)] = np.frombuffer(head, dtype=np.uint8)
-    weighted_sum(views, factors, buf[len(head) :].view(dtype))
+    fill(buf[len(head) :].view(dtype))
     return Array(dtype=str(dtype), shape=tuple(shape), stype=NUMPY_STYPE, data=data)
 
 
@@ -242,18 +254,148 @@ def _new_bytes(size: int) -> tuple[bytes, npt.NDArray[np.uint8]]:
     return data, np.frombuffer(memoryview(memory).cast("B"), dtype=np.uint8)
 
 
+FOLD_BLOCK = 1 << 20  # values a step when a reply is folded into the running sum
+
+
+class RunningSum:
+    """The weighted sum of one round's train replies, folded in one reply at a time as each is
+    pulled, so that the ServerApp never holds every client's model at once (``PlatformGrid``
+    does this for ``FedAvg`` and ``FedProx`` below). A folded reply's ArrayRecord is replaced
+    by an empty ``FoldedArrayRecord``; ``result()`` is the weighted average.
+
+    The sum of float32 arrays is kept in float32 (one model's memory), of every other type in
+    float64; the result has Flower's dtype. Flower multiplies by ``weight / total`` and adds,
+    this adds ``value * weight`` and divides by the total once: the same average to float
+    rounding. A reply that Flower's aggregation would refuse (not one ArrayRecord and one
+    MetricRecord, no weight, other array names or shapes than the replies before it) is left
+    as it came, and ``problem`` says why: the round's aggregation then fails with that reason,
+    as Flower's would."""
+
+    def __init__(self, weighted_by_key: str) -> None:
+        self.weighted_by_key = weighted_by_key
+        self.sums: dict[str, npt.NDArray[Any]] = {}
+        self.dtypes: dict[str, np.dtype[Any]] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}
+        self.total = 0.0
+        self.count = 0
+        self.problem: str | None = None
+
+    def fold(self, content: RecordDict) -> bool:
+        """Add this reply's arrays times its weight and drop them from `content`; False (the
+        reply unchanged) when it cannot be folded."""
+        if self.problem is not None:
+            return False
+        self.problem = self._refusal(content)
+        if self.problem is not None:
+            return False
+        (record_key, record), metrics = (
+            next(iter(content.array_records.items())),
+            next(iter(content.metric_records.values())),
+        )
+        weight = float(cast(float, metrics[self.weighted_by_key]))
+        for name, array in record.items():
+            values = array_view(array)
+            view = values.reshape(-1)
+            if name not in self.sums:
+                dtype = result_dtype([view], [weight])
+                self.dtypes[name], self.shapes[name] = dtype, tuple(values.shape)
+                wide = np.float32 if dtype == np.float32 else np.float64
+                self.sums[name] = np.zeros(view.size, dtype=wide)
+            acc = self.sums[name]
+            for start in range(0, view.size, FOLD_BLOCK):
+                end = min(start + FOLD_BLOCK, view.size)
+                acc[start:end] += view[start:end] * weight
+        self.total += weight
+        self.count += 1
+        content[record_key] = FoldedArrayRecord(self)
+        return True
+
+    def _refusal(self, content: RecordDict) -> str | None:
+        """Why Flower's aggregation would refuse this reply, or None."""
+        if len(content.array_records) != 1 or len(content.metric_records) != 1:
+            return "Expected exactly one ArrayRecord and one MetricRecord in replies."
+        metrics = next(iter(content.metric_records.values()))
+        if self.weighted_by_key not in metrics:
+            return (
+                f"Missing required key `{self.weighted_by_key}` in the MetricRecord of "
+                "reply messages. Cannot average ArrayRecords."
+            )
+        record = next(iter(content.array_records.values()))
+        if isinstance(record, FoldedArrayRecord):
+            return "a reply was folded twice"
+        if self.count and list(record.keys()) != list(self.sums):
+            return "All ArrayRecords must have the same keys for aggregation."
+        for name, array in record.items():
+            if name in self.shapes and tuple(array.shape) != self.shapes[name]:
+                return (
+                    f"array {name!r} has shape {tuple(array.shape)} in one reply and "
+                    f"{self.shapes[name]} in another"
+                )
+        return None
+
+    def result(self) -> ArrayRecord:
+        """The weighted average (Flower's dtypes and shapes); the sums are released."""
+        out = ArrayRecord()
+        for name in list(self.sums):
+            acc = self.sums.pop(name)
+
+            def divide(values: npt.NDArray[Any], acc: npt.NDArray[Any] = acc) -> object:
+                return np.divide(acc, self.total, out=values, casting="unsafe")
+
+            out[name] = _array_in_place(self.dtypes[name], self.shapes[name], divide)
+        return out
+
+
+class FoldedArrayRecord(ArrayRecord):
+    """What stays of a reply's ArrayRecord once ``RunningSum`` has folded it in."""
+
+    def __init__(self, running: RunningSum) -> None:
+        super().__init__()
+        self.running = running
+
+
+def folds_replies(strategy: object) -> bool:
+    """Whether `strategy` aggregates with ``RunningSum`` (this module's FedAvg or FedProx,
+    ``aggregate_train`` not overridden): then its replies may be folded as they arrive."""
+    return (
+        isinstance(strategy, _FastAggregation)
+        and type(strategy).aggregate_train is _FastAggregation.aggregate_train
+    )
+
+
+def _folded(contents: Sequence[RecordDict]) -> RunningSum | None:
+    """The running sum the replies were folded into; None when none was folded. Raises
+    Flower's InconsistentMessageReplies when a reply could not be folded."""
+    records = [next(iter(c.array_records.values()), None) for c in contents]
+    runs = {id(r.running): r.running for r in records if isinstance(r, FoldedArrayRecord)}
+    if not runs:
+        return None
+    (running,) = runs.values()
+    if running.problem is not None or running.count != len(contents):
+        raise InconsistentMessageReplies(
+            reason=running.problem or "some replies were folded and others not"
+        )
+    return running
+
+
 class _FastAggregation(FlowerFedAvg):
-    """Flower's FedAvg ``aggregate_train`` with the array average above."""
+    """Flower's FedAvg ``aggregate_train`` with the array average above (or the running sum
+    the platform's grid folded the replies into as they came)."""
 
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Aggregate the replies' ArrayRecords and MetricRecords (as Flower's FedAvg)."""
+        replies = list(replies)
+        running = _folded([m.content for m in replies if not m.has_error()])
         valid, _ = self._check_and_log_replies(replies, is_train=True)
         if not valid:
             return None, None
         contents = [msg.content for msg in valid]
-        arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
+        if running is not None:
+            arrays = running.result()
+        else:
+            arrays = aggregate_arrayrecords(contents, self.weighted_by_key)
         return arrays, self.train_metrics_aggr_fn(contents, self.weighted_by_key)
 
 

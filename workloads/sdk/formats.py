@@ -51,9 +51,18 @@ def to_numpy(record: ArrayRecord | Mapping[str, npt.NDArray[Any]]) -> Arrays:
 
 
 def write_npz(arrays: ArrayRecord | Mapping[str, npt.NDArray[Any]]) -> bytes:
-    """Named arrays as .npz bytes (order kept)."""
+    """Named arrays as .npz bytes (order kept). An ArrayRecord's arrays are read in place
+    (views on their bytes), not copied first: a checkpoint of a large model costs the file's
+    bytes, not one more model."""
+    from workloads.sdk.aggregate import array_view  # aggregate imports Flower's strategies
+
+    named = (
+        {k: array_view(v) for k, v in arrays.items()}
+        if isinstance(arrays, ArrayRecord)
+        else {k: np.asarray(v) for k, v in arrays.items()}
+    )
     buffer = io.BytesIO()
-    np.savez(buffer, **to_numpy(arrays))  # type: ignore[arg-type]
+    np.savez(buffer, **named)  # type: ignore[arg-type]
     return buffer.getvalue()
 
 

@@ -33,10 +33,12 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app.message_type import MessageType
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.run import Run
 
+from workloads.sdk.aggregate import RunningSum, folds_replies
 from workloads.sdk.client import EVALUATE_IN_TRAIN, FOLDED_RECORD
 from workloads.sdk.formats import ModelFormatError, check_compatible, reorder
 from workloads.sdk.metrics import CLIENT_RECORD
@@ -99,9 +101,12 @@ class PlatformGrid(Grid):
         round_offset: int = 0,
         node_names: Mapping[int, str] | None = None,
         poll_s: float = DEFAULT_POLL_S,
+        fold_by: str | None = None,
     ) -> None:
         self.inner = grid
         self.poll_s = poll_s
+        # The weight key of a strategy that takes its train replies folded (RunningSum).
+        self.fold_by = fold_by
         self.min_results = min_results
         self.round_offset = round_offset
         self.node_names = dict(node_names or {})
@@ -165,9 +170,10 @@ class PlatformGrid(Grid):
         waiting = {i for i in self.inner.push_messages(sent) if i}
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
+        fold = self._folder(sent)
         last = False
         while waiting:
-            got = self._pull(waiting, deadline)
+            got = self._pull(waiting, deadline, fold)
             replies.extend(got)
             waiting.difference_update(m.metadata.reply_to_message_id for m in got)
             if not waiting or last:
@@ -180,12 +186,39 @@ class PlatformGrid(Grid):
             time.sleep(self.poll_s)
         return replies
 
-    def _pull(self, waiting: set[str], deadline: float | None) -> list[Message]:
+    def _pull(
+        self,
+        waiting: set[str],
+        deadline: float | None,
+        fold: Callable[[Message], object] | None = None,
+    ) -> list[Message]:
         """Flower's pull; on Flower's deployment grid with a deadline, one that waits for a
-        half-uploaded reply only until the deadline (workloads.sdk.pull)."""
+        half-uploaded reply only until the deadline (workloads.sdk.pull). `fold` sees each
+        reply as soon as it is whole."""
         if deadline is None or not can_bound(self.inner):
-            return list(self.inner.pull_messages(waiting))
-        return pull_replies(self.inner, waiting, deadline)
+            got = list(self.inner.pull_messages(waiting))
+            if fold is not None:
+                for reply in got:
+                    fold(reply)
+            return got
+        return pull_replies(self.inner, waiting, deadline, fold)
+
+    def _folder(self, sent: list[Message]) -> Callable[[Message], object] | None:
+        """For a train phase of a strategy that takes folded replies: fold each successful
+        reply's model into one running sum as it arrives (workloads.sdk.aggregate.RunningSum),
+        so the ServerApp holds one reply's model at a time, not every client's."""
+        if self.fold_by is None or not sent:
+            return None
+        if str(sent[0].metadata.message_type).split(".")[0] != MessageType.TRAIN:
+            return None
+        running = RunningSum(self.fold_by)
+
+        def fold(reply: Message) -> object:
+            if reply.has_error() or not reply.has_content():
+                return False
+            return running.fold(reply.content)
+
+        return fold
 
     # --- the platform's part ---------------------------------------------------------------
     def _globalise(self, messages: Iterable[Message]) -> list[Message]:
@@ -375,6 +408,7 @@ def run_strategy(
         round_offset=done,
         node_names=platform.node_names(),
         poll_s=poll_interval(),
+        fold_by=getattr(strategy, "weighted_by_key", None) if folds_replies(strategy) else None,
     )
 
     def on_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:

@@ -15,7 +15,7 @@ reply Flower's grid makes for a missing object (MESSAGE_UNAVAILABLE), with the r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from flwr.app import Message, Metadata
@@ -43,9 +43,16 @@ def can_bound(grid: Grid) -> bool:
     return all(hasattr(grid, a) for a in ("_runtime_client", "node", "_run"))
 
 
-def pull_replies(grid: Grid, message_ids: Iterable[str], deadline: float) -> list[Message]:
+def pull_replies(
+    grid: Grid,
+    message_ids: Iterable[str],
+    deadline: float,
+    on_reply: Callable[[Message], object] | None = None,
+) -> list[Message]:
     """Flower's `pull_messages` on `grid`, waiting for a reply's objects at most until
-    `deadline` (time.monotonic()), and at least MIN_OBJECT_WAIT_S."""
+    `deadline` (time.monotonic()), and at least MIN_OBJECT_WAIT_S. `on_reply` sees each reply
+    as soon as it is whole, before the next one is pulled (it may drop what it no longer
+    needs: the running sum of the round's models)."""
     client: Any = getattr(grid, "_runtime_client")  # noqa: B009 (not in Grid's type)
     node: Any = getattr(grid, "node")  # noqa: B009
     run_id: int = getattr(grid, "_run").run_id  # noqa: B009
@@ -68,6 +75,8 @@ def pull_replies(grid: Grid, message_ids: Iterable[str], deadline: float) -> lis
         )
         message: Message = inflate_object_from_contents(msg_id, contents)  # type: ignore[assignment]
         message.metadata.__dict__["_message_id"] = msg_id  # as Flower's grid does
+        if on_reply is not None:
+            on_reply(message)
         replies.append(message)
     return replies
 
