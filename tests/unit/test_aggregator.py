@@ -281,7 +281,9 @@ async def test_bad_client_certificates_are_refused(
             .issuer_name(tpki.ca.cert.subject)
             .public_key(key.public_key())
             .serial_number(1)
-            .not_valid_before(dt.datetime.now(dt.UTC))
+            # Backdated as ocmfl.pki does: gRPC's TLS reads a coarse clock that can trail
+            # this process's by a moment ("certificate is not yet valid").
+            .not_valid_before(dt.datetime.now(dt.UTC) - pki.CLOCK_SKEW)
             .not_valid_after(dt.datetime.now(dt.UTC) + dt.timedelta(hours=1))
             .sign(tpki.ca.key, hashes.SHA256())
         )
