@@ -159,3 +159,32 @@ def rounds_missing(
     have = {(h["round"], h["cluster"]) for h in status.get("history") or []
             if h.get("loss") is not None}  # fmt: skip
     return sorted({(r, c) for r in range(1, rounds + 1) for c in clusters} - have)
+
+
+def replies_without_report(
+    status: dict[str, Any], manifest: dict[str, Any]
+) -> list[tuple[int, str]]:
+    """The (round, cluster) pairs the server got a result of (the model store's checkpoint
+    metrics) that have no loss in the status's history: a report lost between that client
+    and the status (empty when none was). A round a cluster missed (its client failed, or
+    it was not sent the round) is not a lost report: the checkpoint's "failed" names it."""
+    have = {(h["round"], h["cluster"]) for h in status.get("history") or []
+            if h.get("loss") is not None}  # fmt: skip
+    replied = {
+        (int(entry["round"]), cluster)
+        for entry in manifest.get("checkpoints") or []
+        for phase in ("train", "evaluate")
+        for cluster in (entry.get("metrics") or {}).get(phase) or {}
+    }
+    return sorted(replied - have)
+
+
+def rounds_missed(manifest: dict[str, Any], cluster: str) -> dict[int, str]:
+    """Round -> why, for each checkpointed round without a train result of `cluster`."""
+    missed: dict[int, str] = {}
+    for entry in manifest.get("checkpoints") or []:
+        metrics = entry.get("metrics") or {}
+        if cluster not in (metrics.get("train") or {}):
+            why = ((metrics.get("failed") or {}).get("train") or {}).get(cluster)
+            missed[int(entry["round"])] = why or "not sent the round's message"
+    return missed

@@ -155,6 +155,25 @@ def test_client_errors_below_the_minimum_fail_with_the_apps_message(tmp_path: Pa
     assert ModelStore(tmp_path, "uid-1").final() is None
 
 
+def test_a_client_that_fails_above_the_minimum_is_named_in_the_checkpoint_and_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The round goes on with the others, but who missed it and why is kept: the round's
+    checkpoint metrics ("failed") and a warning in the ServerApp's log."""
+    grid = LocalGrid({11: client("cluster1", 3), 12: client("cluster2", 3, fail="disk full")})
+    platform = ServerPlatform(storage=str(tmp_path), resource_uid="uid-1", min_results=1)
+    with caplog.at_level("WARNING", logger="flwr"):
+        run_strategy(FedAvg(), grid, initial_arrays=_initial(), num_rounds=2, platform=platform)
+    checkpoints = ModelStore(tmp_path, "uid-1").manifest()["checkpoints"]
+    assert [c["round"] for c in checkpoints] == [1, 2]
+    for entry in checkpoints:
+        assert set(entry["metrics"]["train"]) == {"cluster1"}
+        assert entry["metrics"]["failed"]["train"] == {"node-12": "ValueError: disk full"}
+    assert "round 1 train: 1 of 2 clients replied; without node-12 (ValueError: disk full)" in (
+        caplog.text
+    )
+
+
 def test_outside_the_platform_nothing_is_stored_and_the_app_default_rounds_apply() -> None:
     grid = LocalGrid({11: client("cluster1", 3)})
     one = FedAvg(min_available_nodes=1, min_train_nodes=1, min_evaluate_nodes=1)

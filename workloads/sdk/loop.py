@@ -112,6 +112,8 @@ class PlatformGrid(Grid):
         self.node_names = dict(node_names or {})
         # (global round, phase) -> cluster -> the reply's metrics
         self.replies: dict[tuple[int, str], dict[str, dict[str, Any]]] = {}
+        # (global round, phase) -> cluster -> why it gave no result (an error reply, silence)
+        self.failures: dict[tuple[int, str], dict[str, str]] = {}
 
     # --- delegation ------------------------------------------------------------------------
     def set_run(self, run: Run) -> None:
@@ -263,21 +265,33 @@ class PlatformGrid(Grid):
                 return self.cluster_of(reply)
             return self.node_names.get(node, f"node-{node}")
 
-        errors = [f"{who(r)}: {error_text(r.error.reason or '')}" for r in replies if r.has_error()]
+        failed = {who(r): error_text(r.error.reason or "") for r in replies if r.has_error()}
+        errors = [f"{cluster}: {reason}" for cluster, reason in failed.items()]
         valid = [r for r in replies if not r.has_error()]
+        answered = {r.metadata.reply_to_message_id for r in replies}
+        silent = sorted(
+            {self.node_names.get(n, f"node-{n}") for i, n in dst.items() if i not in answered}
+        )
+        for cluster in silent:  # e.g. its SuperNode died holding the message and came back
+            failed.setdefault(cluster, "no reply before the round timeout")
         need = min(self.min_results, len(sent))
         if len(valid) < need:
-            answered = {r.metadata.reply_to_message_id for r in replies}
-            silent = sorted(
-                {self.node_names.get(n, f"node-{n}") for i, n in dst.items() if i not in answered}
-            )
-            if silent:  # e.g. its SuperNode died holding the message and came back
+            if silent:
                 errors.append(f"no reply from {', '.join(silent)} before the round timeout")
             detail = "; ".join(errors) if errors else "no reply before the round timeout"
             raise TooFewResultsError(
                 f"round {rnd} {phase}: {len(valid)} successful client results, minimum is "
                 f"{need} ({detail})"
             )
+        if failed:
+            # Enough results for the round, but a user still wants to see who missed it and
+            # why: the log, and the checkpoint's metrics ("failed": {phase: {cluster: why}}).
+            self.failures.setdefault((rnd, phase), {}).update(failed)
+            log.warning(
+                "round %d %s: %d of %d clients replied; without %s",
+                rnd, phase, len(valid), len(sent),
+                "; ".join(f"{c} ({why})" for c, why in sorted(failed.items())),
+            )  # fmt: skip
         per_cluster = self.replies.setdefault((rnd, phase), {})
         for reply in valid:
             records = list(reply.content.metric_records.values())
@@ -287,9 +301,14 @@ class PlatformGrid(Grid):
                 evaluated = self.replies.setdefault((rnd, "evaluate"), {})
                 evaluated[self.cluster_of(reply)] = _plain(folded)
 
-    def metrics_of_round(self, rnd: int) -> dict[str, dict[str, dict[str, Any]]]:
-        """{"train": {cluster: metrics}, "evaluate": {...}} of a global round."""
-        return {p: self.replies.get((rnd, p), {}) for p in PHASES}
+    def metrics_of_round(self, rnd: int) -> dict[str, dict[str, Any]]:
+        """{"train": {cluster: metrics}, "evaluate": {...}} of a global round, and "failed":
+        {phase: {cluster: why}} when a client that was sent a message gave no result."""
+        out: dict[str, dict[str, Any]] = {p: self.replies.get((rnd, p), {}) for p in PHASES}
+        failed = {p: self.failures[(rnd, p)] for p in PHASES if self.failures.get((rnd, p))}
+        if failed:
+            out["failed"] = failed
+        return out
 
 
 def _start_point(
