@@ -9,7 +9,9 @@ ClientApp side
 - ``cluster_name(context)``: the managed cluster's name.
 - ``PlatformClientApp``: Flower's ClientApp that, when the server asks
   (``run_strategy(..., evaluate_in_train=True)``), runs the app's evaluate function inside the
-  train call and returns its metrics with the train reply: one phase per round, not two.
+  train call and returns its metrics with the train reply: one phase per round, not two; and
+  takes a model the server narrowed for the wire in the app's own dtypes.
+- ``wire_format``: that widening as a mod, for a plain ``ClientApp``.
 - ``forwarding_client_app("pkg.client_app:app")``: a thin ClientApp (no torch import) that
   runs the real one in the cluster's long-lived worker (``ocm-fl-client`` starts it, with the
   model stack imported once), else in its own process.
@@ -22,7 +24,9 @@ ServerApp side
   with the starting model (``initModel``: .npz, Flower ArrayRecord, torch .pt/.pth,
   safetensors), a checkpoint and manifest every round, the final model, resume from this
   resource's newest checkpoint, the minimum-results rule, replies pulled every 0.2 s (Flower:
-  3 s) and, with ``evaluate_in_train=True``, client evaluation folded into the train phase.
+  3 s), with ``evaluate_in_train=True`` client evaluation folded into the train phase, and
+  with ``wire_dtype="float16"`` the model sent both ways in half the bytes
+  (``workloads.sdk.wire``).
 - ``FedAvg``, ``FedProx``: Flower's strategies with the weighted average computed at memory
   speed (same arguments, same results; ``workloads.sdk.aggregate``); with ``run_strategy``
   each train reply is folded into a running sum as it arrives, so the ServerApp does not hold
@@ -44,6 +48,7 @@ from workloads.sdk.metrics import agent_metrics
 from workloads.sdk.node import DataDirError, agent_endpoint, cluster_name, data_dir
 from workloads.sdk.platform import ServerPlatform
 from workloads.sdk.store import Checkpoint, ModelStore, ModelStoreError, load_model
+from workloads.sdk.wire import WireFormatError, wire_format
 from workloads.sdk.worker import forwarding_client_app
 
 __all__ = [
@@ -61,6 +66,7 @@ __all__ = [
     "ServerPlatform",
     "StartModelError",
     "TooFewResultsError",
+    "WireFormatError",
     "agent_endpoint",
     "agent_metrics",
     "cluster_name",
@@ -71,4 +77,5 @@ __all__ = [
     "run_strategy",
     "to_numpy",
     "to_record",
+    "wire_format",
 ]

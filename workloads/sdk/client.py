@@ -23,6 +23,8 @@ from flwr.app.message.message import make_message
 from flwr.app.message_type import MessageType
 from flwr.clientapp import ClientApp
 
+from workloads.sdk.wire import wire_format
+
 EVALUATE_IN_TRAIN = "evaluate-in-train"  # key in the train message's "config" ConfigRecord
 FOLDED_RECORD = "ocmfl.evaluate"  # ConfigRecord of the evaluation, in the train reply
 
@@ -59,10 +61,15 @@ def folded_metrics(reply: Message) -> dict[str, Any]:
 
 
 class PlatformClientApp(ClientApp):
-    """Flower's ClientApp that folds evaluation into train when the server asks for it."""
+    """Flower's ClientApp that folds evaluation into train when the server asks for it, and
+    takes the model in the app's own dtypes when the server narrowed it for the wire
+    (workloads.sdk.wire: widened once for both calls, the reply narrowed back)."""
 
     def __call__(self, message: Message, context: Context) -> Message:
         """Dispatch as Flower does; with ``evaluate-in-train`` run evaluate, then train."""
+        return wire_format(message, context, self._dispatch)
+
+    def _dispatch(self, message: Message, context: Context) -> Message:
         if not wants_evaluation(message):
             return super().__call__(message, context)
         evaluation = folded_metrics(super().__call__(as_evaluate(message), context))

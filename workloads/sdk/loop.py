@@ -45,6 +45,7 @@ from workloads.sdk.metrics import CLIENT_RECORD
 from workloads.sdk.platform import ServerPlatform, env_number
 from workloads.sdk.pull import can_bound, pull_replies
 from workloads.sdk.store import ModelStore, ModelStoreError
+from workloads.sdk.wire import Narrowed, mark, narrow, widen, wire_dtype
 
 log = logging.getLogger("flwr")
 
@@ -90,8 +91,9 @@ def _plain(value: Any) -> Any:
 class PlatformGrid(Grid):
     """Flower's Grid with the platform's rules: global round numbers, per-cluster reply
     metrics (also the evaluation folded into train replies), a minimum of successful results
-    per phase of a round, and replies pulled every ``poll_s`` seconds (0: Flower's own
-    send_and_receive)."""
+    per phase of a round, replies pulled every ``poll_s`` seconds (0: Flower's own
+    send_and_receive), and with ``wire`` (e.g. "float16") the model narrowed on the wire
+    (workloads.sdk.wire): the strategy sends and receives its own dtypes."""
 
     def __init__(
         self,
@@ -102,8 +104,12 @@ class PlatformGrid(Grid):
         node_names: Mapping[int, str] | None = None,
         poll_s: float = DEFAULT_POLL_S,
         fold_by: str | None = None,
+        wire: str | None = None,
     ) -> None:
         self.inner = grid
+        self.wire = wire_dtype(wire)
+        # The arrays the last push narrowed (name -> own dtype): replies are widened by it.
+        self.narrowed: Narrowed = {}
         self.poll_s = poll_s
         # The weight key of a strategy that takes its train replies folded (RunningSum).
         self.fold_by = fold_by
@@ -149,8 +155,8 @@ class PlatformGrid(Grid):
         return self.inner.push_messages(self._globalise(messages))
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """Delegated to Flower's grid (positional: the keyword changes in Flower 1.43)."""
-        return self.inner.pull_messages(message_ids)
+        """Flower's pull (positional: the keyword changes in Flower 1.43), replies widened."""
+        return [self._widen(m) for m in self.inner.pull_messages(message_ids)]
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
@@ -159,7 +165,7 @@ class PlatformGrid(Grid):
         semantics), then the minimum-results rule and metrics per cluster."""
         sent = self._globalise(messages)
         if self.poll_s <= 0:
-            replies = list(self.inner.send_and_receive(sent, timeout=timeout))
+            replies = [self._widen(m) for m in self.inner.send_and_receive(sent, timeout=timeout)]
         else:
             replies = self._push_and_poll(sent, timeout)
         if sent:
@@ -198,12 +204,17 @@ class PlatformGrid(Grid):
         half-uploaded reply only until the deadline (workloads.sdk.pull). `fold` sees each
         reply as soon as it is whole."""
         if deadline is None or not can_bound(self.inner):
-            got = list(self.inner.pull_messages(waiting))
+            got = [self._widen(m) for m in self.inner.pull_messages(waiting)]
             if fold is not None:
                 for reply in got:
                     fold(reply)
             return got
-        return pull_replies(self.inner, waiting, deadline, fold)
+
+        def whole(reply: Message) -> object:
+            self._widen(reply)
+            return fold(reply) if fold is not None else None
+
+        return pull_replies(self.inner, waiting, deadline, whole)
 
     def _folder(self, sent: list[Message]) -> Callable[[Message], object] | None:
         """For a train phase of a strategy that takes folded replies: fold each successful
@@ -225,8 +236,10 @@ class PlatformGrid(Grid):
     # --- the platform's part ---------------------------------------------------------------
     def _globalise(self, messages: Iterable[Message]) -> list[Message]:
         """Add the resumed rounds to config["server-round"] (strategies share one config
-        record between a round's messages: each record is shifted once)."""
+        record between a round's messages: each record is shifted once), and narrow the
+        arrays for the wire."""
         out = list(messages)
+        self._narrow(out)
         if not self.round_offset:
             return out
         shifted: set[int] = set()
@@ -239,6 +252,33 @@ class PlatformGrid(Grid):
             if isinstance(value, int) and not isinstance(value, bool):
                 config["server-round"] = value + self.round_offset
         return out
+
+    def _narrow(self, messages: list[Message]) -> None:
+        """With a wire dtype: each message's arrays narrowed, once per record (strategies
+        share one RecordDict between a round's messages), and the message marked."""
+        if self.wire is None:
+            return
+        done: dict[int, Narrowed] = {}
+        self.narrowed = {}
+        for msg in messages:
+            if not msg.has_content() or id(msg.content) in done:
+                continue
+            narrowed: Narrowed = {}
+            for key, record in list(msg.content.array_records.items()):
+                msg.content[key], names = narrow(record, self.wire)
+                narrowed.update(names)
+            done[id(msg.content)] = narrowed
+            if narrowed:
+                mark(msg.content, self.wire, narrowed)
+                self.narrowed.update(narrowed)
+
+    def _widen(self, reply: Message) -> Message:
+        """A reply's narrowed arrays back in their own dtypes (in place), before the
+        strategy or the running sum sees them."""
+        if self.narrowed and reply.has_content() and not reply.has_error():
+            for key, record in list(reply.content.array_records.items()):
+                reply.content[key] = widen(record, self.narrowed)
+        return reply
 
     def cluster_of(self, msg: Message) -> str:
         """The cluster a reply came from: the mark the SDK's ClientApp mod sets, else the
@@ -375,6 +415,7 @@ def run_strategy(
     store: ModelStore | None = None,
     platform: ServerPlatform | None = None,
     evaluate_in_train: bool = False,
+    wire_dtype: str | None = None,
 ) -> Result:
     """Run ``strategy`` like ``strategy.start`` with the platform's start model, checkpoints,
     final model, resume and minimum-results rule (see the module docstring).
@@ -383,6 +424,9 @@ def run_strategy(
     the same call (``PlatformClientApp``); its metrics are the round's ``evaluate`` metrics
     (of the model the round started from). The strategy's own evaluation phase must then be
     off (``fraction_evaluate=0``), else every client would evaluate twice.
+
+    ``wire_dtype="float16"``: the model travels as float16 both ways, half the bytes; the
+    strategy, the checkpoints and the app's code keep their own dtypes (workloads.sdk.wire).
 
     ``num_rounds`` and ``timeout`` are the app's defaults; on the platform its own rounds
     (``spec.server.rounds``) and round timeout win. ``store`` defaults to the platform's
@@ -428,6 +472,7 @@ def run_strategy(
         node_names=platform.node_names(),
         poll_s=poll_interval(),
         fold_by=getattr(strategy, "weighted_by_key", None) if folds_replies(strategy) else None,
+        wire=wire_dtype,
     )
 
     def on_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:

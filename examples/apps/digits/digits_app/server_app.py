@@ -61,4 +61,5 @@ def main(grid: Grid, context: Context) -> None:
         num_rounds=int(number(config["num-server-rounds"])),
         evaluate_fn=held_out,
         evaluate_in_train=folded and number(config["fraction-evaluate"]) > 0,
+        wire_dtype=str(config.get("wire-dtype", "float32")),
     )

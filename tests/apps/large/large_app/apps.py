@@ -4,7 +4,9 @@ what travels is set by the run config and the aggregate can be checked exactly.
 Client i (its node config's cluster name ends in a digit i) adds i / 10 to every number and
 reports one example; after FedAvg over clients 1 and 2 every number has grown by 0.15 per
 round. The ServerApp checks that on the final model, so a corrupted or truncated transfer
-fails the run."""
+fails the run. With run config `wire-dtype = "float16"` the model travels as float16 both
+ways (the client takes it through the SDK's `wire_format` mod) and the check allows float16's
+rounding."""
 
 from __future__ import annotations
 
@@ -13,10 +15,10 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from workloads.sdk import FedAvg, ServerPlatform, cluster_name, run_strategy
+from workloads.sdk import FedAvg, ServerPlatform, cluster_name, run_strategy, wire_format
 
 server = ServerApp()
-client = ClientApp()
+client = ClientApp(mods=[wire_format])
 
 
 def model(params: int, layers: int) -> ArrayRecord:
@@ -50,15 +52,19 @@ def main(grid: Grid, context: Context) -> None:
     # On the platform its rounds (spec.server.rounds) win over the app default.
     rounds = ServerPlatform.from_env().rounds or int(config["num-server-rounds"])
     start = model(int(config["params"]), int(config["layers"]))
+    wire = str(config.get("wire-dtype", "float32"))
     result = run_strategy(
         FedAvg(fraction_train=1.0, fraction_evaluate=0.0),
         grid,
         initial_arrays=start,
         num_rounds=rounds,
+        wire_dtype=wire,
     )
     assert result.arrays is not None
     want = np.float32(0.15 * rounds)
+    # float16 keeps 11 significant bits: each round rounds twice (there and back).
+    atol = 1e-4 if wire == "float32" else 1e-3 * rounds
     for name, array in result.arrays.items():
         values = array.numpy()
-        if not np.allclose(values, want, atol=1e-4):
+        if values.dtype != np.float32 or not np.allclose(values, want, atol=atol):
             raise ValueError(f"{name}: expected every number {want}, got {values[:3]} ...")
