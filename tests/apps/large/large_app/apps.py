@@ -1,12 +1,14 @@
 """A model of `params` float32 numbers that "trains" by adding a known step, so the size of
 what travels is set by the run config and the aggregate can be checked exactly.
 
-Client i (its node config's cluster name ends in a digit i) adds i / 10 to every number and
-reports one example; after FedAvg over clients 1 and 2 every number has grown by 0.15 per
-round. The ServerApp checks that on the final model, so a corrupted or truncated transfer
-fails the run. With run config `wire-dtype = "float16"` the model travels as float16 both
-ways (the client takes it through the SDK's `wire_format` mod) and the check allows float16's
-rounding."""
+The numbers start as seeded uniform values in [0, 1), not zeros: Flower stores and sends a
+message's 5 MiB chunks by their content's hash, so a model of equal numbers would cross the
+wire as a single chunk. Client i (its node config's cluster name ends in a digit i) adds i / 10
+to every number and reports one example; after FedAvg over clients 1 and 2 every number has
+grown by 0.15 per round. The ServerApp checks that on the final model, layer by layer against
+the same seeded values, so a corrupted or truncated transfer fails the run. With run config
+`wire-dtype = "float16"` the model travels as float16 both ways (the client takes it through
+the SDK's `wire_format` mod) and the check allows float16's rounding."""
 
 from __future__ import annotations
 
@@ -21,11 +23,20 @@ server = ServerApp()
 client = ClientApp(mods=[wire_format])
 
 
-def model(params: int, layers: int) -> ArrayRecord:
-    """`params` zeros in `layers` arrays (the last takes the remainder)."""
+def sizes(params: int, layers: int) -> list[int]:
+    """The numbers in each of `layers` arrays (the last takes the remainder)."""
     size, rest = divmod(params, layers)
-    arrays = {f"layer{i}": Array(np.zeros(size + (rest if i == layers - 1 else 0), np.float32))
-              for i in range(layers)}  # fmt: skip
+    return [size + (rest if i == layers - 1 else 0) for i in range(layers)]
+
+
+def start_values(layer: int, size: int) -> np.ndarray:
+    """Layer `layer`'s starting numbers: uniform in [0, 1), seeded by the layer."""
+    return np.random.default_rng(layer).random(size, dtype=np.float32)
+
+
+def model(params: int, layers: int) -> ArrayRecord:
+    """`params` numbers in `layers` arrays."""
+    arrays = {f"layer{i}": Array(start_values(i, n)) for i, n in enumerate(sizes(params, layers))}
     return ArrayRecord(arrays)
 
 
@@ -61,10 +72,12 @@ def main(grid: Grid, context: Context) -> None:
         wire_dtype=wire,
     )
     assert result.arrays is not None
-    want = np.float32(0.15 * rounds)
+    step_sum = np.float32(0.15 * rounds)
     # float16 keeps 11 significant bits: each round rounds twice (there and back).
     atol = 1e-4 if wire == "float32" else 1e-3 * rounds
-    for name, array in result.arrays.items():
+    layers = sizes(int(config["params"]), int(config["layers"]))
+    for i, (name, array) in enumerate(result.arrays.items()):
         values = array.numpy()
+        want = start_values(i, layers[i]) + step_sum
         if values.dtype != np.float32 or not np.allclose(values, want, atol=atol):
-            raise ValueError(f"{name}: expected every number {want}, got {values[:3]} ...")
+            raise ValueError(f"{name}: expected {want[:3]} ..., got {values[:3]} ...")
