@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 from hub_controller.signer.hub_identity import HubIdentity, ledger_of
+from ocmfl.constants import ADDON_NAME
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,41 @@ def decided_clusters(decisions: Iterable[Iterable[str]]) -> list[str]:
 # is counted as decided (see settle_decisions), and how long a first, incomplete decision set
 # is waited on before it is acted on anyway.
 DECISION_HOLD_S: Final = 5.0
+
+
+# How long a cluster keeps its work after the decisions dropped it only because its agent
+# is down (the addon's availability label says so, the data claim is still there): an agent
+# restart (a crash, an upgrade) makes OCM's addon manager mark it unhealthy for seconds, and a
+# Placement that selects on that label drops the cluster meanwhile; deleting its work would
+# kill a client in the middle of a round.
+AGENT_GRACE_S: Final = 120.0
+ADDON_AVAILABILITY_LABEL: Final = f"feature.open-cluster-management.io/addon-{ADDON_NAME}"
+
+
+def agents_recovering(
+    dropped: Iterable[str],
+    clusters: Mapping[str, ClusterInfo],
+    data_claim: str,
+    previous: Mapping[str, float],
+    now: float,
+    grace_s: float = AGENT_GRACE_S,
+) -> dict[str, float]:
+    """Of `dropped` (clusters with a work of the run that the decisions no longer name), those
+    kept as decided because their agent is briefly down: the ManagedCluster is there, accepted,
+    with the data claim, and the registration hub's addon label says `unhealthy` or
+    `unreachable` (not `available`, not absent). Kept for at most `grace_s` from when this loop
+    first saw it so (`previous`: cluster -> since); returns the clusters kept -> since."""
+    kept: dict[str, float] = {}
+    for cluster in dropped:
+        info = clusters.get(cluster)
+        if info is None or not info.accepted or data_claim not in info.claims:
+            continue  # deleted, denied by the hub, or its data claim removed: it has left
+        if info.labels.get(ADDON_AVAILABILITY_LABEL, "available") == "available":
+            continue  # the agent is fine: the decisions dropped it for another reason
+        since = previous.get(cluster, now)
+        if now - since < grace_s:
+            kept[cluster] = since
+    return kept
 
 
 def decision_index(name: str) -> int:

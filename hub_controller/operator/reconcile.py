@@ -32,9 +32,15 @@ from hub_controller.api import (
     FLRef,
     Quantity,
     SpecError,
+    data_claim_of,
     parse_spec,
 )
-from hub_controller.membership import DecisionView, settle_decisions
+from hub_controller.membership import (
+    AGENT_GRACE_S,
+    DecisionView,
+    agents_recovering,
+    settle_decisions,
+)
 from hub_controller.operator.desired import client_token, credentials
 from hub_controller.operator.desired import limits as limits_mod
 from hub_controller.operator.desired import placement as placement_mod
@@ -262,6 +268,9 @@ class Run:
     # The decided clusters this loop acts on: OCM's decisions read mid-rewrite are not
     # taken as they are (membership.settle_decisions).
     decisions: DecisionView = field(default_factory=DecisionView)
+    # Clusters whose work stays although the decisions dropped them, because their agent is
+    # briefly down (membership.agents_recovering) -> since when.
+    recovering: dict[str, float] = field(default_factory=dict)
 
 
 def _tell(body: Mapping[str, Any], event: StoryEvent) -> None:
@@ -615,9 +624,22 @@ def reconcile(
         return None
     seen = reports.version(ref.uid)  # before the snapshot: the status holds at least these
 
+    key = (ref.namespace, ref.name)
+
     def settle(slices: list[tuple[int, tuple[str, ...]]], selected: int | None) -> frozenset[str]:
-        run.decisions = settle_decisions(slices, selected, run.decisions, clock())
-        return run.decisions.decided
+        now = clock()
+        run.decisions = settle_decisions(slices, selected, run.decisions, now)
+        decided = run.decisions.decided
+        own = {w.cluster for w in idx.works.get(key, []) if w.uid == ref.uid and not w.deleting}
+        if not run.decisions.started:
+            # No complete decision set yet (this loop just started: a restarted controller):
+            # nothing new is decided, and nothing the run already has is taken away.
+            return decided | own
+        dropped = own - decided
+        infos = {c: info for c in dropped for info in idx.clusters.get(c, [])}
+        claim = data_claim_of(fl)[0] or ""
+        run.recovering = agents_recovering(dropped, infos, claim, run.recovering, now)
+        return decided | run.recovering.keys()
 
     obs = gather(ref, fl, idx, reports, hostpath_root=op.hostpath_root, settle=settle)
     # The policy's per-pod caps (none without a readable policy: a run is then refused, or
@@ -698,4 +720,8 @@ def reconcile(
     held = run.decisions.recheck_in(clock())
     if held is not None:
         delay = min(delay, held + 0.05)
+    # ... and when a recovering agent's grace ends (its label changing back wakes it sooner).
+    if run.recovering:
+        grace_end = min(run.recovering.values()) + AGENT_GRACE_S - clock()
+        delay = min(delay, max(0.0, grace_end) + 0.05)
     return delay

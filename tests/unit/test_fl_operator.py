@@ -131,20 +131,34 @@ def indexes(
     claims: dict[str, str] | None = None,
     works: list[WorkState] | None = None,
     job: JobState | None = None,
+    selected: int | None = None,
+    clusters: dict[str, ClusterInfo] | None = None,
 ) -> Indexes:
     """Indexes as the hub has them for REF: its Placement (uid PLACEMENT_UID) controls the
-    decision; `works` without an owner uid are REF's."""
+    decision (`selected`: its selected count, default all decided); `works` without an owner
+    uid are REF's; `clusters`: ManagedClusters besides (or instead of) the decided ones'."""
     claims = {"c1": "/srv/a", "c2": "/srv/b"} if claims is None else claims
     works = [dataclasses.replace(w, uid=w.uid or REF.uid) for w in works or []]
     return Indexes.of(
         {
             "placement_idx": {
-                KEY: [Owned(REF.uid, PlacementState(uid=PLACEMENT_UID, selected=len(decided)))]
+                KEY: [
+                    Owned(
+                        REF.uid,
+                        PlacementState(
+                            uid=PLACEMENT_UID,
+                            selected=len(decided) if selected is None else selected,
+                        ),
+                    )
+                ]
             },
             "decision_idx": {KEY: [DecisionState(PLACEMENT_UID, decided)]},
             "cluster_idx": {
-                c: [ClusterInfo(c, {"fl.data-path": claims[c]} if c in claims else {})]
-                for c in decided
+                **{
+                    c: [ClusterInfo(c, {"fl.data-path": claims[c]} if c in claims else {})]
+                    for c in decided
+                },
+                **{c: [info] for c, info in (clusters or {}).items()},
             },
             "addon_idx": {},
             "work_idx": {KEY: works},
@@ -546,3 +560,47 @@ def test_credentials_of_another_resource_are_never_reused_or_overwritten(
     assert f"Secret {REF.namespace}/{name}" in status["message"]
     assert "belongs to someone-else" in status["message"] and "delete it" in status["message"]
     assert [o for o in kube.applied if o["kind"] == "Secret"] == [planted]
+
+
+def test_a_cluster_whose_agent_is_briefly_down_keeps_its_work_until_the_grace_ends(
+    op: reconciler.Operator, kube: FakeKube
+) -> None:
+    """An agent restart makes OCM mark the addon unhealthy and a Placement that selects on
+    the addon's label drops the cluster for seconds: its work (its client, mid-round) stays,
+    for at most AGENT_GRACE_S. A cluster whose data claim is gone leaves at once. (CI19: a
+    drill's agent restart deleted the cluster's work and failed the run.)"""
+    from hub_controller.membership import ADDON_AVAILABILITY_LABEL, AGENT_GRACE_S
+
+    spec = spec_dict(advertiseAddress="127.0.0.1:9443")
+    works = [WorkState(cluster=c, name=work_name(REF), applied=True) for c in ("c1", "c2")]
+    now = [1000.0]
+    state = reconciler.Run(REF, status={})
+
+    def pass_(idx: Indexes) -> list[str]:
+        before = len(kube.deleted)
+        reconciler.reconcile(
+            op, NoReports(), body(spec, state.status), idx, state, LOG, clock=lambda: now[0]
+        )
+        return [path.rsplit("/", 3)[-3] for path in kube.deleted[before:]]
+
+    assert pass_(indexes(decided=("c1", "c2"), works=works)) == []
+    unhealthy = {ADDON_AVAILABILITY_LABEL: "unhealthy"}
+    down = ClusterInfo("c1", {"fl.data-path": "/srv/a"}, unhealthy, accepted=True)
+    dropped = indexes(decided=("c2",), works=works, clusters={"c1": down})
+    assert pass_(dropped) == []
+    now[0] += AGENT_GRACE_S - 1
+    assert pass_(dropped) == []
+    now[0] += 2
+    assert pass_(dropped) == ["c1"]  # still down after the grace: it has left
+
+    # A controller that starts while the decisions are incomplete takes nothing away.
+    state = reconciler.Run(REF, status={})
+    c1 = {"c1": ClusterInfo("c1", {"fl.data-path": "/srv/a"})}
+    assert pass_(indexes(decided=("c2",), works=works, selected=2, clusters=c1)) == []
+    # Its data claim removed, or the hub no longer accepting it: it leaves at once.
+    for gone in (
+        ClusterInfo("c1", {}, unhealthy, accepted=True),
+        dataclasses.replace(down, accepted=False),
+    ):
+        state = reconciler.Run(REF, status={})
+        assert pass_(indexes(decided=("c2",), works=works, clusters={"c1": gone})) == ["c1"]
