@@ -227,9 +227,23 @@ def test_a_model_in_many_chunks_crosses_gateway_and_tunnels_whole_and_is_stored(
     gateway). The app adds 0.1 and 0.2 on the two clusters, so after FedAvg every number
     grows by exactly 0.15 a round: the ServerApp fails the run if any number differs, and
     the stored checkpoints and final model must hold the same."""
+    _large_model_round_trip(tmp_path, "float32", atol=1e-5, bits=32)
+
+
+def test_the_model_as_float16_on_the_wire_crosses_the_same_path_and_is_stored_as_float32(
+    tmp_path: Path,
+) -> None:
+    """The same run with `run_strategy(..., wire_dtype="float16")`: the arrays cross the
+    tunnels and the gateway as float16 both ways (workloads.sdk.wire), the app and the
+    store see float32, and every number is right to float16's rounding (the ServerApp checks
+    it too)."""
+    _large_model_round_trip(tmp_path, "float16", atol=2e-3, bits=16)
+
+
+def _large_model_round_trip(tmp_path: Path, wire: str, atol: float, bits: int) -> None:
     fed = make_federation(tmp_path)
     params, rounds = 4_000_000, 2
-    procs = fed.start(LARGE_APP, rounds, {"params": params, "layers": 2})
+    procs = fed.start(LARGE_APP, rounds, {"params": params, "layers": 2, "wire-dtype": wire})
     try:
         fed.finish(procs[0])
     finally:
@@ -243,8 +257,14 @@ def test_a_model_in_many_chunks_crosses_gateway_and_tunnels_whole_and_is_stored(
     assert sum(a.size for a in arrays.values()) == params
     # Round 2 added 0.15 to every number of round 1's model; the numbers differ from one
     # another (so every 5 MiB chunk crossed on its own: Flower sends a chunk once per content).
-    first = store.read_model(store.manifest()["checkpoints"][0]["path"])
+    checkpoints = store.manifest()["checkpoints"]
+    first = store.read_model(checkpoints[0]["path"])
+    # What crossed the wire, as each client's outermost mod saw it, both ways, every round.
+    for entry in checkpoints:
+        for cluster, metrics in entry["metrics"]["train"].items():
+            got = (metrics["wire-bits-in"], metrics["wire-bits-out"])
+            assert got == (bits, bits), (entry["round"], cluster, got)
     for name, values in arrays.items():
         assert values.dtype == np.float32
-        assert np.unique(values[:100_000]).size > 90_000
-        assert np.allclose(values - first[name].numpy(), 0.15, atol=1e-5)
+        assert np.unique(values[:100_000]).size > 2_000  # (float16 has ~2,350 in [0.3, 1.3])
+        assert np.allclose(values - first[name].numpy(), 0.15, atol=atol)

@@ -15,12 +15,31 @@ from __future__ import annotations
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 from flwr.serverapp import Grid, ServerApp
 
 from workloads.sdk import FedAvg, ServerPlatform, cluster_name, run_strategy, wire_format
 
+
+def wire_bits(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """Mod outside `wire_format`: put the bits per number of the arrays as they crossed the
+    wire, both ways, in the reply's metrics (`wire-bits-in`, `wire-bits-out`), so a test can
+    see what travelled."""
+
+    def bits(record: ArrayRecord) -> int:
+        return max((int(np.dtype(a.dtype).itemsize) * 8 for a in record.values()), default=0)
+
+    received = bits(msg.content.array_records["arrays"]) if msg.has_content() else 0
+    reply = call_next(msg, context)
+    if reply.has_content() and not reply.has_error():
+        metrics = next(iter(reply.content.metric_records.values()))
+        metrics["wire-bits-in"] = received
+        metrics["wire-bits-out"] = bits(next(iter(reply.content.array_records.values())))
+    return reply
+
+
 server = ServerApp()
-client = ClientApp(mods=[wire_format])
+client = ClientApp(mods=[wire_bits, wire_format])
 
 
 def sizes(params: int, layers: int) -> list[int]:
