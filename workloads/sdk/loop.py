@@ -203,17 +203,16 @@ class PlatformGrid(Grid):
         """Flower's pull; on Flower's deployment grid with a deadline, one that waits for a
         half-uploaded reply only until the deadline (workloads.sdk.pull). `fold` sees each
         reply as soon as it is whole."""
-        if deadline is None or not can_bound(self.inner):
-            got = [self._widen(m) for m in self.inner.pull_messages(waiting)]
-            if fold is not None:
-                for reply in got:
-                    fold(reply)
-            return got
 
         def whole(reply: Message) -> object:
             self._widen(reply)
             return fold(reply) if fold is not None else None
 
+        if deadline is None or not can_bound(self.inner):
+            got = list(self.inner.pull_messages(waiting))
+            for reply in got:
+                whole(reply)
+            return got
         return pull_replies(self.inner, waiting, deadline, whole)
 
     def _folder(self, sent: list[Message]) -> Callable[[Message], object] | None:
@@ -258,16 +257,16 @@ class PlatformGrid(Grid):
         share one RecordDict between a round's messages), and the message marked."""
         if self.wire is None:
             return
-        done: dict[int, Narrowed] = {}
+        done: set[int] = set()
         self.narrowed = {}
         for msg in messages:
             if not msg.has_content() or id(msg.content) in done:
                 continue
+            done.add(id(msg.content))
             narrowed: Narrowed = {}
             for key, record in list(msg.content.array_records.items()):
                 msg.content[key], names = narrow(record, self.wire)
                 narrowed.update(names)
-            done[id(msg.content)] = narrowed
             if narrowed:
                 mark(msg.content, self.wire, narrowed)
                 self.narrowed.update(narrowed)
