@@ -307,17 +307,23 @@ def _peer_uid(conn: socket.socket) -> int:
 
 
 def listen(path: Path) -> socket.socket:
-    """A Unix socket only this user may connect to (0600, created under umask 0177)."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
+    """A Unix socket only this user may connect to (0600, created under umask 0177). It is
+    bound and listening under a temporary name first, then renamed: `path` appears only once
+    a connect to it is taken (between bind and listen a connect is refused, and a client that
+    waits for the file would then run the message itself)."""
+    staging = path.with_name(path.name + ".new")
+    for stale in (path, staging):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o177)
     try:
-        server.bind(str(path))
+        server.bind(str(staging))
     finally:
         os.umask(old)
-    os.chmod(path, 0o600)
+    os.chmod(staging, 0o600)
     server.listen(64)
+    os.rename(staging, path)
     return server
 
 
