@@ -17,7 +17,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 
-from ocmfl import constants
+from ocmfl import constants, privacy
 from ocmfl.reports import MAX_CLIENT_LOG
 
 # A Kubernetes resource.Quantity ("500m", "2Gi", "1e3").
@@ -577,12 +577,73 @@ class ClientSpec(_Model):
     )
 
 
+class DpMode(StrEnum):
+    """Where the noise is added."""
+
+    CENTRAL = privacy.CENTRAL  # clients clip, the server adds noise to the average
+    LOCAL = privacy.LOCAL  # clients clip and add noise before their update leaves the cluster
+
+
+class Clipping(StrEnum):
+    """How the clipping norm is chosen."""
+
+    FIXED = "fixed"
+    ADAPTIVE = "adaptive"
+
+
+class DifferentialPrivacy(_Model):
+    """Differential privacy of the model updates (workloads/sdk/privacy.py, docs/privacy.md)."""
+
+    mode: DpMode = Field(description="central: server noise on the average; local: each "
+                         "client adds noise before its update leaves its cluster.")  # fmt: skip
+    clipping: Clipping = Field(
+        default=Clipping.FIXED,
+        description="fixed (adaptive is refused for now: its norm estimates are not accounted).",
+    )
+    clipping_norm: float = Field(
+        gt=0, description="Each client's update (reply minus the model it got) is scaled down "
+        "to this L2 norm at most.",
+    )  # fmt: skip
+    noise_multiplier: float | None = Field(
+        default=None,
+        gt=0,
+        description="central: noise std / clipping norm of the sum (required for central).",
+    )
+    epsilon: float | None = Field(
+        default=None,
+        gt=0,
+        lt=1,
+        description="local: epsilon of each round's update, 0 < epsilon < 1 (required for "
+        "local); the total over the rounds is accounted and reported.",
+    )
+    delta: float = Field(
+        default=privacy.DEFAULT_DELTA, gt=0, lt=1, description="The delta epsilon is stated at."
+    )
+
+
+class Privacy(_Model):
+    """What the clusters' updates are protected by. A cluster's own requirement (its
+    ClusterClaim privacy.federated-learning.open-cluster-management.io) is enforced on that
+    cluster in addition."""
+
+    differential_privacy: DifferentialPrivacy | None = Field(
+        default=None, description="Differential privacy of the model updates."
+    )
+    secure_aggregation: dict[str, Any] | None = Field(
+        default=None,
+        description="Refused for now: SecAgg+ is not available on this platform yet.",
+    )
+
+
 class FederatedLearningSpec(_Model):
     """What to train, where, and how."""
 
     framework: Framework = Field(default=Framework.FLOWER, description="FL framework.")
     server: ServerSpec = defaulted(ServerSpec, "The server on the hub.")
     client: ClientSpec = Field(description="The clients on the chosen clusters.")
+    privacy: Privacy | None = Field(
+        default=None, description="Differential privacy of the model updates (docs/privacy.md)."
+    )
 
 
 # --- status --------------------------------------------------------------------------------
@@ -640,6 +701,16 @@ class ModelArtifact(_Model):
     )
 
 
+class PrivacySpent(_Model):
+    """The privacy the run spent, from the server's accountant (RDP, Flower's RdpAccountant)."""
+
+    mode: DpMode = Field(description="central or local.")
+    epsilon: float | None = Field(default=None, description="Total epsilon over the rounds run.")
+    delta: float | None = Field(default=None, description="The delta epsilon is stated at.")
+    round_epsilon: float | None = Field(default=None, description="Epsilon of one round.")
+    rounds: int | None = Field(default=None, description="Rounds accounted.")
+
+
 GLOBAL_HISTORY: Final = "global"  # HistoryEntry.cluster of the federation as a whole
 
 
@@ -679,6 +750,9 @@ class FederatedLearningStatus(_Model):
         default=0, ge=0, description="Clusters counted in clusterCounts but without a row."
     )
     model: ModelArtifact | None = Field(default=None, description="The final model.")
+    privacy: PrivacySpent | None = Field(
+        default=None, description="Privacy spent (spec.privacy.differentialPrivacy)."
+    )
     history: list[HistoryEntry] = Field(
         default_factory=list, description="Per-round metrics per cluster (latest entries)."
     )
@@ -888,6 +962,46 @@ def _storage_problems(storage: Storage) -> list[str]:
     return problems
 
 
+def _privacy_problems(spec_privacy: Privacy | None) -> list[str]:
+    if spec_privacy is None:
+        return []
+    problems = []
+    where = "spec.privacy"
+    if spec_privacy.secure_aggregation is not None:
+        problems.append(
+            f"{where}.secureAggregation: secure aggregation (SecAgg+) is not available on this "
+            "platform yet; remove it (differentialPrivacy works, see docs/privacy.md)"
+        )
+    dp = spec_privacy.differential_privacy
+    if dp is None:
+        return problems
+    where += ".differentialPrivacy"
+    if dp.clipping is Clipping.ADAPTIVE:
+        problems.append(
+            f"{where}.clipping: adaptive clipping is not available yet (its norm estimates "
+            "are not accounted); use fixed"
+        )
+    if dp.mode is DpMode.CENTRAL:
+        if dp.noise_multiplier is None:
+            problems.append(f"{where}.noiseMultiplier is required with mode central "
+                            "(1.0 or more is usual)")  # fmt: skip
+        if dp.epsilon is not None:
+            problems.append(
+                f"{where}.epsilon is for mode local; with central the noiseMultiplier sets "
+                "the privacy and epsilon is reported: remove epsilon"
+            )
+    else:
+        if dp.epsilon is None:
+            problems.append(f"{where}.epsilon is required with mode local (0 < epsilon < 1 "
+                            "per round)")  # fmt: skip
+        if dp.noise_multiplier is not None:
+            problems.append(
+                f"{where}.noiseMultiplier is for mode central; with local the epsilon and "
+                "delta set each client's noise: remove noiseMultiplier"
+            )
+    return problems
+
+
 def semantic_problems(spec: FederatedLearningSpec, name: str = "") -> list[str]:
     """Cross-field rules the CRD schema cannot express, each with the fix."""
     problems: list[str] = _refused(spec)
@@ -925,6 +1039,7 @@ def semantic_problems(spec: FederatedLearningSpec, name: str = "") -> list[str]:
                 f"spec.client.overrides[{i}]: set exactly one of clusterName or clusterSelector"
             )
     problems += _env_problems(client)
+    problems += _privacy_problems(spec.privacy)
     for side, pod in (("server", server.pod), ("client", client.pod)):
         ours = sorted(k for k in pod.labels if k.startswith(constants.LABEL_PREFIX))
         if ours:

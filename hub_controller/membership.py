@@ -22,6 +22,12 @@ from typing import Any, Final, Protocol
 
 from hub_controller.signer.hub_identity import HubIdentity, ledger_of
 from ocmfl.constants import ADDON_NAME
+from ocmfl.privacy import (
+    PRIVACY_CLAIM,
+    ClusterRequirement,
+    PrivacySettingError,
+    parse_requirement,
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class ClusterResolution:
     data_path: str | None
     reason: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    privacy: ClusterRequirement | None = None  # what its data requires (PRIVACY_CLAIM)
 
     @property
     def has_data(self) -> bool:
@@ -220,8 +227,21 @@ def resolve_clusters(
             out.append(ClusterResolution(name, None, reason, info.labels))
         else:
             reason = f"selected by the placement; data at {value} (ClusterClaim {data_claim})"
-            out.append(ClusterResolution(name, value, reason, info.labels))
+            try:
+                required = _requirement(info)
+            except PrivacySettingError as exc:
+                reason = f"selected by the placement, but {exc} (no work created)"
+                out.append(ClusterResolution(name, None, reason, info.labels))
+                continue
+            if required is not None:
+                reason += f"; its data requires {required.describe()}"
+            out.append(ClusterResolution(name, value, reason, info.labels, required))
     return out
+
+
+def _requirement(info: ClusterInfo) -> ClusterRequirement | None:
+    value = info.claims.get(PRIVACY_CLAIM)
+    return None if value is None else parse_requirement(value)
 
 
 def is_accepted(managed_cluster: Mapping[str, Any]) -> bool:

@@ -40,6 +40,7 @@ from ocmfl.constants import (
     SUPERNODE_PORT,
 )
 from ocmfl.nodekeys import ensure_keypair, public_key_of
+from ocmfl.privacy import ClientPrivacy, PrivacySettingError
 from workloads import flower_env as fe
 from workloads.fleet_longpoll import HOLD_S, INTERVAL_S
 from workloads.fleet_proxy import FLEET_PATH
@@ -158,6 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="keep Flower's own flwr-clientapp per message (a fresh interpreter that then "
         "forwards to the worker) instead of the shim that runs it in a fork of the worker",
+    )
+    p.add_argument(
+        "--privacy",
+        default="",
+        help="this cluster's ClientPrivacy as JSON (ocmfl.privacy; the hub writes it from the "
+        "resource's spec.privacy and the cluster's privacy ClusterClaim): the worker enforces "
+        "it on every reply, and no message is answered without the worker",
     )
     p.add_argument(
         "--no-long-poll",
@@ -297,6 +305,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 < args.long_poll_hold <= 20:
         return _fail(f"--long-poll-hold {args.long_poll_hold}: give 0 < seconds <= 20 "
                      "(Flower's SuperNode gives up on a call after 30 s)")  # fmt: skip
+    privacy: ClientPrivacy | None = None
+    if args.privacy:
+        try:
+            privacy = ClientPrivacy.from_json(args.privacy)
+        except PrivacySettingError as exc:
+            return _fail(f"--privacy: {exc}")
+        if args.no_worker or args.no_exec_shim:
+            return _fail("--privacy needs the ClientApp worker and its exec shim, which enforce "
+                         "it: drop --no-worker and --no-exec-shim")  # fmt: skip
     if not Path(args.root_certificates).is_file():
         return _fail(f"--root-certificates {args.root_certificates} does not exist")
     key_path = Path(args.auth_key)
@@ -342,10 +359,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     socket_path: Path | None = None
     try:
         if not args.no_worker:
-            worker, socket_path = start_worker(args.worker_preload, env)
+            worker, socket_path = start_worker(args.worker_preload, env, args.cluster_name,
+                                               privacy)  # fmt: skip
+            if privacy is not None and not socket_path.exists():
+                return _fail("the ClientApp worker that enforces --privacy did not start; "
+                             "no message is answered without it")  # fmt: skip
             env[SOCKET_ENV] = str(socket_path)
             if socket_path.exists() and not args.no_exec_shim:  # SuperExec starts the shim
-                shim_dir = write_exec_shim(socket_path.parent / "bin", socket_path)
+                fallback = None if privacy is None else refusing_clientapp(socket_path.parent)
+                shim_dir = write_exec_shim(socket_path.parent / "bin", socket_path, fallback)
                 env["PATH"] = os.pathsep.join([str(shim_dir), env.get("PATH", os.defpath)])
             print(f"{PREFIX}: ClientApp worker (preloads {args.worker_preload}) on "
                   f"{socket_path}", flush=True)  # fmt: skip
@@ -403,14 +425,37 @@ def wait_upstream(listen: str, ca_file: Path, timeout: float) -> bool:
     return True
 
 
-def start_worker(preload: str, env: Mapping[str, str]) -> tuple[subprocess.Popen[bytes], Path]:
+REFUSING_CLIENTAPP = """#!/bin/sh
+echo "ocm-fl-client: the ClientApp worker that enforces this cluster's privacy is gone; \
+this message is not answered" >&2
+exit 1
+"""
+
+
+def refusing_clientapp(directory: Path) -> Path:
+    """What the exec shim runs when the worker is gone and the cluster has --privacy: a
+    refusal (exit 1), never the app outside the worker."""
+    path = directory / "refuse-clientapp"
+    path.write_text(REFUSING_CLIENTAPP)
+    path.chmod(0o700)
+    return path
+
+
+def start_worker(
+    preload: str,
+    env: Mapping[str, str],
+    cluster: str = "",
+    privacy: ClientPrivacy | None = None,
+) -> tuple[subprocess.Popen[bytes], Path]:
     """The long-lived ClientApp worker (workloads.sdk.worker) on a Unix socket in a private
     directory under $TMPDIR (the pod's scratch dir); returns it and the socket path once the
     socket is there (it listens before its preload). A worker that does not come up is only
     logged: the thin ClientApps then run the app in their own process."""
     path = socket_dir() / "worker.sock"
     cmd = [sys.executable, "-m", "workloads.clientapp_worker", "--socket", str(path),
-           "--preload", preload]  # fmt: skip
+           "--preload", preload, "--cluster", cluster]  # fmt: skip
+    if privacy is not None:
+        cmd += ["--privacy", privacy.to_json()]
     proc = fe.start(cmd, env, None)
     deadline = time.monotonic() + WORKER_START_TIMEOUT
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:

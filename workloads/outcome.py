@@ -139,6 +139,7 @@ class Outcome:
     metrics: Mapping[str, float] = field(default_factory=dict)
     details: Mapping[str, Any] = field(default_factory=dict)
     history: tuple[Mapping[str, float | int], ...] = ()
+    privacy: Mapping[str, Any] = field(default_factory=dict)  # spent, as the store recorded
 
     def termination_message(self) -> dict[str, Any]:
         """What the server container leaves in its termination message (read by the hub)."""
@@ -150,9 +151,25 @@ class Outcome:
             out["sha256"] = self.sha256
         if self.metrics:
             out["metrics"] = dict(self.metrics)
+        if self.privacy:
+            out["privacy"] = dict(self.privacy)
         if self.history:
             out["history"] = fitting_history([dict(row) for row in self.history])
         return out
+
+
+def privacy_spent(manifest: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The privacy the run spent (workloads.sdk.privacy.spent), from the final model's
+    metrics, else the newest checkpoint's; empty without spec.privacy."""
+    final = (manifest or {}).get("final")
+    checkpoints = (manifest or {}).get("checkpoints")
+    entries = [final] + (list(reversed(checkpoints)) if isinstance(checkpoints, list) else [])
+    for entry in entries:
+        metrics = entry.get("metrics") if isinstance(entry, Mapping) else None
+        spent = metrics.get("privacy") if isinstance(metrics, Mapping) else None
+        if isinstance(spent, Mapping):
+            return dict(spent)
+    return {}
 
 
 def _numbers(metrics: Any) -> dict[str, float]:
@@ -196,7 +213,12 @@ def decide(
     its log showed. ``model_url`` is where the manifest's final entry lives (None when there
     is none)."""
     # Every outcome carries the run's status (details) and the per-round history.
-    outcome = functools.partial(Outcome, details=status, history=tuple(run_log.history()))
+    outcome = functools.partial(
+        Outcome,
+        details=status,
+        history=tuple(run_log.history()),
+        privacy=privacy_spent(manifest),
+    )
     state = str(status.get("status", ""))
     run_id = status.get("run-id")
     errors = "; ".join(run_log.client_errors)

@@ -38,6 +38,7 @@ import tomli_w
 
 from ocmfl.constants import ENV_FL_UID, SERVER_FAILED_EXIT, SUPERLINK_PORT
 from ocmfl.nodekeys import PUBLIC_SUFFIX, read_public_keys
+from ocmfl.privacy import DpSettings
 from workloads import flower_env as fe
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
 from workloads.flower_app import AppError, FlowerApp, RunConfigValue, inspect_app, run_config
@@ -206,6 +207,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(.npz, .arrayrecord, .pt/.pth, .safetensors)",
     )
     r.add_argument(
+        "--privacy",
+        default="",
+        help="JSON of spec.privacy.differentialPrivacy: run_strategy applies it "
+        "(workloads.sdk.privacy)",
+    )
+    r.add_argument(
         "--install-dependencies",
         action="store_true",
         help="let Flower install the app's dependencies at run time (off: the image has them)",
@@ -226,6 +233,11 @@ def settings_from_args(args: argparse.Namespace) -> LaunchSettings:
         raise ValueError("--rounds must be >= 1")
     if args.min_clients < 1:
         raise ValueError("--min-clients must be >= 1")
+    if args.privacy:
+        try:
+            DpSettings.from_spec(json.loads(args.privacy))
+        except (ValueError, AttributeError) as exc:  # PrivacySettingError is a ValueError
+            raise ValueError(f"--privacy: {exc}") from None
     storage = str(args.storage)
     if not storage.startswith("s3://"):
         storage = str(Path(storage).resolve())
@@ -237,6 +249,7 @@ def settings_from_args(args: argparse.Namespace) -> LaunchSettings:
         min_results=args.min_clients,
         round_timeout=args.round_timeout,
         node_names_file=str(persist_dir(args) / "nodes.json"),
+        privacy=args.privacy,
     )
     return LaunchSettings(
         app=app,

@@ -619,6 +619,7 @@ def fold(
         cluster_counts=counts,
         clusters_omitted=len(rows) - len(kept),
         model=model,
+        privacy=obs.privacy or (previous.privacy if previous else None),
         history=_history(previous.history if previous else [], obs),
         message=message,
     )

@@ -32,6 +32,7 @@ from hub_controller.api import (
     FLRef,
     HistoryEntry,
     ModelArtifact,
+    PrivacySpent,
     data_claim_of,
 )
 from hub_controller.membership import (
@@ -237,6 +238,7 @@ def gather(
     succeeded = False
     rounds: int | None = None
     history: tuple[HistoryEntry, ...] = ()
+    privacy: PrivacySpent | None = None
     for item in idx.pods.get(key, []):
         if item.uid != ref.uid or item.value is None:
             continue
@@ -245,6 +247,7 @@ def gather(
         succeeded = succeeded or item.value.succeeded
         rounds = item.value.rounds if item.value.rounds is not None else rounds
         history = item.value.history or history
+        privacy = item.value.privacy or privacy
         if item.value.model is not None:
             model = item.value.model.model_copy(
                 update={
@@ -265,6 +268,7 @@ def gather(
         server_succeeded=succeeded,
         server_rounds=rounds,
         server_history=history,
+        privacy=privacy,
         reports=reports.snapshot(ref.uid),
         conflicts=conflicts,
     )

@@ -17,7 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hub_controller.api import GLOBAL_HISTORY, FederatedLearningSpec, HistoryEntry, ModelArtifact
+from hub_controller.api import (
+    GLOBAL_HISTORY,
+    FederatedLearningSpec,
+    HistoryEntry,
+    ModelArtifact,
+    PrivacySpent,
+)
 from hub_controller.membership import ClusterResolution
 from hub_controller.operator.desired.works import (
     FEEDBACK_ACTIVE,
@@ -162,6 +168,7 @@ class ServerOutcome:
     # the SDK): history rows are the run's "global" values.
     rounds: int | None = None
     history: tuple[HistoryEntry, ...] = ()
+    privacy: PrivacySpent | None = None
 
 
 MAX_SERVER_HISTORY = 200  # rows taken from one termination message (it holds about 40)
@@ -242,8 +249,28 @@ def outcome_from_termination_message(pod: Mapping[str, Any] | None) -> ServerOut
             succeeded=ok is True and terminated.get("exitCode") == 0,
             rounds=rounds if isinstance(rounds, int) and not isinstance(rounds, bool) else None,
             history=_server_history(data.get("history")),
+            privacy=_privacy(data.get("privacy")),
         )
     return None
+
+
+def _privacy(data: Any) -> PrivacySpent | None:
+    """The termination message's privacy spent (workloads.sdk.privacy.spent); None when
+    absent or malformed."""
+    if not isinstance(data, dict):
+        return None
+    try:
+        return PrivacySpent.model_validate(
+            {
+                "mode": data.get("mode"),
+                "epsilon": data.get("epsilon"),
+                "delta": data.get("delta"),
+                "roundEpsilon": data.get("round-epsilon"),
+                "rounds": data.get("rounds"),
+            }
+        )
+    except ValueError:
+        return None
 
 
 def model_from_termination_message(pod: Mapping[str, Any] | None) -> ModelArtifact | None:
@@ -339,6 +366,7 @@ class Observations:
     server_succeeded: bool = False  # a server pod exited 0 with a completed run (ServerOutcome)
     server_rounds: int | None = None  # rounds done, as the server's own log showed them
     server_history: tuple[HistoryEntry, ...] = ()  # per-round values from that log
+    privacy: PrivacySpent | None = None  # spent, from the server's termination message
     reports: Mapping[str, ClusterReport] = field(default_factory=dict)
     # cluster -> uid of the other resource whose ManifestWork holds this resource's work name
     # there (never overwritten; "" when the work names no owner)

@@ -234,3 +234,76 @@ def test_crashing_client_below_minimum_fails_the_run(fed: Federation) -> None:
     assert last_line.startswith("ocm-fl-server: failed: ")
     assert "finished:failed" in last_line and "minimum is 2" in last_line
     assert ModelStore(fed.root / "model-2").final() is None
+
+
+# --- differential privacy through the real path (docs/privacy.md) -------------------------
+PRIVATE = ("p1", "p2")
+# p2's data requires central DP with at least this noise, clipped to at most this norm.
+P2_REQUIREMENT = "central-dp,clip=5,noise=0.5"
+CENTRAL = {"mode": "central", "clippingNorm": 5.0, "noiseMultiplier": 0.5, "delta": 1e-5}
+
+
+@pytest.fixture(scope="module")
+def private_fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    """Two clusters whose clients enforce privacy in their ClientApp workers (--privacy):
+    p1 only what the server asks, p2 also its own requirement."""
+    from ocmfl.privacy import ClientPrivacy, client_privacy, parse_requirement
+
+    root = tmp_path_factory.mktemp("private")
+    ca = pki.create_ca(key_kind="ec")
+    server = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
+    tls = pki.save_tls_dir(root / "tls", server, ca.cert)
+    keys, pubs = root / "keys", root / "pubs"
+    pubs.mkdir()
+    for name in PRIVATE:
+        (pubs / f"{name}.pub").write_bytes(write_keypair(keys / name, comment=name).read_bytes())
+    partition(root / "data", list(CLUSTERS), split="iid", seed=0)
+    f = Federation(root, free_port(), tls, keys, pubs, root / "data")
+    enforced = {
+        "p1": ClientPrivacy("p1"),
+        "p2": client_privacy("p2", None, parse_requirement(P2_REQUIREMENT)),
+    }
+    try:
+        for name in PRIVATE:
+            cmd = f.client_cmd(name, name, 300, "--privacy", enforced[name].to_json())
+            f.clients[name] = _spawn(cmd, root / f"{name}.log")
+        yield f
+    finally:
+        for proc in f.clients.values():
+            _kill_group(proc, signal.SIGTERM)
+
+
+def test_central_dp_runs_through_the_workers_and_reports_the_privacy_spent(
+    private_fed: Federation,
+) -> None:
+    from ocmfl.privacy import DpSettings
+    from workloads.sdk.privacy import spent
+
+    result = private_fed.root / "central.json"
+    done = _run(private_fed.server_cmd(private_fed.root / "model-central", 2, "--privacy",
+                                       json.dumps(CENTRAL), "--result-file", str(result)),
+                timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:]
+    outcome = json.loads(result.read_text())
+    expected = spent(DpSettings.from_spec(CENTRAL), 2)
+    assert outcome["privacy"]["epsilon"] == pytest.approx(expected["epsilon"])
+    assert outcome["privacy"]["rounds"] == 2
+    # Each worker clipped its replies to the server's norm (its privacy mod logs each one).
+    for name in PRIVATE:
+        log = (private_fed.root / f"{name}.log").read_text()
+        assert f"ocm-fl privacy: cluster {name}: train reply clipped to norm 5" in log, log[-3000:]
+    checkpoints = json.loads((private_fed.root / "model-central" / "manifest.json").read_text())
+    assert [c["metrics"]["privacy"]["rounds"] for c in checkpoints["checkpoints"]] == [1, 2]
+
+
+def test_a_server_without_the_dp_a_cluster_requires_fails_naming_that_cluster(
+    private_fed: Federation,
+) -> None:
+    """The tenant's server runs no DP: p2's worker refuses the train message before its app
+    sees it, and the run fails with p2's requirement, though p1 alone would meet the minimum."""
+    done = _run(private_fed.server_cmd(private_fed.root / "model-plain", 2, "--min-clients", "1"),
+                timeout=600)  # fmt: skip
+    last_line = done.stdout.strip().splitlines()[-1]
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "PrivacyRequirementError" in last_line and "cluster p2 requires central DP" in last_line
+    assert ModelStore(private_fed.root / "model-plain").final() is None

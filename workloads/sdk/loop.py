@@ -43,6 +43,7 @@ from workloads.sdk.client import EVALUATE_IN_TRAIN, FOLDED_RECORD
 from workloads.sdk.formats import ModelFormatError, check_compatible, reorder
 from workloads.sdk.metrics import CLIENT_RECORD
 from workloads.sdk.platform import ServerPlatform, env_number
+from workloads.sdk.privacy import dp_settings, refusal_in, spent, wrap_strategy
 from workloads.sdk.pull import can_bound, pull_replies
 from workloads.sdk.store import ModelStore, ModelStoreError
 from workloads.sdk.wire import Narrowed, mark, narrow, widen, wire_dtype
@@ -64,6 +65,10 @@ def poll_interval(env: Mapping[str, str] | None = None) -> float:
 
 class TooFewResultsError(RuntimeError):
     """A round ended with fewer successful client replies than the platform's minimum."""
+
+
+class PrivacyRefusedError(RuntimeError):
+    """A cluster refused to answer: its data requires privacy this run does not give."""
 
 
 class StartModelError(RuntimeError):
@@ -313,6 +318,9 @@ class PlatformGrid(Grid):
         )
         for cluster in silent:  # e.g. its SuperNode died holding the message and came back
             failed.setdefault(cluster, "no reply before the round timeout")
+        refused = [f"{c}: {why}" for c, why in failed.items() if refusal_in(why)]
+        if refused:  # a cluster's data requires privacy this run does not give
+            raise PrivacyRefusedError(f"round {rnd} {phase}: " + "; ".join(refused))
         need = min(self.min_results, len(sent))
         if len(valid) < need:
             if silent:
@@ -464,6 +472,12 @@ def run_strategy(
         if changed:
             log.info("%s set to the platform's minimum, %d", ", ".join(changed),
                      platform.min_results)  # fmt: skip
+    dp = dp_settings(platform)
+    strategy = wrap_strategy(strategy, dp)
+    if dp is not None:
+        log.info("differential privacy %s: clipping norm %g, noise multiplier %.4g a round, "
+                 "delta %g", dp.mode, dp.clipping_norm, dp.round_noise_multiplier,
+                 dp.delta)  # fmt: skip
     wrapped = PlatformGrid(
         grid,
         min_results=platform.min_results,
@@ -488,6 +502,10 @@ def run_strategy(
         global_round = done + server_round
         wrapped.node_names.update(platform.node_names())
         metrics.update(wrapped.metrics_of_round(global_round))
+        if dp is not None:
+            metrics["privacy"] = spent(dp, global_round)
+            log.info("round %d: privacy spent epsilon %.4g at delta %g", global_round,
+                     metrics["privacy"]["epsilon"], dp.delta)  # fmt: skip
         entry = store.save_checkpoint(global_round, arrays, metrics)
         log.info("round %d/%d checkpointed to %s", global_round, total, store.url(entry))
         return server

@@ -7,8 +7,8 @@ resource's per-cluster values (``spec.client.runConfig`` and matching overrides)
 
 Server side (``ocm-fl-server`` puts them in the environment of the SuperLink, whose ServerApp
 processes inherit it): the model store, the starting model, the resource uid, the rounds, the
-results a round needs and the round timeout. Flower's run config cannot carry them: it only
-takes keys the app itself declares.
+results a round needs, the round timeout and the resource's differential privacy. Flower's run
+config cannot carry them: it only takes keys the app itself declares.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class ServerPlatform:
     min_results: int = 1
     round_timeout: float | None = None
     node_names_file: str = ""
+    privacy: str = ""  # JSON of spec.privacy.differentialPrivacy (workloads.sdk.privacy)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerPlatform:
@@ -78,6 +79,7 @@ class ServerPlatform:
             min_results=env_number(env, constants.ENV_MIN_CLIENTS, int, 1) or 1,
             round_timeout=env_number(env, constants.ENV_ROUND_TIMEOUT, float, 0.0),
             node_names_file=env.get(constants.ENV_NODE_NAMES, "").strip(),
+            privacy=env.get(constants.ENV_PRIVACY, "").strip(),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -90,6 +92,7 @@ class ServerPlatform:
             constants.ENV_MIN_CLIENTS: str(self.min_results),
             constants.ENV_ROUND_TIMEOUT: str(self.round_timeout) if self.round_timeout else "",
             constants.ENV_NODE_NAMES: self.node_names_file,
+            constants.ENV_PRIVACY: self.privacy,
         }
         return {k: v for k, v in pairs.items() if v}
 

@@ -24,6 +24,13 @@ the app's model stack again (torch: 2.5-4.4 s and about 1 GB). With this module:
   its environment and runs the real one in that child. If the worker is gone, the shim execs
   Flower's real ``flwr-clientapp``.
 
+Privacy (workloads/sdk/privacy.py): every ClientApp the worker runs, through the shim or a thin
+app, is wrapped in ``privacy_mod`` with the cluster's ``ClientPrivacy`` (``--privacy``): the
+reply of a train message is clipped to the norm the server or the cluster asks for and noised
+as the cluster requires, whatever the app does, and a message whose server does not run the
+DP the cluster requires is refused. With ``--privacy`` the launcher points the shim's fallback
+at a refusal, so no message is answered outside the worker.
+
 Security: the socket directory is 0700 and the socket 0600, and the worker serves only peers
 with its own uid (SO_PEERCRED); nothing listens on the network; the worker runs as the
 launcher's (non-root) user with the same read-only root and scratch directory.
@@ -54,6 +61,9 @@ from flwr.proto.message_pb2 import Context as ProtoContext  # pylint: disable=E0
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
 from flwr.supercore.task_identity import TaskIdentity
+
+from ocmfl.privacy import ClientPrivacy
+from workloads.sdk.privacy import privacy_mod
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +201,37 @@ def forwarding_client_app(ref: str) -> ForwardingClientApp:
 
 
 # --- the worker --------------------------------------------------------------------------
-def _handle(conn: socket.socket) -> None:
+class GuardedClientApp(ClientApp):
+    """Any ClientApp, run inside the cluster's privacy mod."""
+
+    def __init__(self, inner: ClientApp, privacy: ClientPrivacy) -> None:
+        super().__init__()
+        self.inner = inner
+        self.mod = privacy_mod(privacy)
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        return self.mod(message, context, self.inner.__call__)
+
+
+def _guard_flower_loader(privacy: ClientPrivacy) -> None:
+    """In the forked child that becomes ``flwr-clientapp``: the ClientApp Flower loads from
+    the app is run inside the privacy mod (Flower's runtime looks its loader up at call time)."""
+    from flwr.supernode.runtime import run_clientapp as runtime
+
+    make_loader = runtime.get_load_client_app_fn  # type: ignore[attr-defined]
+
+    def guarded_loader(*args: Any, **kwargs: Any) -> Any:
+        load = make_loader(*args, **kwargs)
+        return lambda *a, **k: GuardedClientApp(load(*a, **k), privacy)
+
+    runtime.get_load_client_app_fn = guarded_loader  # type: ignore[attr-defined]
+
+
+def _handle(conn: socket.socket, privacy: ClientPrivacy) -> None:
     """In the forked child: run one message through the app and answer."""
     header, blobs, fds = _recv_with_fds(conn)
     if "exec" in header:
+        _guard_flower_loader(privacy)
         _exec_flower_clientapp(conn, header, fds)
         return
     try:
@@ -208,7 +245,7 @@ def _handle(conn: socket.socket) -> None:
         message = message_from_blobs(header, blobs[:-1])
         if header["app_dir"] not in sys.path:
             sys.path.insert(0, header["app_dir"])
-        reply = load_app(header["ref"])(message, context)
+        reply = GuardedClientApp(load_app(header["ref"]), privacy)(message, context)
         reply_header, reply_blobs = message_blobs(reply)
         reply_blobs.append(context_to_proto(context).SerializeToString())
         _send(conn, reply_header, reply_blobs)
@@ -327,7 +364,7 @@ def listen(path: Path) -> socket.socket:
     return server
 
 
-def serve(server: socket.socket, path: Path) -> None:
+def serve(server: socket.socket, path: Path, privacy: ClientPrivacy) -> None:
     """Fork a child per connection until SIGTERM (peers of another uid are turned away)."""
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped by the kernel
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -345,7 +382,7 @@ def serve(server: socket.socket, path: Path) -> None:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 code = 0
                 try:
-                    _handle(conn)
+                    _handle(conn, privacy)
                 except BaseException:
                     code = 1
                 finally:
@@ -386,7 +423,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--socket", required=True, type=Path)
     parser.add_argument("--preload", default=",".join(DEFAULT_PRELOAD),
                         help="modules to import once, comma separated")  # fmt: skip
+    parser.add_argument("--cluster", default="", help="the cluster's name (for refusals)")
+    parser.add_argument("--privacy", default="",
+                        help="the cluster's ClientPrivacy as JSON (ocmfl.privacy)")  # fmt: skip
     args = parser.parse_args(argv)
+    privacy = ClientPrivacy.from_json(args.privacy) if args.privacy else ClientPrivacy(args.cluster)
     # Listen first: a message that comes while the preload runs waits in the backlog.
     server = listen(args.socket)
     names = [*filter(None, (m.strip() for m in args.preload.split(","))), *_FLOWER_PRELOAD]
@@ -397,5 +438,5 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ocm-fl-worker: not preloading {name}: {exc}", flush=True)
     if "torch" in sys.modules:
         warm_torch()
-    serve(server, args.socket)
+    serve(server, args.socket, privacy)
     return 0

@@ -92,6 +92,7 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
       --run-id NAMESPACE/NAME       label for logs
       --persist-dir DIR             SuperLink database + node map (on the store's volume;
                                     absent for S3 storage, whose volume is an emptyDir)
+      --privacy JSON                spec.privacy.differentialPrivacy (run_strategy applies it)
     The launcher exits 0 when training completed, non-zero otherwise, and writes a JSON
     {"ok", "reason", "round", "path", "sha256", "metrics"} outcome to /dev/termination-log
     (read by `outcome_from_termination_message`).
@@ -140,6 +141,9 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
         args += ["--init-model", server.init_model]
     if server.app.install_dependencies:
         args.append("--install-dependencies")
+    if spec.privacy is not None and spec.privacy.differential_privacy is not None:
+        dp = spec.privacy.differential_privacy.model_dump(mode="json", by_alias=True)
+        args += ["--privacy", json.dumps(dp, sort_keys=True)]
     return args
 
 

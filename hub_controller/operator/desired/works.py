@@ -37,6 +37,7 @@ from hub_controller.operator.desired import limits, security
 from ocmfl import constants
 from ocmfl.kube import Encoded
 from ocmfl.names import cluster_side_name
+from ocmfl.privacy import ClusterRequirement, DpSettings, client_privacy
 
 WORK_API_VERSION: Final = f"{constants.WORK_GROUP}/v1"
 COMPONENT: Final = "client"
@@ -138,7 +139,11 @@ def effective_client(
 
 
 def client_args(
-    spec: FederatedLearningSpec, cluster: str, server_address: str, server_name: str
+    spec: FederatedLearningSpec,
+    cluster: str,
+    server_address: str,
+    server_name: str,
+    requirement: ClusterRequirement | None = None,
 ) -> list[str]:
     """Arguments for `ocm-fl-client` (workloads.client_launcher).
 
@@ -154,10 +159,16 @@ def client_args(
                              node config (spec.client.runConfig + matching overrides)
       (no --port: the SuperNode's local API keeps its default 9094 on the pod's own loopback)
       --install-dependencies Flower installs the app's dependencies (spec.server.app)
+      --privacy JSON         what this cluster's ClientApp worker enforces (ocmfl.privacy:
+                             spec.privacy merged with the cluster's privacy ClusterClaim)
     The agent endpoint, FL name/namespace/uid come as env vars (ocmfl.constants.ENV_*).
     """
     app = spec.server.app
     extra = ["--install-dependencies"] if app is not None and app.install_dependencies else []
+    dp = spec.privacy.differential_privacy if spec.privacy is not None else None
+    if dp is not None or requirement is not None:
+        settings = None if dp is None else DpSettings.from_spec(dp.model_dump(by_alias=True))
+        extra += ["--privacy", client_privacy(cluster, settings, requirement).to_json()]
     return [
         *extra,
         "--server",
@@ -269,7 +280,7 @@ def _client_job(
         "name": "client",
         "image": spec.client.image,
         "command": [CLIENT_COMMAND],
-        "args": client_args(spec, resolution.name, server_address, server_name),
+        "args": client_args(spec, resolution.name, server_address, server_name, resolution.privacy),
         "env": client_env(
             ref, spec, resolution.name, agent_endpoint, effective.env, with_token=with_token
         ),

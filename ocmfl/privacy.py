@@ -1,0 +1,296 @@
+"""Privacy settings (pure, no numpy): what a resource asks for, what a cluster's data requires,
+and what the platform enforces on each cluster's client.
+
+Two sources, two owners:
+
+- `spec.privacy.differentialPrivacy` (the tenant's resource): `central` (each client clips its
+  update, the server adds Gaussian noise to the average) or `local` (each client clips and adds
+  noise before its update leaves the cluster).
+- The ClusterClaim `PRIVACY_CLAIM` on a managed cluster (that cluster's admin, not the
+  tenant): what the cluster's data requires, e.g. ``local-dp,epsilon=0.5,clip=1`` (see
+  `parse_requirement`). The hub copies it from the ManagedCluster's claims into the cluster's
+  ManifestWork; the cluster's client enforces it in the platform's ClientApp worker whatever the
+  tenant's app does (`workloads/sdk/privacy.py`).
+
+`client_privacy` merges both into the `ClientPrivacy` one cluster's client enforces: the
+strictest clipping norm and the largest local noise of the two, and the central-DP check.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Final
+
+PRIVACY_CLAIM: Final = "privacy.federated-learning.open-cluster-management.io"
+
+CENTRAL: Final = "central"
+LOCAL: Final = "local"
+DP_MODES: Final = (CENTRAL, LOCAL)
+DEFAULT_DELTA: Final = 1e-5
+
+# The cluster requirement's modes (the claim value's first item).
+REQUIRE_CLIPPING: Final = "clipping"
+REQUIRE_CENTRAL: Final = "central-dp"
+REQUIRE_LOCAL: Final = "local-dp"
+REQUIREMENT_MODES: Final = (REQUIRE_CLIPPING, REQUIRE_CENTRAL, REQUIRE_LOCAL)
+_REQUIREMENT_KEYS: Final = {
+    REQUIRE_CLIPPING: ("clip",),
+    REQUIRE_CENTRAL: ("clip", "noise"),
+    REQUIRE_LOCAL: ("clip", "epsilon", "delta"),
+}
+_REQUIREMENT_NEEDS: Final = {
+    REQUIRE_CLIPPING: ("clip",),
+    REQUIRE_CENTRAL: ("clip", "noise"),
+    REQUIRE_LOCAL: ("clip", "epsilon"),
+}
+REQUIREMENT_FORMS: Final = (
+    "clipping,clip=C | central-dp,clip=C,noise=Z | local-dp,clip=C,epsilon=E[,delta=D]"
+)
+
+
+class PrivacySettingError(ValueError):
+    """A privacy setting is malformed or contradictory; the message names it and the fix."""
+
+
+def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
+    """The Gaussian mechanism's noise multiplier (noise std / sensitivity) for one (epsilon,
+    delta) release: sqrt(2 ln(1.25/delta)) / epsilon (Dwork and Roth, Theorem A.1, which holds
+    for 0 < epsilon < 1; Flower's LocalDpMod uses the same calibration)."""
+    return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
+
+
+def check_local_epsilon(epsilon: float, delta: float, field: str) -> None:
+    """Refuse an (epsilon, delta) that the Gaussian mechanism's calibration cannot give."""
+    if not 0 < epsilon < 1:
+        raise PrivacySettingError(
+            f"{field}: epsilon {epsilon:g} cannot be reached by the Gaussian mechanism's "
+            "calibration, which holds only for 0 < epsilon < 1 per round: give an epsilon "
+            "below 1 (the total over all rounds is reported in status)"
+        )
+    if not 0 < delta < 1:
+        raise PrivacySettingError(f"{field}: delta {delta:g} must be between 0 and 1")
+
+
+@dataclass(frozen=True)
+class DpSettings:
+    """``spec.privacy.differentialPrivacy`` as the server and the clients use it."""
+
+    mode: str
+    clipping_norm: float
+    noise_multiplier: float | None = None  # central
+    epsilon: float | None = None  # local, per round
+    delta: float = DEFAULT_DELTA
+
+    @classmethod
+    def from_spec(cls, data: Mapping[str, Any]) -> DpSettings:
+        """From the resource's camelCase JSON (the controller validated it; checked again
+        here because the server and client launchers take it as a flag)."""
+        where = "spec.privacy.differentialPrivacy"
+        try:
+            settings = cls(
+                mode=str(data["mode"]),
+                clipping_norm=float(data["clippingNorm"]),
+                noise_multiplier=_number_or_none(data.get("noiseMultiplier")),
+                epsilon=_number_or_none(data.get("epsilon")),
+                delta=float(data.get("delta", DEFAULT_DELTA)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrivacySettingError(f"{where}: {exc!r} in {dict(data)!r}") from None
+        if settings.mode not in DP_MODES:
+            raise PrivacySettingError(f"{where}.mode {settings.mode!r}: use central or local")
+        if not settings.clipping_norm > 0:
+            raise PrivacySettingError(f"{where}.clippingNorm must be > 0")
+        if settings.mode == CENTRAL and not (settings.noise_multiplier or 0) > 0:
+            raise PrivacySettingError(f"{where}.noiseMultiplier > 0 is required with central")
+        if settings.mode == LOCAL:
+            if settings.epsilon is None:
+                raise PrivacySettingError(f"{where}.epsilon is required with local")
+            check_local_epsilon(settings.epsilon, settings.delta, where)
+        return settings
+
+    def to_spec(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"mode": self.mode, "clippingNorm": self.clipping_norm,
+                               "delta": self.delta}  # fmt: skip
+        if self.noise_multiplier is not None:
+            out["noiseMultiplier"] = self.noise_multiplier
+        if self.epsilon is not None:
+            out["epsilon"] = self.epsilon
+        return out
+
+    @property
+    def round_noise_multiplier(self) -> float:
+        """Noise std / clipping norm of one round's release: the server's multiplier
+        (central) or the one each client's (epsilon, delta) calibrates (local)."""
+        if self.mode == CENTRAL:
+            assert self.noise_multiplier is not None
+            return self.noise_multiplier
+        assert self.epsilon is not None
+        return gaussian_noise_multiplier(self.epsilon, self.delta)
+
+
+def _number_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class ClusterRequirement:
+    """What one cluster's data requires (from its `PRIVACY_CLAIM`)."""
+
+    mode: str
+    clip: float
+    noise: float | None = None  # central-dp: the least noise multiplier the server must add
+    epsilon: float | None = None  # local-dp: the most epsilon per round
+    delta: float = DEFAULT_DELTA
+    text: str = ""  # the claim's value, as written
+
+    def describe(self) -> str:
+        """The requirement in words, for refusals and status."""
+        if self.mode == REQUIRE_CENTRAL:
+            return f"central DP (updates clipped to {self.clip:g}, server noise >= {self.noise:g})"
+        if self.mode == REQUIRE_LOCAL:
+            return (f"local DP (updates clipped to {self.clip:g}, epsilon <= {self.epsilon:g} "
+                    f"per round at delta {self.delta:g})")  # fmt: skip
+        return f"clipping (updates clipped to {self.clip:g})"
+
+
+def parse_requirement(value: str) -> ClusterRequirement:
+    """The requirement a `PRIVACY_CLAIM` value states: a mode, then key=value items, comma
+    separated, e.g. ``central-dp,clip=1.0,noise=1.1``; a malformed value raises
+    PrivacySettingError naming the claim, the item and the forms it may take."""
+    where = f"ClusterClaim {PRIVACY_CLAIM}={value!r}"
+    items = [item.strip() for item in value.split(",") if item.strip()]
+    if not items or items[0] not in REQUIREMENT_MODES:
+        raise PrivacySettingError(
+            f"{where}: it must start with one of {', '.join(REQUIREMENT_MODES)}; "
+            f"the forms are {REQUIREMENT_FORMS}"
+        )
+    mode, numbers = items[0], {}
+    for item in items[1:]:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or key not in _REQUIREMENT_KEYS[mode]:
+            raise PrivacySettingError(
+                f"{where}: {item!r} is not a setting of {mode} (it takes "
+                f"{', '.join(_REQUIREMENT_KEYS[mode])}); the forms are {REQUIREMENT_FORMS}"
+            )
+        try:
+            number = float(raw)
+        except ValueError:
+            number = math.nan
+        if not math.isfinite(number) or number <= 0:
+            raise PrivacySettingError(f"{where}: {key} must be a positive number, got {raw!r}")
+        numbers[key] = number
+    missing = [k for k in _REQUIREMENT_NEEDS[mode] if k not in numbers]
+    if missing:
+        raise PrivacySettingError(
+            f"{where}: {mode} needs {', '.join(missing)}; the forms are {REQUIREMENT_FORMS}"
+        )
+    requirement = ClusterRequirement(
+        mode=mode,
+        clip=numbers["clip"],
+        noise=numbers.get("noise"),
+        epsilon=numbers.get("epsilon"),
+        delta=numbers.get("delta", DEFAULT_DELTA),
+        text=value,
+    )
+    if requirement.epsilon is not None:
+        check_local_epsilon(requirement.epsilon, requirement.delta, where)
+    return requirement
+
+
+@dataclass(frozen=True)
+class ClientPrivacy:
+    """What one cluster's client enforces on every train reply (in the platform's worker).
+
+    `clip`: the update (reply minus the model received) is scaled down to this L2 norm at
+    most (a smaller norm the server asks for wins). `noise_std`: Gaussian noise of this
+    standard deviation is added to every floating-point value of the reply. `central_noise`:
+    train messages that do not ask for client clipping at most `clip` and declare server
+    noise of at least this multiplier are refused. `requirement`: the cluster's requirement
+    in words (empty: only the resource's own settings)."""
+
+    cluster: str
+    clip: float | None = None
+    noise_std: float | None = None
+    central_noise: float | None = None
+    requirement: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.clip is not None or self.noise_std is not None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ClientPrivacy:
+        """Parse what `to_json` wrote; anything else raises PrivacySettingError."""
+        try:
+            data: Any = json.loads(text)
+            privacy = cls(**data)
+        except (ValueError, TypeError) as exc:
+            raise PrivacySettingError(f"privacy settings {text!r}: {exc}") from None
+        for name in ("clip", "noise_std", "central_noise"):
+            value = getattr(privacy, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise PrivacySettingError(f"privacy settings: {name} must be > 0, got {value!r}")
+        return privacy
+
+    def refusal(self, server_clip: float | None, server_noise: float | None) -> str | None:
+        """Why a train message with the server's clipping norm and declared noise multiplier
+        must be refused on this cluster (None: it may be answered)."""
+        if self.central_noise is None:
+            return None
+        asked = f"asked for clipping {server_clip:g}" if server_clip else "asked for no clipping"
+        noise = f"noise {server_noise:g}" if server_noise else "no server noise"
+        clip = f"{self.clip:g}" if self.clip is not None else "any"
+        if (
+            server_clip is None
+            or server_noise is None
+            or (self.clip is not None and server_clip > self.clip)
+            or server_noise < self.central_noise
+        ):
+            return (
+                f"cluster {self.cluster} requires {self.requirement}; the server {asked} with "
+                f"{noise}: set spec.privacy.differentialPrivacy (mode central, clippingNorm <= "
+                f"{clip}, noiseMultiplier >= {self.central_noise:g}) and run the app "
+                "with workloads.sdk.run_strategy"
+            )
+        return None
+
+    def clip_for(self, server_clip: float | None) -> float | None:
+        """The clipping norm for one reply: the smaller of this cluster's and the server's."""
+        norms = [n for n in (self.clip, server_clip) if n is not None]
+        return min(norms) if norms else None
+
+
+def client_privacy(
+    cluster: str, dp: DpSettings | None, requirement: ClusterRequirement | None
+) -> ClientPrivacy:
+    """Merge the resource's DP settings and the cluster's requirement into what that
+    cluster's client enforces."""
+    clips: list[float] = []
+    stds: list[float] = []
+    if dp is not None and dp.mode == LOCAL:
+        clips.append(dp.clipping_norm)
+        stds.append(dp.clipping_norm * dp.round_noise_multiplier)
+    central_noise = None
+    if requirement is not None:
+        clips.append(requirement.clip)
+        if requirement.mode == REQUIRE_LOCAL:
+            assert requirement.epsilon is not None  # parse_requirement checked it
+            stds.append(
+                requirement.clip * gaussian_noise_multiplier(requirement.epsilon, requirement.delta)
+            )
+        if requirement.mode == REQUIRE_CENTRAL:
+            central_noise = requirement.noise
+    return ClientPrivacy(
+        cluster=cluster,
+        clip=min(clips) if clips else None,
+        noise_std=max(stds) if stds else None,
+        central_noise=central_noise,
+        requirement=requirement.describe() if requirement is not None else "",
+    )
