@@ -98,9 +98,10 @@ def phase(fl: FL) -> str:
 
 
 def summary(fl: FL) -> dict[str, str]:
-    """Header facts: name, phase, round/totalRounds, clients, accuracy, message."""
+    """Header facts: name, phase, round/totalRounds, clients, accuracy, message, and the
+    privacy spent when the resource has differential privacy."""
     st = _status(fl)
-    return {
+    facts = {
         "name": full_name(fl),
         "phase": phase(fl),
         "round": f"{st.get('round') or 0}/{_fmt(total_rounds(fl))}",
@@ -108,6 +109,13 @@ def summary(fl: FL) -> dict[str, str]:
         "accuracy": _fmt(st.get("accuracy"), ".4f"),
         "message": str(st.get("message") or ""),
     }
+    spent = st.get("privacy")
+    if isinstance(spent, dict) and spent.get("epsilon") is not None:
+        facts["privacy"] = (
+            f"epsilon {_fmt(spent.get('epsilon'), '.4g')} at delta {_fmt(spent.get('delta'))} "
+            f"after {_fmt(spent.get('rounds'))} rounds ({_fmt(spent.get('mode'))} DP)"
+        )
+    return facts
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -247,6 +255,8 @@ def render_header(fl: FL) -> RenderableType:
     ]
     if s["message"]:
         parts.append(Text(s["message"], style="dim", overflow="ignore"))
+    if "privacy" in s:
+        parts.append(Text(f"privacy spent: {s['privacy']}", overflow="ignore"))
     for cond in problem_conditions(fl):
         line = Text.assemble(
             ("! ", "yellow"),

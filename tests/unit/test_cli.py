@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from rich.console import Console
+from rich.console import Console, Group
 from typer.testing import CliRunner
 
 from ocmfl import constants
@@ -152,6 +152,16 @@ def test_summary_shows_round_of_total_clients_and_accuracy() -> None:
         "accuracy": "0.9100",
         "message": "training",
     }
+
+
+def test_summary_and_header_show_the_privacy_spent_of_a_dp_run() -> None:
+    fl = resource()
+    fl["status"]["privacy"] = {"mode": "central", "epsilon": 2.3456, "delta": 1e-05, "rounds": 3}
+    shown = "epsilon 2.346 at delta 1e-05 after 3 rounds (central DP)"
+    assert dashboard.summary(fl)["privacy"] == shown
+    header = dashboard.render_header(fl)
+    assert isinstance(header, Group)
+    assert f"privacy spent: {shown}" in [str(part) for part in header.renderables]
 
 
 def test_summary_of_a_fresh_resource_is_pending_with_spec_rounds() -> None:
