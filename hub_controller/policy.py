@@ -43,6 +43,7 @@ from hub_controller.api import (
     RESERVED_ENV_NAMES,
     RESERVED_ENV_PREFIXES,
     RESERVED_ENV_SUFFIXES,
+    DpMode,
     FederatedLearningSpec,
     PodSettings,
     Quantity,
@@ -96,6 +97,33 @@ def allowed_none(description: str) -> Any:
 def refused_unless(description: str) -> Any:
     """A policy switch that stays off (refused) until the admin sets it."""
     return Field(default=False, description=description)
+
+
+class PrivacyRule(BaseModel):
+    """The differential privacy a resource must set (spec.privacy.differentialPrivacy)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    mode: DpMode | None = Field(default=None, description="central or local; unset: either.")
+    max_clipping_norm: float | None = Field(
+        default=None, gt=0, description="clippingNorm must be at most this."
+    )
+    min_noise_multiplier: float | None = Field(
+        default=None, gt=0, description="With mode central: noiseMultiplier must be at least this."
+    )
+    max_epsilon: float | None = Field(
+        default=None, gt=0, lt=1, description="With mode local: epsilon must be at most this."
+    )
+
+    def describe(self) -> str:
+        parts = [f"mode {self.mode.value}" if self.mode else "mode central or local"]
+        if self.max_clipping_norm is not None:
+            parts.append(f"clippingNorm <= {self.max_clipping_norm:g}")
+        if self.min_noise_multiplier is not None:
+            parts.append(f"noiseMultiplier >= {self.min_noise_multiplier:g} (central)")
+        if self.max_epsilon is not None:
+            parts.append(f"epsilon <= {self.max_epsilon:g} (local)")
+        return ", ".join(parts)
 
 
 class FederationPolicySpec(BaseModel):
@@ -199,6 +227,17 @@ class FederationPolicySpec(BaseModel):
     allowed_env: list[EnvPattern] = allowed_none(
         "Client env names (spec.client.overrides[].env) this namespace may set: "
         "exact names, or prefixes ending in * (e.g. MYAPP_*). Reserved names stay refused.",
+    )
+
+    require_privacy: PrivacyRule | None = Field(
+        default=None,
+        description="Every resource here must set spec.privacy.differentialPrivacy within "
+        "this rule. Unset: privacy is the resource's choice (and the clusters' claims).",
+    )
+    require_privacy_for_claims: dict[ClaimName, PrivacyRule] = Field(
+        default_factory=dict,
+        description="Per data claim: a resource whose data claim is a key here must set "
+        "spec.privacy.differentialPrivacy within its rule (as well as requirePrivacy).",
     )
 
     @field_validator("max_pod_resources")
@@ -336,6 +375,47 @@ def violations(
     out += _resource_violations(spec, policy, namespace)
     out += _run_violations(spec, policy, namespace)
     out += _s3_violations(spec, policy, namespace)
+    out += _privacy_violations(spec, policy, namespace)
+    return out
+
+
+def _privacy_violations(
+    spec: FederatedLearningSpec, policy: FederationPolicySpec, namespace: str
+) -> list[Violation]:
+    rules: list[tuple[str, PrivacyRule]] = []
+    if policy.require_privacy is not None:
+        rules.append(("requirePrivacy", policy.require_privacy))
+    claim = data_claim_of(spec)[0]
+    by_claim = policy.require_privacy_for_claims
+    if claim is not None and claim in by_claim:
+        rules.append((f"requirePrivacyForClaims[{claim}]", by_claim[claim]))
+    dp = spec.privacy.differential_privacy if spec.privacy is not None else None
+    field = "spec.privacy.differentialPrivacy"
+    out: list[Violation] = []
+    for name, rule in rules:
+        why = f"{_ns(namespace)} (FederationPolicy {POLICY_NAME}.spec.{name}: {rule.describe()})"
+        if dp is None:
+            out.append(Violation(field, f"differential privacy is required {why}: set it"))
+            continue
+        if rule.mode is not None and dp.mode != rule.mode:
+            out.append(Violation(f"{field}.mode", f"{dp.mode.value} is not allowed {why}"))
+        if rule.max_clipping_norm is not None and dp.clipping_norm > rule.max_clipping_norm:
+            out.append(Violation(f"{field}.clippingNorm",
+                                 f"{dp.clipping_norm:g} is too large {why}"))  # fmt: skip
+        noise = dp.noise_multiplier
+        if (
+            rule.min_noise_multiplier is not None
+            and dp.mode is DpMode.CENTRAL
+            and (noise is None or noise < rule.min_noise_multiplier)
+        ):
+            out.append(Violation(f"{field}.noiseMultiplier", f"{noise} is too small {why}"))
+        eps = dp.epsilon
+        if (
+            rule.max_epsilon is not None
+            and dp.mode is DpMode.LOCAL
+            and (eps is None or eps > rule.max_epsilon)
+        ):
+            out.append(Violation(f"{field}.epsilon", f"{eps} is too large {why}"))
     return out
 
 
@@ -1307,7 +1387,65 @@ def _cluster_set_rules() -> list[tuple[str, str]]:
     ]
 
 
+def _privacy_rules_of(rule: str, applies: str, shown: str) -> list[tuple[str, str]]:
+    """CEL for one PrivacyRule (`rule`: its CEL path) that holds when `applies` (CEL); the
+    messages name the rule as `shown` (CEL string). The twin of `_privacy_violations`."""
+    dp = "object.spec.privacy.differentialPrivacy"
+    has_dp = f"({_has(dp)})"
+    why = f"{_NS}' (FederationPolicy default.spec.' + {shown} + ')'"
+    return [
+        (
+            f"!({applies}) || {has_dp}",
+            "'spec.privacy.differentialPrivacy: differential privacy is required'"
+            f" + {why} + ': set it'",
+        ),
+        (
+            f"!({applies}) || !{has_dp} || !has({rule}.mode) || {dp}.mode == {rule}.mode",
+            f"'spec.privacy.differentialPrivacy.mode: ' + {dp}.mode + ' is not allowed' + {why}"
+            f" + ': use ' + {rule}.mode",
+        ),
+        (
+            f"!({applies}) || !{has_dp} || !has({rule}.maxClippingNorm) || "
+            f"double({dp}.clippingNorm) <= double({rule}.maxClippingNorm)",
+            f"'spec.privacy.differentialPrivacy.clippingNorm: ' + string({dp}.clippingNorm) + "
+            f"' is too large' + {why} + ': use at most ' + string({rule}.maxClippingNorm)",
+        ),
+        (
+            f"!({applies}) || !{has_dp} || !has({rule}.minNoiseMultiplier) || "
+            f"{dp}.mode != 'central' || (has({dp}.noiseMultiplier) && "
+            f"double({dp}.noiseMultiplier) >= double({rule}.minNoiseMultiplier))",
+            "'spec.privacy.differentialPrivacy.noiseMultiplier is too small' + "
+            f"{why} + ': use at least ' + string({rule}.minNoiseMultiplier)",
+        ),
+        (
+            f"!({applies}) || !{has_dp} || !has({rule}.maxEpsilon) || "
+            f"{dp}.mode != 'local' || (has({dp}.epsilon) && "
+            f"double({dp}.epsilon) <= double({rule}.maxEpsilon))",
+            "'spec.privacy.differentialPrivacy.epsilon is too large' + "
+            f"{why} + ': use at most ' + string({rule}.maxEpsilon)",
+        ),
+    ]
+
+
+def _privacy_rules() -> list[tuple[str, str]]:
+    """requirePrivacy, and requirePrivacyForClaims for a dataClaim the spec names (the
+    controller also applies it to a data claim it infers from the placement)."""
+    claim = "object.spec.client.dataClaim"
+    by_claim = "params.spec.requirePrivacyForClaims"
+    return [
+        *_privacy_rules_of(
+            "params.spec.requirePrivacy", "has(params.spec.requirePrivacy)", "'requirePrivacy'"
+        ),
+        *_privacy_rules_of(
+            f"{by_claim}[{claim}]",
+            f"has({by_claim}) && has({claim}) && {claim} in {by_claim}",
+            f"'requirePrivacyForClaims[' + {claim} + ']'",
+        ),
+    ]
+
+
 _POLICY_RULES: Final = (
+    *_privacy_rules(),
     *_pod_rules("server"),
     *_pod_rules("client"),
     *_toleration_rules(

@@ -424,3 +424,77 @@ def test_controller_refuses_what_the_policy_no_longer_allows_and_applies_nothing
     selector = f"{constants.LABEL_OWNER_NAMESPACE}={team_a}"
     works = hub.get(f"/apis/{constants.WORK_GROUP}/v1/manifestworks", {"labelSelector": selector})
     assert not (works or {}).get("items")
+
+
+# --- privacy the admin requires (issue 33): for a data claim, or the whole namespace --------
+PRIVACY_RULE: dict[str, Any] = {"mode": "central", "maxClippingNorm": 2.0,
+                                "minNoiseMultiplier": 1.0}  # fmt: skip
+GOOD_DP: dict[str, Any] = {"mode": "central", "clippingNorm": 1.0, "noiseMultiplier": 1.2}
+# (the resource's differentialPrivacy, the field the refusal names, words of the refusal)
+PRIVACY_CASES: dict[str, tuple[dict[str, Any] | None, str, str]] = {
+    "no privacy": (None, "spec.privacy.differentialPrivacy", "is required"),
+    "local where central is required": (
+        {"mode": "local", "clippingNorm": 1.0, "epsilon": 0.5},
+        "spec.privacy.differentialPrivacy.mode",
+        "is not allowed",
+    ),
+    "a clipping norm over the cap": (
+        {**GOOD_DP, "clippingNorm": 5.0},
+        "spec.privacy.differentialPrivacy.clippingNorm",
+        "too large",
+    ),
+    "too little noise": (
+        {**GOOD_DP, "noiseMultiplier": 0.5},
+        "spec.privacy.differentialPrivacy.noiseMultiplier",
+        "too small",
+    ),
+}
+
+
+def with_privacy(dp: dict[str, Any] | None) -> dict[str, Any]:
+    spec = tenant_spec()
+    if dp is not None:
+        spec["privacy"] = {"differentialPrivacy": dp}
+    return spec
+
+
+@pytest.mark.parametrize("name", sorted(PRIVACY_CASES))
+def test_controller_requires_the_privacy_the_policy_names_for_the_data_claim(name: str) -> None:
+    dp, field, words = PRIVACY_CASES[name]
+    rules = policy.parse_policy({**GRANT, "requirePrivacyForClaims": {OURS: PRIVACY_RULE}})
+    [found] = policy.violations(parse_spec(with_privacy(dp)), rules, "team-a")
+    assert found.field == field and words in found.message
+    assert f"requirePrivacyForClaims[{OURS}]" in found.message and "team-a" in found.message
+    assert policy.violations(parse_spec(with_privacy(GOOD_DP)), rules, "team-a") == []
+
+
+def test_a_namespace_wide_privacy_rule_holds_local_dp_to_its_epsilon() -> None:
+    rules = policy.parse_policy({**GRANT, "requirePrivacy": {"maxEpsilon": 0.3}})
+    local = {"mode": "local", "clippingNorm": 1.0, "epsilon": 0.5}
+    [found] = policy.violations(parse_spec(with_privacy(local)), rules, "team-a")
+    assert found.field == "spec.privacy.differentialPrivacy.epsilon"
+    assert "requirePrivacy: mode central or local, epsilon <= 0.3 (local)" in found.message
+    assert policy.violations(parse_spec(with_privacy({**local, "epsilon": 0.2})), rules,
+                             "team-a") == []  # fmt: skip
+    [missing] = policy.violations(parse_spec(tenant_spec()), rules, "team-a")
+    assert missing.field == "spec.privacy.differentialPrivacy"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_apiserver_requires_the_privacy_the_policy_names(hub: Kube, team_a: str) -> None:
+    policy_path = (
+        f"/apis/{constants.API_VERSION}/namespaces/{team_a}/{policy.PLURAL}/{policy.POLICY_NAME}"
+    )
+    hub.patch(policy_path, {"spec": {"requirePrivacyForClaims": {OURS: PRIVACY_RULE}}})
+    for name, (dp, field, words) in sorted(PRIVACY_CASES.items()):
+        message = refusal(hub, team_a, with_privacy(dp))
+        assert field in message and words in message, (name, message)
+        assert f"requirePrivacyForClaims[{OURS}]" in message, (name, message)
+    hub.create(fl_path(team_a), fl_body(team_a, with_privacy(GOOD_DP)), exist_ok=False)
+    hub.patch(policy_path, {"spec": {"requirePrivacy": {"maxEpsilon": 0.3}}})
+    local = {"mode": "local", "clippingNorm": 1.0, "epsilon": 0.5}
+    hub.patch(policy_path, {"spec": {"requirePrivacyForClaims": None}})
+    message = refusal(hub, team_a, with_privacy(local))
+    assert "spec.privacy.differentialPrivacy.epsilon is too large" in message, message
+    assert "requirePrivacy" in message, message

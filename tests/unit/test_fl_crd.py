@@ -78,6 +78,8 @@ def test_policy_crd_is_structural_with_defaults() -> None:
         "allowedS3Buckets": [],
         "allowedS3Endpoints": [],
         "allowedEnv": [],
+        "requirePrivacy": None,
+        "requirePrivacyForClaims": None,
     }
     for path, node in _nodes(schema):
         assert not {"$ref", "anyOf", "allOf", "title"} & set(node), path
