@@ -59,7 +59,7 @@ BARE_RUN_CONFIG = {"evaluate-in-train": False}
 BARE_ENV = {"OCMFL_GRID_POLL_INTERVAL": "0"}
 # Ablations of "ours" (--ours-env/--ours-client-arg/--ours-run-config), to see what each change
 # saves: e.g. OCMFL_GRID_POLL_INTERVAL=0, --no-worker, {"evaluate-in-train": false}.
-OURS: dict[str, Any] = {"env": {}, "client_args": [], "run_config": {}}
+OURS: dict[str, Any] = {"env": {}, "client_args": [], "run_config": {}, "server_args": []}
 
 
 class ProcSampler(threading.Thread):
@@ -277,7 +277,7 @@ def run_ours(
          "--supernode-keys", str(p["pubs"]), "--rounds", str(rounds), "--min-clients", "2",
          "--app-dir", str(app), "--storage", str(root / f"{tag}-model"),
          "--run-config", json.dumps({**_test_dir(app, p), **OURS["run_config"]}),
-         "--result-file", str(root / f"{tag}.json")],
+         "--result-file", str(root / f"{tag}.json"), *OURS.get("server_args", [])],
         env={**os.environ, **OURS["env"]},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )  # fmt: skip
@@ -293,7 +293,7 @@ def run_ours(
     return {"ok": code == 0, "launcher_total_s": round(total, 1),
             "run_elapsed_s": round(float(result["details"].get("elapsed", 0.0)), 1),
             "test_accuracy": result.get("metrics", {}).get("test-accuracy"),
-            "rounds": clock.rounds()}  # fmt: skip
+            "privacy": result.get("privacy"), "rounds": clock.rounds()}  # fmt: skip
 
 
 def run_bare(

@@ -37,9 +37,11 @@ from hack.testing import wait_for
 from hub_controller.api import claim_placement
 from ocmfl import constants
 from ocmfl.kube import Kube
+from ocmfl.privacy import PRIVACY_CLAIM, ClientPrivacy, DpSettings
 from ocmfl_cli import commands as cli
 from tests.apps.byo.myapp.model import accuracy, load, make_model
 from workloads.sdk import ModelStore
+from workloads.sdk.privacy import spent
 
 pytestmark = [pytest.mark.e2e, pytest.mark.byo_app, pytest.mark.timeout(1800)]
 
@@ -100,6 +102,18 @@ def _pretrained(path: Path) -> float:
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), path)
     return accuracy(model, *load(path.parent.parent / "data" / "test"))
+
+
+DP = {"mode": "central", "clippingNorm": 1000.0, "noiseMultiplier": 1e-5, "delta": 1e-5}
+REQUIRED = "clipping,clip=1000"
+
+
+def _claims(hub: Kube, cluster: str) -> dict[str, str]:
+    """The ClusterClaims OCM copied into the ManagedCluster's status."""
+    mc = hub.get(f"/apis/{constants.CLUSTER_GROUP}/v1/managedclusters/{cluster}") or {}
+    return {
+        c["name"]: c.get("value", "") for c in (mc.get("status") or {}).get("clusterClaims") or []
+    }
 
 
 def _settled(hub: Kube, name: str, phase: str, what: str | None = None) -> dict[str, Any]:
@@ -166,13 +180,27 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
     body["spec"]["client"]["pod"] = POD
     first = plane.clusters[0]
     body["spec"]["client"]["overrides"] = [{"clusterName": first, "runConfig": {"lr": 0.02}}]
-    created = create_fl(hub, NAMESPACE, body)
-    uid = created["metadata"]["uid"]
-
-    final = wait_fl(hub, NAMESPACE, "byo", 1500, fed=fed)
+    # Differential privacy through the real path (docs/privacy.md; its properties are tested
+    # in tests/unit/test_privacy.py): the resource's central DP, and the first cluster's own
+    # requirement by ClusterClaim. Settings that do not move this test's model: the norm is
+    # far above a fine-tuning update, the noise tiny.
+    body["spec"]["privacy"] = {"differentialPrivacy": DP}
+    set_cluster_claim(plane, first, PRIVACY_CLAIM, REQUIRED)
+    wait_for(lambda: _claims(hub, first).get(PRIVACY_CLAIM) == REQUIRED, 120,
+             f"{first}: the privacy claim on its ManagedCluster")  # fmt: skip
+    try:
+        created = create_fl(hub, NAMESPACE, body)
+        uid = created["metadata"]["uid"]
+        final = wait_fl(hub, NAMESPACE, "byo", 1500, fed=fed)
+    finally:
+        set_cluster_claim(plane, first, PRIVACY_CLAIM, None)
     assert final["status"]["phase"] == "Completed", final["status"].get("message")
     status = _settled(hub, "byo", "Completed")
     assert status["round"] == status["totalRounds"] == 2
+    # The privacy spent, as the server's accountant gave it for the resource's settings.
+    assert status["privacy"]["mode"] == "central" and status["privacy"]["rounds"] == 2
+    expected = spent(DpSettings.from_spec(DP), 2)["epsilon"]
+    assert status["privacy"]["epsilon"] == pytest.approx(expected), status["privacy"]
 
     # Data by claim, the incumbent's way: dataClaim unset, the placement's one Exists key.
     [valid] = [c for c in status["conditions"] if c["type"] == "Validated"]
@@ -213,7 +241,14 @@ def test_a_foreign_app_trains_to_completed_with_every_platform_feature(
     works_path = f"/apis/{constants.WORK_GROUP}/v1/namespaces/{first}/manifestworks"
     [work] = (hub.get(works_path, {"labelSelector": owner}) or {})["items"]
     manifests = work["spec"]["workload"]["manifests"]
-    _assert_pod_settings(_job_template(next(m for m in manifests if m["kind"] == "Job")))
+    client_job = _job_template(next(m for m in manifests if m["kind"] == "Job"))
+    _assert_pod_settings(client_job)
+    # The first cluster's requirement reached its client, merged with the resource's DP.
+    [container] = [c for c in client_job["spec"]["containers"] if c["name"] == "client"]
+    args = container["args"]
+    enforced = ClientPrivacy.from_json(args[args.index("--privacy") + 1])
+    assert enforced.cluster == first and enforced.clip == 1000.0, enforced
+    assert enforced.requirement == "clipping (updates clipped to 1000)", enforced
     # Per-cluster values reach the ClientApp as node config.
     [config] = [m for m in manifests if m["kind"] == "ConfigMap"]
     assert json.loads(config["data"]["run-config.json"]) == {"lr": 0.02}

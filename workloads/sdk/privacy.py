@@ -128,10 +128,11 @@ def spent(dp: DpSettings, rounds: int) -> dict[str, Any]:
         sampling_method=SamplingMethod.NO_AMPLIFICATION,
     )
 
-    def epsilon(count: int) -> float:
+    def epsilon(count: int) -> float | None:
         accountant = RdpAccountant(config)
         accountant.compose(GaussianPrivacyEvent(dp.round_noise_multiplier, 1, 1), count)
-        return accountant.get_privacy_spent().epsilon
+        value = accountant.get_privacy_spent().epsilon
+        return value if math.isfinite(value) else None  # no bound at all: JSON has no inf
 
     return {
         "mode": dp.mode,
