@@ -157,6 +157,9 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     return info
 
 
+WORKS_SYNC_WARN_S = 10.0
+
+
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=30.0)
 async def run(
     body: kopf.Body, meta: kopf.Meta, memo: kopf.Memo, logger: kopf.Logger, **kwargs: Any
@@ -193,9 +196,17 @@ async def run(
     state = Run(ref, status=copy.deepcopy(dict(body.get("status") or {})))
     failures = 0
     try:
-        # Until every work stream has listed, missing works are unknown, not absent.
+        # Until every work stream has listed, missing works are unknown, not absent. A wait
+        # that lasts is said (it holds every resource's first pass back).
+        began = loop.time()
+        warned = False
         while not op.works.synced.is_set():
             await asyncio.sleep(0.1)
+            if not warned and loop.time() - began > WORKS_SYNC_WARN_S:
+                warned = True
+                streams = ", ".join(sorted(op.works.pending)) or "?"
+                logger.warning("waiting for the ManifestWork streams to list (%s) before "
+                               "the first pass", streams)  # fmt: skip
         while True:
             wake.clear()
             snapshot = copy.deepcopy(dict(body))

@@ -73,6 +73,7 @@ class WorkStore:
         self._on_synced: list[Callable[[], None]] = []
         self.stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.pending: set[str] = set()  # the streams that have not listed yet (their paths)
 
     # --- state (pure bookkeeping; the tests drive these directly) --------------------------
     def _drop(self, object_key: str) -> Key | None:
@@ -162,7 +163,8 @@ class WorkStore:
             ]
         else:
             streams = [(path_of(WORK_API_VERSION, "ManifestWork"), _matcher(patterns))]
-        pending = {path for path, _ in streams}
+        pending = self.pending
+        pending.update(path for path, _ in streams)
         pending_lock = threading.Lock()
 
         def follow(path: str, in_stream: Callable[[str], bool]) -> None:
@@ -180,9 +182,19 @@ class WorkStore:
                 elif in_stream(str((obj.get("metadata") or {}).get("namespace", ""))):
                     self.event(etype, obj)
 
+        def keep_following(path: str, in_stream: Callable[[str], bool]) -> None:
+            # A stream that died on an unexpected error would leave every resource's first
+            # pass waiting for `synced` without a word: say it, and follow again.
+            while not self.stop.is_set():
+                try:
+                    follow(path, in_stream)
+                except Exception:
+                    log.exception("ManifestWork stream %s failed; following it again", path)
+                    self.stop.wait(1.0)
+
         for path, in_stream in streams:
             thread = threading.Thread(
-                target=follow, args=(path, in_stream), name="ocmfl-works", daemon=True
+                target=keep_following, args=(path, in_stream), name="ocmfl-works", daemon=True
             )
             self._threads.append(thread)
             thread.start()

@@ -3,8 +3,10 @@ leaves in it, whom it wakes, when it is complete, and which namespaces a stream 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, cast
+
+import pytest
 
 from hub_controller.aggregator.scope import OwnerKey, WorkScope
 from hub_controller.operator.workwatch import WorkStore, _matcher
@@ -97,3 +99,33 @@ def test_namespace_patterns_like_kopfs() -> None:
     assert _matcher(["ns-*"])("ns-a") and not _matcher(["ns-*"])("other")
     assert _matcher(["!kube-*"])("c1") and not _matcher(["!kube-*"])("kube-system")
     assert not _matcher(["c*", "!c2"])("c2") and _matcher(["c*", "!c2"])("c1")
+
+
+def test_a_stream_that_fails_unexpectedly_is_said_and_followed_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An error list_watch does not expect (not a KubeError) would end the stream's thread,
+    and every resource's first pass would wait for `synced` without a word."""
+    s, woken = store()
+
+    class FailsOnce:
+        calls = 0
+
+        def request(self, method: str, path: str, **_: Any) -> dict[str, Any]:
+            FailsOnce.calls += 1
+            if FailsOnce.calls == 1:
+                raise RuntimeError("a decoder bug")
+            return {"metadata": {"resourceVersion": "1"}, "items": [work("c1")]}
+
+        def watch(self, *_: Any, **__: Any) -> Iterator[tuple[str, Any]]:
+            s.stop.wait(5)
+            return iter(())
+
+    with caplog.at_level("ERROR", logger="hub_controller.operator.workwatch"):
+        s.start(cast(Any, FailsOnce()))
+        try:
+            assert s.synced.wait(10) and s.pending == set()
+        finally:
+            s.close()
+    assert "failed; following it again" in caplog.text and "a decoder bug" in caplog.text
+    assert woken == [("tenant", "fl")]
