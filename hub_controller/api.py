@@ -981,24 +981,7 @@ def _privacy_problems(spec_privacy: Privacy | None) -> list[str]:
             f"{where}.clipping: adaptive clipping is not available yet (its norm estimates "
             "are not accounted); use fixed"
         )
-    if dp.mode is DpMode.CENTRAL:
-        if dp.noise_multiplier is None:
-            problems.append(f"{where}.noiseMultiplier is required with mode central "
-                            "(1.0 or more is usual)")  # fmt: skip
-        if dp.epsilon is not None:
-            problems.append(
-                f"{where}.epsilon is for mode local; with central the noiseMultiplier sets "
-                "the privacy and epsilon is reported: remove epsilon"
-            )
-    else:
-        if dp.epsilon is None:
-            problems.append(f"{where}.epsilon is required with mode local (0 < epsilon < 1 "
-                            "per round)")  # fmt: skip
-        if dp.noise_multiplier is not None:
-            problems.append(
-                f"{where}.noiseMultiplier is for mode central; with local the epsilon and "
-                "delta set each client's noise: remove noiseMultiplier"
-            )
+    problems += privacy.mode_problems(dp.mode.value, dp.noise_multiplier, dp.epsilon, where)
     return problems
 
 

@@ -74,6 +74,34 @@ def check_local_epsilon(epsilon: float, delta: float, field: str) -> None:
         raise PrivacySettingError(f"{field}: delta {delta:g} must be between 0 and 1")
 
 
+def mode_problems(
+    mode: str, noise_multiplier: float | None, epsilon: float | None, where: str
+) -> list[str]:
+    """What a DP mode needs and refuses, each with the fix (`where`: the settings' path):
+    central needs noiseMultiplier and takes no epsilon, local the other way round. The
+    resource's admission and the launchers' flags both check it here."""
+    if mode == CENTRAL:
+        needed, needed_hint = ("noiseMultiplier", noise_multiplier), "1.0 or more is usual"
+        other, why = (
+            ("epsilon", epsilon),
+            "the noiseMultiplier sets the privacy and epsilon is reported",
+        )
+    else:
+        needed, needed_hint = ("epsilon", epsilon), "0 < epsilon < 1 per round"
+        other, why = (
+            ("noiseMultiplier", noise_multiplier),
+            "the epsilon and delta set each client's noise",
+        )
+    problems = []
+    if needed[1] is None:
+        problems.append(f"{where}.{needed[0]} is required with mode {mode} ({needed_hint})")
+    if other[1] is not None:
+        problems.append(
+            f"{where}.{other[0]} is for the other mode; with {mode} {why}: remove {other[0]}"
+        )
+    return problems
+
+
 @dataclass(frozen=True)
 class DpSettings:
     """``spec.privacy.differentialPrivacy`` as the server and the clients use it."""
@@ -103,11 +131,12 @@ class DpSettings:
             raise PrivacySettingError(f"{where}.mode {settings.mode!r}: use central or local")
         if not settings.clipping_norm > 0:
             raise PrivacySettingError(f"{where}.clippingNorm must be > 0")
-        if settings.mode == CENTRAL and not (settings.noise_multiplier or 0) > 0:
-            raise PrivacySettingError(f"{where}.noiseMultiplier > 0 is required with central")
-        if settings.mode == LOCAL:
-            if settings.epsilon is None:
-                raise PrivacySettingError(f"{where}.epsilon is required with local")
+        problems = mode_problems(settings.mode, settings.noise_multiplier, settings.epsilon, where)
+        if problems:
+            raise PrivacySettingError("; ".join(problems))
+        if settings.noise_multiplier is not None and not settings.noise_multiplier > 0:
+            raise PrivacySettingError(f"{where}.noiseMultiplier must be > 0")
+        if settings.epsilon is not None:
             check_local_epsilon(settings.epsilon, settings.delta, where)
         return settings
 
@@ -217,10 +246,6 @@ class ClientPrivacy:
     noise_std: float | None = None
     central_noise: float | None = None
     requirement: str = ""
-
-    @property
-    def active(self) -> bool:
-        return self.clip is not None or self.noise_std is not None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
