@@ -14,7 +14,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,20 +124,30 @@ class Federation:
         ]  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    root = tmp_path_factory.mktemp("federation")
+def new_federation(
+    root: Path, names: Sequence[str], registered: Sequence[str], **split: Any
+) -> Federation:
+    """A server certificate from a fresh CA, a SuperNode key pair per name (the public keys of
+    `registered` where the server registers them) and the data of CLUSTERS, partitioned as
+    `split` says (workloads.data.partition), under `root`."""
     ca = pki.create_ca(key_kind="ec")
     server = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
     tls = pki.save_tls_dir(root / "tls", server, ca.cert)
     keys, pubs = root / "keys", root / "pubs"
     pubs.mkdir()
-    for name in (*CLUSTERS, "rogue"):
+    for name in names:
         pub = write_keypair(keys / name, comment=name)
-        if name in CLUSTERS:  # the rogue key is never registered
+        if name in registered:
             (pubs / f"{name}.pub").write_bytes(pub.read_bytes())
-    partition(root / "data", list(CLUSTERS), split="label-skew", sizes="2,1", seed=0)
-    f = Federation(root, free_port(), tls, keys, pubs, root / "data")
+    partition(root / "data", list(CLUSTERS), seed=0, **split)
+    return Federation(root, free_port(), tls, keys, pubs, root / "data")
+
+
+@pytest.fixture(scope="module")
+def fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    root = tmp_path_factory.mktemp("federation")
+    # The rogue key is never registered.
+    f = new_federation(root, (*CLUSTERS, "rogue"), CLUSTERS, split="label-skew", sizes="2,1")
     try:
         for name in CLUSTERS:
             f.clients[name] = _spawn(f.client_cmd(name, name), root / f"{name}.log")
@@ -249,16 +259,7 @@ def private_fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation
     p1 only what the server asks, p2 also its own requirement."""
     from ocmfl.privacy import ClientPrivacy, client_privacy, parse_requirement
 
-    root = tmp_path_factory.mktemp("private")
-    ca = pki.create_ca(key_kind="ec")
-    server = pki.issue_server_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"])
-    tls = pki.save_tls_dir(root / "tls", server, ca.cert)
-    keys, pubs = root / "keys", root / "pubs"
-    pubs.mkdir()
-    for name in PRIVATE:
-        (pubs / f"{name}.pub").write_bytes(write_keypair(keys / name, comment=name).read_bytes())
-    partition(root / "data", list(CLUSTERS), split="iid", seed=0)
-    f = Federation(root, free_port(), tls, keys, pubs, root / "data")
+    f = new_federation(tmp_path_factory.mktemp("private"), PRIVATE, PRIVATE, split="iid")
     enforced = {
         "p1": ClientPrivacy("p1"),
         "p2": client_privacy("p2", None, parse_requirement(P2_REQUIREMENT)),
@@ -266,7 +267,7 @@ def private_fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation
     try:
         for name in PRIVATE:
             cmd = f.client_cmd(name, name, 300, "--privacy", enforced[name].to_json())
-            f.clients[name] = _spawn(cmd, root / f"{name}.log")
+            f.clients[name] = _spawn(cmd, f.root / f"{name}.log")
         yield f
     finally:
         for proc in f.clients.values():
