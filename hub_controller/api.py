@@ -621,6 +621,44 @@ class DifferentialPrivacy(_Model):
     )
 
 
+class SecureAggregation(_Model):
+    """SecAgg+ (workloads/sdk/secagg.py, docs/privacy.md): the server, the hub and the tenant's
+    ServerApp see only the sum of each round's updates, never one cluster's."""
+
+    reconstruction_threshold: int = Field(
+        ge=2,
+        description="How many of a client's shares rebuild its secrets. A round completes as "
+        "long as every client keeps this many of its share holders (shares minus this many "
+        "may drop out); no fewer than this many clients can unmask anything together. At most "
+        "minAvailableClients.",
+    )
+    shares: int | None = Field(
+        default=None,
+        ge=3,
+        description="How many clients (itself included) each client's secrets are split among; "
+        "default all of the round's clients (fewer are made odd).",
+    )
+    clipping_range: float = Field(
+        default=privacy.SECAGG_CLIPPING_RANGE,
+        gt=0,
+        description="Each value of a client's update (reply minus the model it got, times "
+        "its weight / maxWeight) is clipped to [-clippingRange, clippingRange] before it is "
+        "quantized.",
+    )
+    quantization_range: int = Field(
+        default=privacy.SECAGG_QUANTIZATION_RANGE,
+        gt=0,
+        le=privacy.SECAGG_QUANTIZATION_RANGE,
+        description="Quantization levels over the clipping range (at most 2**22).",
+    )
+    max_weight: float = Field(
+        default=privacy.SECAGG_MAX_WEIGHT,
+        gt=0,
+        description="A client's weight (its sample count) counts up to this; set it to the "
+        "largest sample count of a cluster.",
+    )
+
+
 class Privacy(_Model):
     """What the clusters' updates are protected by. A cluster's own requirement (its
     ClusterClaim privacy.federated-learning.open-cluster-management.io) is enforced on that
@@ -629,9 +667,9 @@ class Privacy(_Model):
     differential_privacy: DifferentialPrivacy | None = Field(
         default=None, description="Differential privacy of the model updates."
     )
-    secure_aggregation: dict[str, Any] | None = Field(
+    secure_aggregation: SecureAggregation | None = Field(
         default=None,
-        description="Refused for now: SecAgg+ is not available on this platform yet.",
+        description="Secure aggregation (SecAgg+) of each round's updates.",
     )
 
 
@@ -962,15 +1000,26 @@ def _storage_problems(storage: Storage) -> list[str]:
     return problems
 
 
-def _privacy_problems(spec_privacy: Privacy | None) -> list[str]:
+def secagg_settings(secagg: SecureAggregation) -> privacy.SecAggSettings:
+    """The resource's SecAgg+ settings as the server uses them."""
+    return privacy.SecAggSettings(
+        threshold=secagg.reconstruction_threshold,
+        shares=secagg.shares,
+        clipping_range=secagg.clipping_range,
+        quantization_range=secagg.quantization_range,
+        max_weight=secagg.max_weight,
+    )
+
+
+def _privacy_problems(spec_privacy: Privacy | None, min_clients: int) -> list[str]:
     if spec_privacy is None:
         return []
     problems = []
     where = "spec.privacy"
-    if spec_privacy.secure_aggregation is not None:
-        problems.append(
-            f"{where}.secureAggregation: secure aggregation (SecAgg+) is not available on this "
-            "platform yet; remove it (differentialPrivacy works, see docs/privacy.md)"
+    secagg = spec_privacy.secure_aggregation
+    if secagg is not None:
+        problems += privacy.secagg_problems(
+            secagg_settings(secagg), min_clients, f"{where}.secureAggregation"
         )
     dp = spec_privacy.differential_privacy
     if dp is None:
@@ -1022,7 +1071,7 @@ def semantic_problems(spec: FederatedLearningSpec, name: str = "") -> list[str]:
                 f"spec.client.overrides[{i}]: set exactly one of clusterName or clusterSelector"
             )
     problems += _env_problems(client)
-    problems += _privacy_problems(spec.privacy)
+    problems += _privacy_problems(spec.privacy, server.min_available_clients)
     for side, pod in (("server", server.pod), ("client", client.pod)):
         ours = sorted(k for k in pod.labels if k.startswith(constants.LABEL_PREFIX))
         if ours:

@@ -111,6 +111,7 @@ ENV_ROUNDS: Final = "OCMFL_ROUNDS"  # rounds the resource asks for (spec.server.
 ENV_MIN_CLIENTS: Final = "OCMFL_MIN_CLIENTS"  # successful results a round needs
 ENV_ROUND_TIMEOUT: Final = "OCMFL_ROUND_TIMEOUT"  # seconds a round waits for replies
 ENV_PRIVACY: Final = "OCMFL_PRIVACY"  # JSON of spec.privacy.differentialPrivacy (ServerApp)
+ENV_SECURE_AGGREGATION: Final = "OCMFL_SECURE_AGGREGATION"  # JSON of spec.privacy.secureAggregation
 ENV_NODE_NAMES: Final = "OCMFL_NODE_NAMES"  # JSON file {cluster: node id} the launcher keeps
 # Where apps live in the project's images (examples/apps is copied here; the local node maps it).
 APPS_DIR: Final = "/opt/ocm-fl/apps"

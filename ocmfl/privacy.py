@@ -5,7 +5,8 @@ Two sources, two owners:
 
 - `spec.privacy.differentialPrivacy` (the tenant's resource): `central` (each client clips its
   update, the server adds Gaussian noise to the average) or `local` (each client clips and adds
-  noise before its update leaves the cluster).
+  noise before its update leaves the cluster); `spec.privacy.secureAggregation`
+  (`SecAggSettings`): SecAgg+, so the server learns only the sum of the clients' updates.
 - The ClusterClaim `PRIVACY_CLAIM` on a managed cluster (that cluster's admin, not the
   tenant): what the cluster's data requires, e.g. ``local-dp,epsilon=0.5,clip=1`` (see
   `parse_requirement`). The hub copies it from the ManagedCluster's claims into the cluster's
@@ -35,20 +36,30 @@ DEFAULT_DELTA: Final = 1e-5
 REQUIRE_CLIPPING: Final = "clipping"
 REQUIRE_CENTRAL: Final = "central-dp"
 REQUIRE_LOCAL: Final = "local-dp"
-REQUIREMENT_MODES: Final = (REQUIRE_CLIPPING, REQUIRE_CENTRAL, REQUIRE_LOCAL)
+REQUIRE_SECAGG: Final = "secagg"
+REQUIREMENT_MODES: Final = (REQUIRE_CLIPPING, REQUIRE_CENTRAL, REQUIRE_LOCAL, REQUIRE_SECAGG)
 _REQUIREMENT_KEYS: Final = {
     REQUIRE_CLIPPING: ("clip",),
     REQUIRE_CENTRAL: ("clip", "noise"),
     REQUIRE_LOCAL: ("clip", "epsilon", "delta"),
+    REQUIRE_SECAGG: (),
 }
 _REQUIREMENT_NEEDS: Final = {
     REQUIRE_CLIPPING: ("clip",),
     REQUIRE_CENTRAL: ("clip", "noise"),
     REQUIRE_LOCAL: ("clip", "epsilon"),
+    REQUIRE_SECAGG: (),
 }
 REQUIREMENT_FORMS: Final = (
-    "clipping,clip=C | central-dp,clip=C,noise=Z | local-dp,clip=C,epsilon=E[,delta=D]"
+    "clipping,clip=C | central-dp,clip=C,noise=Z | local-dp,clip=C,epsilon=E[,delta=D] | "
+    "secagg; any of the first three may add the item secagg"
 )
+
+# SecAgg+ defaults: Flower's SecAggPlusWorkflow's.
+SECAGG_CLIPPING_RANGE: Final = 8.0
+SECAGG_QUANTIZATION_RANGE: Final = 2**22
+SECAGG_MODULUS_RANGE: Final = 2**32
+SECAGG_MAX_WEIGHT: Final = 1000.0
 
 
 class PrivacySettingError(ValueError):
@@ -165,24 +176,120 @@ def _number_or_none(value: Any) -> float | None:
 
 
 @dataclass(frozen=True)
+class SecAggSettings:
+    """``spec.privacy.secureAggregation`` (SecAgg+, Bell et al. 2020, Flower's implementation):
+    each client masks its update so that only the sum over the round's clients can be
+    unmasked. `shares`: how many clients (itself included) each client's secrets are split
+    among, None for all of the round's; `threshold`: how many of those shares rebuild a
+    secret, so a round survives as long as every client keeps `threshold` of its share holders
+    (up to shares - threshold drop-outs among them). Each update value is clipped to
+    [-clipping_range, clipping_range] and quantized to `quantization_range` levels; a client's
+    weight (its sample count) counts up to `max_weight`."""
+
+    threshold: int
+    shares: int | None = None
+    clipping_range: float = SECAGG_CLIPPING_RANGE
+    quantization_range: int = SECAGG_QUANTIZATION_RANGE
+    max_weight: float = SECAGG_MAX_WEIGHT
+    modulus_range: int = SECAGG_MODULUS_RANGE
+
+    @classmethod
+    def from_spec(cls, data: Mapping[str, Any]) -> SecAggSettings:
+        """From the resource's camelCase JSON (checked again: the launcher takes it as a
+        flag)."""
+        where = "spec.privacy.secureAggregation"
+        try:
+            shares = data.get("shares")
+            settings = cls(
+                threshold=int(data["reconstructionThreshold"]),
+                shares=None if shares is None else int(shares),
+                clipping_range=float(data.get("clippingRange", SECAGG_CLIPPING_RANGE)),
+                quantization_range=int(data.get("quantizationRange", SECAGG_QUANTIZATION_RANGE)),
+                max_weight=float(data.get("maxWeight", SECAGG_MAX_WEIGHT)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PrivacySettingError(f"{where}: {exc!r} in {dict(data)!r}") from None
+        problems = secagg_problems(settings, None, where)
+        if problems:
+            raise PrivacySettingError("; ".join(problems))
+        return settings
+
+    def to_spec(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "reconstructionThreshold": self.threshold,
+            "clippingRange": self.clipping_range,
+            "quantizationRange": self.quantization_range,
+            "maxWeight": self.max_weight,
+        }
+        if self.shares is not None:
+            out["shares"] = self.shares
+        return out
+
+    def round_shares(self, clients: int) -> int:
+        """The shares of a round with `clients` clients: all of them by default; fewer are
+        made odd (each client's neighbours are the same number on either side)."""
+        shares = clients if self.shares is None else min(self.shares, clients)
+        if shares < clients and shares % 2 == 0:
+            shares += 1
+        return shares
+
+
+def secagg_problems(settings: SecAggSettings, clients: int | None, where: str) -> list[str]:
+    """What is wrong with SecAgg+ settings for rounds of at least `clients` clients (None:
+    unknown), each with the fix."""
+    problems = []
+    if settings.threshold < 2:
+        problems.append(f"{where}.reconstructionThreshold must be at least 2 (1 would let any "
+                        "single share holder unmask a client's update)")  # fmt: skip
+    if settings.shares is not None:
+        if settings.shares < 3:
+            problems.append(f"{where}.shares must be at least 3, or left out for all clients")
+        elif settings.threshold > settings.shares:
+            problems.append(
+                f"{where}.reconstructionThreshold ({settings.threshold}) is larger than shares "
+                f"({settings.shares}): no secret could be rebuilt; lower the threshold or raise "
+                "shares"
+            )
+    if clients is not None and settings.threshold > clients:
+        problems.append(
+            f"{where}.reconstructionThreshold ({settings.threshold}) is larger than the "
+            f"{clients} clients a round may have (spec.server.minAvailableClients): a round "
+            f"could never unmask; lower it to {clients} or less, or raise minAvailableClients"
+        )
+    if not settings.clipping_range > 0:
+        problems.append(f"{where}.clippingRange must be > 0")
+    if not 0 < settings.quantization_range <= settings.modulus_range // 1024:
+        problems.append(f"{where}.quantizationRange must be between 1 and 2**22 (sums of up to "
+                        "1024 clients must not overflow the 2**32 modulus)")  # fmt: skip
+    if not settings.max_weight > 0:
+        problems.append(f"{where}.maxWeight must be > 0")
+    return problems
+
+
+@dataclass(frozen=True)
 class ClusterRequirement:
     """What one cluster's data requires (from its `PRIVACY_CLAIM`)."""
 
     mode: str
-    clip: float
+    clip: float | None = None  # not with secagg alone
     noise: float | None = None  # central-dp: the least noise multiplier the server must add
     epsilon: float | None = None  # local-dp: the most epsilon per round
     delta: float = DEFAULT_DELTA
+    secagg: bool = False  # the server must run SecAgg+ (mode secagg, or the item secagg)
     text: str = ""  # the claim's value, as written
 
     def describe(self) -> str:
         """The requirement in words, for refusals and status."""
+        if self.mode == REQUIRE_SECAGG:
+            return "secure aggregation (SecAgg+)"
         if self.mode == REQUIRE_CENTRAL:
-            return f"central DP (updates clipped to {self.clip:g}, server noise >= {self.noise:g})"
-        if self.mode == REQUIRE_LOCAL:
-            return (f"local DP (updates clipped to {self.clip:g}, epsilon <= {self.epsilon:g} "
-                    f"per round at delta {self.delta:g})")  # fmt: skip
-        return f"clipping (updates clipped to {self.clip:g})"
+            words = f"central DP (updates clipped to {self.clip:g}, server noise >= {self.noise:g})"
+        elif self.mode == REQUIRE_LOCAL:
+            words = (f"local DP (updates clipped to {self.clip:g}, epsilon <= {self.epsilon:g} "
+                     f"per round at delta {self.delta:g})")  # fmt: skip
+        else:
+            words = f"clipping (updates clipped to {self.clip:g})"
+        return words + (" and secure aggregation (SecAgg+)" if self.secagg else "")
 
 
 def parse_requirement(value: str) -> ClusterRequirement:
@@ -196,14 +303,18 @@ def parse_requirement(value: str) -> ClusterRequirement:
             f"{where}: it must start with one of {', '.join(REQUIREMENT_MODES)}; "
             f"the forms are {REQUIREMENT_FORMS}"
         )
-    mode, numbers = items[0], {}
+    mode, numbers, secagg = items[0], {}, items[0] == REQUIRE_SECAGG
     for item in items[1:]:
+        if item == REQUIRE_SECAGG and mode != REQUIRE_SECAGG:
+            secagg = True
+            continue
         key, sep, raw = item.partition("=")
         key = key.strip()
         if not sep or key not in _REQUIREMENT_KEYS[mode]:
+            takes = ", ".join(_REQUIREMENT_KEYS[mode]) or "nothing more"
             raise PrivacySettingError(
-                f"{where}: {item!r} is not a setting of {mode} (it takes "
-                f"{', '.join(_REQUIREMENT_KEYS[mode])}); the forms are {REQUIREMENT_FORMS}"
+                f"{where}: {item!r} is not a setting of {mode} (it takes {takes}); the forms "
+                f"are {REQUIREMENT_FORMS}"
             )
         try:
             number = float(raw)
@@ -219,10 +330,11 @@ def parse_requirement(value: str) -> ClusterRequirement:
         )
     requirement = ClusterRequirement(
         mode=mode,
-        clip=numbers["clip"],
+        clip=numbers.get("clip"),
         noise=numbers.get("noise"),
         epsilon=numbers.get("epsilon"),
         delta=numbers.get("delta", DEFAULT_DELTA),
+        secagg=secagg,
         text=value,
     )
     if requirement.epsilon is not None:
@@ -239,13 +351,15 @@ class ClientPrivacy:
     standard deviation is added to every floating-point value of the reply. `central_noise`:
     train messages that do not ask for client clipping at most `clip` and declare server
     noise of at least this multiplier are refused. `requirement`: the cluster's requirement
-    in words (empty: only the resource's own settings)."""
+    in words (empty: only the resource's own settings). `secagg`: train messages that are not
+    part of a SecAgg+ round are refused."""
 
     cluster: str
     clip: float | None = None
     noise_std: float | None = None
     central_noise: float | None = None
     requirement: str = ""
+    secagg: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -286,6 +400,14 @@ class ClientPrivacy:
             )
         return None
 
+    def secagg_refusal(self) -> str:
+        """Why a train message outside a SecAgg+ round is refused on this cluster."""
+        return (
+            f"cluster {self.cluster} requires {self.requirement}; the server sent its model "
+            "update request in the clear: set spec.privacy.secureAggregation (e.g. "
+            "reconstructionThreshold: 2) and run the app with workloads.sdk.run_strategy"
+        )
+
     def clip_for(self, server_clip: float | None) -> float | None:
         """The clipping norm for one reply: the smaller of this cluster's and the server's."""
         norms = [n for n in (self.clip, server_clip) if n is not None]
@@ -303,7 +425,7 @@ def client_privacy(
         clips.append(dp.clipping_norm)
         stds.append(dp.clipping_norm * dp.round_noise_multiplier)
     central_noise = None
-    if requirement is not None:
+    if requirement is not None and requirement.clip is not None:
         clips.append(requirement.clip)
         if requirement.mode == REQUIRE_LOCAL:
             assert requirement.epsilon is not None  # parse_requirement checked it
@@ -318,4 +440,5 @@ def client_privacy(
         noise_std=max(stds) if stds else None,
         central_noise=central_noise,
         requirement=requirement.describe() if requirement is not None else "",
+        secagg=requirement is not None and requirement.secagg,
     )

@@ -38,7 +38,7 @@ import tomli_w
 
 from ocmfl.constants import ENV_FL_UID, SERVER_FAILED_EXIT, SUPERLINK_PORT
 from ocmfl.nodekeys import PUBLIC_SUFFIX, read_public_keys
-from ocmfl.privacy import DpSettings
+from ocmfl.privacy import DpSettings, SecAggSettings
 from workloads import flower_env as fe
 from workloads.fleet_tls import Proxy, ProxyError, start_gateway
 from workloads.flower_app import AppError, FlowerApp, RunConfigValue, inspect_app, run_config
@@ -213,6 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(workloads.sdk.privacy)",
     )
     r.add_argument(
+        "--secure-aggregation",
+        default="",
+        help="JSON of spec.privacy.secureAggregation: run_strategy runs SecAgg+ in every train "
+        "phase (workloads.sdk.secagg)",
+    )
+    r.add_argument(
         "--install-dependencies",
         action="store_true",
         help="let Flower install the app's dependencies at run time (off: the image has them)",
@@ -238,6 +244,11 @@ def settings_from_args(args: argparse.Namespace) -> LaunchSettings:
             DpSettings.from_spec(json.loads(args.privacy))
         except (ValueError, AttributeError) as exc:  # PrivacySettingError is a ValueError
             raise ValueError(f"--privacy: {exc}") from None
+    if args.secure_aggregation:
+        try:
+            SecAggSettings.from_spec(json.loads(args.secure_aggregation))
+        except (ValueError, AttributeError) as exc:
+            raise ValueError(f"--secure-aggregation: {exc}") from None
     storage = str(args.storage)
     if not storage.startswith("s3://"):
         storage = str(Path(storage).resolve())
@@ -250,6 +261,7 @@ def settings_from_args(args: argparse.Namespace) -> LaunchSettings:
         round_timeout=args.round_timeout,
         node_names_file=str(persist_dir(args) / "nodes.json"),
         privacy=args.privacy,
+        secure_aggregation=args.secure_aggregation,
     )
     return LaunchSettings(
         app=app,

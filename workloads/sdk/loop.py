@@ -38,6 +38,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore.run import Run
 
+from ocmfl.privacy import CENTRAL, SecAggSettings
 from workloads.sdk.aggregate import RunningSum, folds_replies
 from workloads.sdk.client import EVALUATE_IN_TRAIN, FOLDED_RECORD
 from workloads.sdk.formats import ModelFormatError, check_compatible, reorder
@@ -45,6 +46,7 @@ from workloads.sdk.metrics import CLIENT_RECORD
 from workloads.sdk.platform import ServerPlatform, env_number
 from workloads.sdk.privacy import dp_settings, refusal_in, spent, wrap_strategy
 from workloads.sdk.pull import can_bound, pull_replies
+from workloads.sdk.secagg import secagg_settings, secure_round
 from workloads.sdk.store import ModelStore, ModelStoreError
 from workloads.sdk.wire import Narrowed, mark, narrow, widen, wire_dtype
 
@@ -84,6 +86,11 @@ def error_text(reason: str) -> str:
     return f"{m.group(1)}: {m.group(2)}" if m else reason.strip()
 
 
+def _phase(msg: Message) -> str:
+    """A message's phase: train, evaluate or query (its type without a suffix)."""
+    return str(msg.metadata.message_type).split(".")[0]
+
+
 def _plain(value: Any) -> Any:
     """Record values (and nested mappings/lists of them) as JSON-able Python values."""
     if isinstance(value, Mapping):
@@ -110,9 +117,15 @@ class PlatformGrid(Grid):
         poll_s: float = DEFAULT_POLL_S,
         fold_by: str | None = None,
         wire: str | None = None,
+        secagg: SecAggSettings | None = None,
+        secagg_weighted_by: str = "",
     ) -> None:
         self.inner = grid
-        self.wire = wire_dtype(wire)
+        # SecAgg+ (workloads.sdk.secagg): every train phase is a secure round. Its replies
+        # carry masked integers, not the model, so the wire is not narrowed then.
+        self.secagg = secagg
+        self.secagg_weighted_by = secagg_weighted_by
+        self.wire = wire_dtype(wire) if secagg is None else None
         # The arrays the last push narrowed (name -> own dtype): replies are widened by it.
         self.narrowed: Narrowed = {}
         self.poll_s = poll_s
@@ -169,6 +182,18 @@ class PlatformGrid(Grid):
         """Push, pull every ``poll_s`` until all replied or ``timeout`` passed (Flower's
         semantics), then the minimum-results rule and metrics per cluster."""
         sent = self._globalise(messages)
+        if self.secagg is not None and sent and _phase(sent[0]) == MessageType.TRAIN:
+            setup, replies = secure_round(
+                self._send_stage,
+                sent,
+                self.secagg,
+                timeout=timeout,
+                weighted_by=self.secagg_weighted_by,
+                names=lambda nid: self.node_names.get(nid, f"node-{nid}"),
+            )
+            if setup:
+                self._check(setup, replies)
+            return replies
         if self.poll_s <= 0:
             replies = [self._widen(m) for m in self.inner.send_and_receive(sent, timeout=timeout)]
         else:
@@ -177,16 +202,24 @@ class PlatformGrid(Grid):
             self._check(sent, replies)
         return replies
 
-    def _push_and_poll(self, sent: list[Message], timeout: float | None) -> list[Message]:
+    def _send_stage(self, sent: list[Message], timeout: float | None) -> list[Message]:
+        """One SecAgg+ stage: push and pull as any phase, with no folding or checks."""
+        if self.poll_s <= 0:
+            return list(self.inner.send_and_receive(sent, timeout=timeout))
+        return self._push_and_poll(sent, timeout, fold=False)
+
+    def _push_and_poll(
+        self, sent: list[Message], timeout: float | None, *, fold: bool = True
+    ) -> list[Message]:
         if not sent:
             return []
         waiting = {i for i in self.inner.push_messages(sent) if i}
         deadline = None if timeout is None else time.monotonic() + timeout
         replies: list[Message] = []
-        fold = self._folder(sent)
+        folder = self._folder(sent) if fold else None
         last = False
         while waiting:
-            got = self._pull(waiting, deadline, fold)
+            got = self._pull(waiting, deadline, folder)
             replies.extend(got)
             waiting.difference_update(m.metadata.reply_to_message_id for m in got)
             if not waiting or last:
@@ -295,7 +328,7 @@ class PlatformGrid(Grid):
         return self.node_names.get(node, f"node-{node}")
 
     def _check(self, sent: list[Message], replies: list[Message]) -> None:
-        phase = str(sent[0].metadata.message_type).split(".")[0]
+        phase = _phase(sent[0])
         config = sent[0].content.config_records.get("config") if sent[0].has_content() else None
         raw_round = config.get("server-round") if config is not None else None
         rnd = raw_round if isinstance(raw_round, int) else 0
@@ -473,7 +506,19 @@ def run_strategy(
             log.info("%s set to the platform's minimum, %d", ", ".join(changed),
                      platform.min_results)  # fmt: skip
     dp = dp_settings(platform)
+    secagg = secagg_settings(platform)
+    # Under SecAgg+ the weights go into the masked sum: the strategy's, or equal ones with
+    # central DP (CentralDp weighs every result the same).
+    weighted_by = (
+        ""
+        if dp is not None and dp.mode == CENTRAL
+        else str(getattr(strategy, "weighted_by_key", "num-examples"))
+    )
     strategy = wrap_strategy(strategy, dp)
+    if secagg is not None:
+        log.info("secure aggregation (SecAgg+): reconstruction threshold %d, shares %s, "
+                 "weights %s", secagg.threshold, secagg.shares or "all clients",
+                 weighted_by or "equal")  # fmt: skip
     if dp is not None:
         log.info("differential privacy %s: clipping norm %g, noise multiplier %.4g a round, "
                  "delta %g", dp.mode, dp.clipping_norm, dp.round_noise_multiplier,
@@ -486,6 +531,8 @@ def run_strategy(
         poll_s=poll_interval(),
         fold_by=getattr(strategy, "weighted_by_key", None) if folds_replies(strategy) else None,
         wire=wire_dtype,
+        secagg=secagg,
+        secagg_weighted_by=weighted_by,
     )
 
     def on_round(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:

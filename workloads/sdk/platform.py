@@ -66,6 +66,7 @@ class ServerPlatform:
     round_timeout: float | None = None
     node_names_file: str = ""
     privacy: str = ""  # JSON of spec.privacy.differentialPrivacy (workloads.sdk.privacy)
+    secure_aggregation: str = ""  # JSON of spec.privacy.secureAggregation (workloads.sdk.secagg)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> ServerPlatform:
@@ -80,6 +81,7 @@ class ServerPlatform:
             round_timeout=env_number(env, constants.ENV_ROUND_TIMEOUT, float, 0.0),
             node_names_file=env.get(constants.ENV_NODE_NAMES, "").strip(),
             privacy=env.get(constants.ENV_PRIVACY, "").strip(),
+            secure_aggregation=env.get(constants.ENV_SECURE_AGGREGATION, "").strip(),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -93,6 +95,7 @@ class ServerPlatform:
             constants.ENV_ROUND_TIMEOUT: str(self.round_timeout) if self.round_timeout else "",
             constants.ENV_NODE_NAMES: self.node_names_file,
             constants.ENV_PRIVACY: self.privacy,
+            constants.ENV_SECURE_AGGREGATION: self.secure_aggregation,
         }
         return {k: v for k, v in pairs.items() if v}
 

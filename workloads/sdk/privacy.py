@@ -146,7 +146,8 @@ def spent(dp: DpSettings, rounds: int) -> dict[str, Any]:
 
 
 # --- client side ------------------------------------------------------------------------
-def _refuse(msg: Message, why: str) -> Message:
+def refuse(msg: Message, why: str) -> Message:
+    """An error reply that refuses `msg` for a privacy requirement (it fails the run)."""
     log.error("%s: %s", REFUSAL, why)
     return Message(Error(code=REFUSAL_CODE, reason=f"{REFUSAL}: {why}"), reply_to=msg)
 
@@ -174,12 +175,12 @@ def privacy_mod(privacy: ClientPrivacy, rng: np.random.Generator | None = None) 
         server_clip = _config_number(msg, KEY_CLIPPING_NORM)
         why = privacy.refusal(server_clip, _config_number(msg, KEY_NOISE_MULTIPLIER))
         if why is not None:
-            return _refuse(msg, why)
+            return refuse(msg, why)
         clip = privacy.clip_for(server_clip)
         if clip is None and privacy.noise_std is None:
             return call_next(msg, context)
         if len(msg.content.array_records) != 1:
-            return _refuse(msg, f"cluster {privacy.cluster}: a train message with "
+            return refuse(msg, f"cluster {privacy.cluster}: a train message with "
                            f"{len(msg.content.array_records)} ArrayRecords cannot be clipped "
                            "(it needs exactly one, the model)")  # fmt: skip
         sent = next(iter(msg.content.array_records.values()))
@@ -187,12 +188,12 @@ def privacy_mod(privacy: ClientPrivacy, rng: np.random.Generator | None = None) 
         if reply.has_error():
             return reply
         if len(reply.content.array_records) != 1:
-            return _refuse(msg, f"cluster {privacy.cluster}: the app's reply has "
+            return refuse(msg, f"cluster {privacy.cluster}: the app's reply has "
                            f"{len(reply.content.array_records)} ArrayRecords; a clipped reply "
                            "needs exactly one, the model")  # fmt: skip
         key, got = next(iter(reply.content.array_records.items()))
         if list(got.keys()) != list(sent.keys()):
-            return _refuse(msg, f"cluster {privacy.cluster}: the app's reply names other "
+            return refuse(msg, f"cluster {privacy.cluster}: the app's reply names other "
                            "arrays than the model it got, so it cannot be clipped")  # fmt: skip
         reply.content[key] = protect(sent, got, clip, privacy.noise_std, generator)
         noise = f", noise std {privacy.noise_std:.4g} added" if privacy.noise_std else ""

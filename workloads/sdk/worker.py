@@ -64,6 +64,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from ocmfl.privacy import ClientPrivacy
 from workloads.sdk.privacy import privacy_mod
+from workloads.sdk.secagg import secagg_mod
 
 log = logging.getLogger(__name__)
 
@@ -202,12 +203,13 @@ def forwarding_client_app(ref: str) -> ForwardingClientApp:
 
 # --- the worker --------------------------------------------------------------------------
 class GuardedClientApp(ClientApp):
-    """Any ClientApp, run inside the cluster's privacy mod."""
+    """Any ClientApp, run inside the cluster's SecAgg+ mod and, within it, its privacy mod
+    (clipping and local noise come before masking)."""
 
     def __init__(self, inner: ClientApp, privacy: ClientPrivacy) -> None:
         super().__init__()
         self.inner = inner
-        self.mod = privacy_mod(privacy)
+        self.mod = secagg_mod(privacy, privacy_mod(privacy))
 
     def __call__(self, message: Message, context: Context) -> Message:
         return self.mod(message, context, self.inner.__call__)

@@ -93,6 +93,7 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
       --persist-dir DIR             SuperLink database + node map (on the store's volume;
                                     absent for S3 storage, whose volume is an emptyDir)
       --privacy JSON                spec.privacy.differentialPrivacy (run_strategy applies it)
+      --secure-aggregation JSON     spec.privacy.secureAggregation (run_strategy runs SecAgg+)
     The launcher exits 0 when training completed, non-zero otherwise, and writes a JSON
     {"ok", "reason", "round", "path", "sha256", "metrics"} outcome to /dev/termination-log
     (read by `outcome_from_termination_message`).
@@ -144,6 +145,9 @@ def server_args(ref: FLRef, spec: FederatedLearningSpec) -> list[str]:
     if spec.privacy is not None and spec.privacy.differential_privacy is not None:
         dp = spec.privacy.differential_privacy.model_dump(mode="json", by_alias=True)
         args += ["--privacy", json.dumps(dp, sort_keys=True)]
+    if spec.privacy is not None and spec.privacy.secure_aggregation is not None:
+        secagg = spec.privacy.secure_aggregation.model_dump(mode="json", by_alias=True)
+        args += ["--secure-aggregation", json.dumps(secagg, sort_keys=True)]
     return args
 
 
