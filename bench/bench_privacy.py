@@ -1,5 +1,5 @@
-"""Differential privacy on the digits example (docs/privacy.md): plain, central DP and local DP
-at two noise levels, in the same run, through the platform path.
+"""Privacy on the digits example (docs/privacy.md): plain, SecAgg+, central DP (alone and with
+SecAgg+) and local DP at two noise levels, in the same run, through the platform path.
 
     .venv/bin/python bench/bench_privacy.py [--rounds 10] [--repeat 1] [--clip 5]
 
@@ -7,13 +7,15 @@ Every setting runs examples/apps/digits (label-skewed partitions, 2 clusters) th
 ocm-fl-server + 2 x ocm-fl-client (mTLS gateway and tunnels, SuperLink, SuperNodes, the
 ClientApp workers that clip and noise, model store), as bench_federation runs it:
 - plain: no privacy;
+- secagg: `--secure-aggregation` on the server (reconstruction threshold 2): every train phase
+  is a SecAgg+ round between the two clients' workers;
 - central: `--privacy` on the server (clients clip to --clip, the server adds noise of
   --noise x clip / 2 to the average);
 - local, two epsilons: `--privacy` on each client (clip, then noise for (epsilon, 1e-5) per
   round), the server only accounts.
 Per setting: median seconds per round, the held-out test accuracy of the final model, and the
 privacy spent (epsilon at delta 1e-5 after all rounds, from the launcher's result). Prints one
-JSON object. Secure aggregation is not available yet, so it has no row.
+JSON object.
 """
 
 from __future__ import annotations
@@ -31,16 +33,24 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_federation import OURS, run_ours, setup
 
-from ocmfl.privacy import ClientPrivacy, DpSettings, client_privacy
+from ocmfl.privacy import ClientPrivacy, DpSettings, SecAggSettings, client_privacy
+
+SECAGG = SecAggSettings(threshold=2)
 
 
 def settings(clip: float, noise: float, epsilons: tuple[float, float]) -> dict[str, Any]:
-    """name -> (the server's --privacy JSON or None, the clients' ClientPrivacy or None)."""
+    """name -> (the server's DP settings or None, the clients' ClientPrivacy or None, the
+    server's SecAgg+ settings or None)."""
     central = DpSettings("central", clip, noise_multiplier=noise)
-    out: dict[str, Any] = {"plain": (None, None), f"central z={noise:g}": (central, None)}
+    out: dict[str, Any] = {
+        "plain": (None, None, None),
+        "secagg": (None, None, SECAGG),
+        f"central z={noise:g}": (central, None, None),
+        f"central z={noise:g} + secagg": (central, None, SECAGG),
+    }
     for eps in epsilons:
         local = DpSettings("local", clip, epsilon=eps)
-        out[f"local epsilon={eps:g}"] = (local, client_privacy("bench", local, None))
+        out[f"local epsilon={eps:g}"] = (local, client_privacy("bench", local, None), None)
     return out
 
 
@@ -51,8 +61,11 @@ def one_run(
     tag: str,
     server: DpSettings | None,
     client: ClientPrivacy | None,
+    secagg: SecAggSettings | None = None,
 ) -> dict[str, Any]:
     OURS["server_args"] = [] if server is None else ["--privacy", json.dumps(server.to_spec())]
+    if secagg is not None:
+        OURS["server_args"] += ["--secure-aggregation", json.dumps(secagg.to_spec())]
     OURS["client_args"] = [] if client is None else ["--privacy", client.to_json()]
     run = run_ours(root, p, rounds, tag)
     per_round = [r["total"] for r in run.pop("rounds")]
@@ -80,11 +93,12 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="ocmfl-privacy-"))
     p = setup(root)
     out: dict[str, Any] = {}
-    for name, (server, client) in settings(args.clip, args.noise, (eps[0], eps[1])).items():
+    chosen = settings(args.clip, args.noise, (eps[0], eps[1]))
+    for name, (server, client, secagg) in chosen.items():
         runs = []
         for i in range(args.repeat):
             got = one_run(root, p, args.rounds, f"{name.split()[0]}-{len(out)}-{i}", server,
-                          client)  # fmt: skip
+                          client, secagg)  # fmt: skip
             print(json.dumps({name: got}), file=sys.stderr, flush=True)
             runs.append(got)
         out[name] = {

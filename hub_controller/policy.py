@@ -114,6 +114,11 @@ class PrivacyRule(BaseModel):
     max_epsilon: float | None = Field(
         default=None, gt=0, lt=1, description="With mode local: epsilon must be at most this."
     )
+    secure_aggregation: bool = Field(
+        default=False,
+        description="Also require spec.privacy.secureAggregation (SecAgg+: the server sees "
+        "only the sum of the updates).",
+    )
 
     def describe(self) -> str:
         parts = [f"mode {self.mode.value}" if self.mode else "mode central or local"]
@@ -123,6 +128,8 @@ class PrivacyRule(BaseModel):
             parts.append(f"noiseMultiplier >= {self.min_noise_multiplier:g} (central)")
         if self.max_epsilon is not None:
             parts.append(f"epsilon <= {self.max_epsilon:g} (local)")
+        if self.secure_aggregation:
+            parts.append("secure aggregation")
         return ", ".join(parts)
 
 
@@ -392,8 +399,12 @@ def _privacy_violations(
     dp = spec.privacy.differential_privacy if spec.privacy is not None else None
     field = "spec.privacy.differentialPrivacy"
     out: list[Violation] = []
+    secagg = spec.privacy.secure_aggregation if spec.privacy is not None else None
     for name, rule in rules:
         why = f"{_ns(namespace)} (FederationPolicy {POLICY_NAME}.spec.{name}: {rule.describe()})"
+        if rule.secure_aggregation and secagg is None:
+            out.append(Violation("spec.privacy.secureAggregation",
+                                 f"secure aggregation is required {why}: set it"))  # fmt: skip
         if dp is None:
             out.append(Violation(field, f"differential privacy is required {why}: set it"))
             continue
@@ -1392,8 +1403,15 @@ def _privacy_rules_of(rule: str, applies: str, shown: str) -> list[tuple[str, st
     messages name the rule as `shown` (CEL string). The twin of `_privacy_violations`."""
     dp = "object.spec.privacy.differentialPrivacy"
     has_dp = f"({_has(dp)})"
+    secagg = f"({_has('object.spec.privacy.secureAggregation')})"
     why = f"{_NS}' (FederationPolicy default.spec.' + {shown} + ')'"
     return [
+        (
+            f"!({applies}) || !has({rule}.secureAggregation) || !{rule}.secureAggregation || "
+            f"{secagg}",
+            "'spec.privacy.secureAggregation: secure aggregation is required'"
+            f" + {why} + ': set it'",
+        ),
         (
             f"!({applies}) || {has_dp}",
             "'spec.privacy.differentialPrivacy: differential privacy is required'"

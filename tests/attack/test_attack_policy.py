@@ -480,6 +480,16 @@ def test_a_namespace_wide_privacy_rule_holds_local_dp_to_its_epsilon() -> None:
     assert missing.field == "spec.privacy.differentialPrivacy"
 
 
+def test_a_privacy_rule_can_require_secure_aggregation_as_well() -> None:
+    rules = policy.parse_policy({**GRANT, "requirePrivacy": {"secureAggregation": True}})
+    spec = with_privacy(GOOD_DP)
+    [found] = policy.violations(parse_spec(spec), rules, "team-a")
+    assert found.field == "spec.privacy.secureAggregation"
+    assert "secure aggregation is required in namespace team-a" in found.message
+    spec["privacy"]["secureAggregation"] = {"reconstructionThreshold": 2}
+    assert policy.violations(parse_spec(spec), rules, "team-a") == []
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(300)
 def test_apiserver_requires_the_privacy_the_policy_names(hub: Kube, team_a: str) -> None:
@@ -498,3 +508,7 @@ def test_apiserver_requires_the_privacy_the_policy_names(hub: Kube, team_a: str)
     message = refusal(hub, team_a, with_privacy(local))
     assert "spec.privacy.differentialPrivacy.epsilon is too large" in message, message
     assert "requirePrivacy" in message, message
+    # The same rule can require SecAgg+ as well.
+    hub.patch(policy_path, {"spec": {"requirePrivacy": {"secureAggregation": True}}})
+    message = refusal(hub, team_a, with_privacy({**local, "epsilon": 0.2}))
+    assert "spec.privacy.secureAggregation: secure aggregation is required" in message, message

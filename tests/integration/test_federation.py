@@ -246,10 +246,12 @@ def test_crashing_client_below_minimum_fails_the_run(fed: Federation) -> None:
     assert ModelStore(fed.root / "model-2").final() is None
 
 
-# --- differential privacy through the real path (docs/privacy.md) -------------------------
+# --- differential privacy and secure aggregation through the real path (docs/privacy.md) ---
 PRIVATE = ("p1", "p2")
-# p2's data requires central DP with at least this noise, clipped to at most this norm.
-P2_REQUIREMENT = "central-dp,clip=5,noise=0.5"
+# p2's data requires central DP with at least this noise, clipped to at most this norm, and
+# secure aggregation.
+P2_REQUIREMENT = "central-dp,clip=5,noise=0.5,secagg"
+SECAGG = {"reconstructionThreshold": 2}
 CENTRAL = {"mode": "central", "clippingNorm": 5.0, "noiseMultiplier": 0.5, "delta": 1e-5}
 
 
@@ -274,17 +276,23 @@ def private_fed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation
             _kill_group(proc, signal.SIGTERM)
 
 
-def test_central_dp_runs_through_the_workers_and_reports_the_privacy_spent(
+def test_central_dp_with_secure_aggregation_runs_through_the_workers_and_reports_the_privacy(
     private_fed: Federation,
 ) -> None:
+    """Central DP and SecAgg+ together, as p2 requires: every round is a SecAgg+ round between
+    the two workers (their updates clipped, then masked), the noise goes on the unmasked
+    aggregate, and the privacy spent is the accountant's."""
     from ocmfl.privacy import DpSettings
     from workloads.sdk.privacy import spent
 
     result = private_fed.root / "central.json"
     done = _run(private_fed.server_cmd(private_fed.root / "model-central", 2, "--privacy",
-                                       json.dumps(CENTRAL), "--result-file", str(result)),
+                                       json.dumps(CENTRAL), "--secure-aggregation",
+                                       json.dumps(SECAGG), "--result-file", str(result)),
                 timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:]
+    summed = [ln for ln in done.stdout.splitlines() if "SecAgg+ round: 2 masked updates" in ln]
+    assert len(summed) == 2, done.stdout[-3000:]  # one per round, both clusters in each
     outcome = json.loads(result.read_text())
     expected = spent(DpSettings.from_spec(CENTRAL), 2)
     assert outcome["privacy"]["epsilon"] == pytest.approx(expected["epsilon"])
@@ -307,4 +315,5 @@ def test_a_server_without_the_dp_a_cluster_requires_fails_naming_that_cluster(
     last_line = done.stdout.strip().splitlines()[-1]
     assert done.returncode == 1, done.stdout[-3000:]
     assert "PrivacyRequirementError" in last_line and "cluster p2 requires central DP" in last_line
+    assert "secure aggregation" in last_line
     assert ModelStore(private_fed.root / "model-plain").final() is None

@@ -113,7 +113,7 @@ def _masked_update(cluster: Cluster, settings: SecAggSettings) -> np.ndarray:
     ]  # fmt: skip
     assert not reply.content.array_records  # no model leaves the cluster
     blobs = reply.content.config_records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]
-    vector = [bytes_to_ndarray(b) for b in blobs]  # type: ignore[union-attr]
+    vector = [bytes_to_ndarray(b) for b in blobs]  # type: ignore[union-attr,arg-type]
     return dequantize(vector[1:], settings.clipping_range, settings.quantization_range)[0]
 
 
@@ -204,3 +204,20 @@ def test_secagg_settings_and_claims_are_checked_naming_the_field() -> None:
     assert parse_spec(body).privacy.secure_aggregation.reconstruction_threshold == 2  # type: ignore[union-attr]
     with pytest.raises(PrivacySettingError, match="reconstructionThreshold"):
         SecAggSettings.from_spec({"shares": 5})
+
+
+def test_the_controller_hands_the_settings_to_the_server_launcher_which_exports_them() -> None:
+    from fl_fixtures import REF
+
+    from hub_controller.operator.desired.server import server_args
+    from workloads import server_launcher
+    from workloads.sdk.secagg import secagg_settings
+
+    body = spec_dict()
+    body["privacy"] = {"secureAggregation": {"reconstructionThreshold": 2, "maxWeight": 5000}}
+    argv = server_args(REF, parse_spec(body))
+    args = server_launcher.build_parser().parse_args(argv)
+    args.app_dir = Path(__file__).resolve().parents[2] / "examples" / "apps" / "digits"
+    platform = server_launcher.settings_from_args(args).platform
+    exported = ServerPlatform.from_env(platform.to_env())
+    assert secagg_settings(exported) == SecAggSettings(threshold=2, max_weight=5000)

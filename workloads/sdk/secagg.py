@@ -74,7 +74,7 @@ from ocmfl.privacy import ClientPrivacy, SecAggSettings
 from workloads.sdk.platform import PlatformConfigError, ServerPlatform
 from workloads.sdk.privacy import refuse
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("flwr")  # the ServerApp's and ClientApp's log
 
 # Set in the collect stage's config: the metric that weighs a client's update ("" for equal
 # weights, as with central DP). Flower's mod ignores keys it does not know in that stage.
@@ -327,6 +327,10 @@ def secure_round(
     except (KeyError, TypeError, ValueError) as exc:  # a reply that broke the protocol
         halted = f"secure aggregation failed: {type(exc).__name__}: {exc}"
 
+    if halted is None:
+        missing = ", ".join(names(n) for n in sorted(set(sampled) - set(summed))) or "none"
+        log.info("SecAgg+ round: %d masked updates summed and unmasked (%s); without %s",
+                 len(summed), ", ".join(names(n) for n in sorted(summed)), missing)  # fmt: skip
     replies: list[Message] = []
     for nid in sampled:
         sent = setup_sent.get(nid)
