@@ -89,9 +89,13 @@ class Federation:
     clients: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def server_cmd(self, storage: Path, rounds: int = ROUNDS, *extra: str) -> list[str]:
+        # A state dir (SuperLink database) per model store: a restart of the same run reuses
+        # it, the next test's run does not inherit the last one's (once, under load, the run
+        # after a finished one on the same database never started: its ServerApp's runtime
+        # token was refused).
         return [
             str(BIN / "ocm-fl-server"),
-            "--state-dir", str(self.root / "server-state"),
+            "--state-dir", str(self.root / f"server-state-{storage.name}"),
             "--superlink-address", f"127.0.0.1:{self.port}",
             "--ssl-ca-certfile", str(self.tls / "ca.crt"),
             "--ssl-certfile", str(self.tls / "tls.crt"),
