@@ -587,8 +587,8 @@ class DpMode(StrEnum):
 class Clipping(StrEnum):
     """How the clipping norm is chosen."""
 
-    FIXED = "fixed"
-    ADAPTIVE = "adaptive"
+    FIXED = privacy.FIXED
+    ADAPTIVE = privacy.ADAPTIVE
 
 
 class DifferentialPrivacy(_Model):
@@ -598,12 +598,32 @@ class DifferentialPrivacy(_Model):
                          "client adds noise before its update leaves its cluster.")  # fmt: skip
     clipping: Clipping = Field(
         default=Clipping.FIXED,
-        description="fixed (adaptive is refused for now: its norm estimates are not accounted).",
+        description="fixed: clippingNorm every round; adaptive (mode central): the server "
+        "moves the norm each round towards the targetUnclippedQuantile of the clients' update "
+        "norms, from a noised count (Andrew et al. 2021), within the same privacy budget.",
     )
     clipping_norm: float = Field(
         gt=0, description="Each client's update (reply minus the model it got) is scaled down "
-        "to this L2 norm at most.",
+        "to this L2 norm at most (with adaptive clipping: in the first round).",
     )  # fmt: skip
+    target_unclipped_quantile: float = Field(
+        default=privacy.DEFAULT_TARGET_UNCLIPPED,
+        gt=0,
+        lt=1,
+        description="adaptive: the share of updates the norm should leave unclipped.",
+    )
+    clipping_norm_learning_rate: float = Field(
+        default=privacy.DEFAULT_CLIP_LEARNING_RATE,
+        gt=0,
+        description="adaptive: how fast the norm moves (geometric step per round).",
+    )
+    clipped_count_stddev: float | None = Field(
+        default=None,
+        gt=0,
+        description="adaptive (required): std of the noise on the count of unclipped updates; "
+        "above noiseMultiplier / 2 (about clients / 20 is usual). The updates' noise grows to "
+        "keep the round's privacy at noiseMultiplier.",
+    )
     noise_multiplier: float | None = Field(
         default=None,
         gt=0,
@@ -1025,12 +1045,15 @@ def _privacy_problems(spec_privacy: Privacy | None, min_clients: int) -> list[st
     if dp is None:
         return problems
     where += ".differentialPrivacy"
-    if dp.clipping is Clipping.ADAPTIVE:
-        problems.append(
-            f"{where}.clipping: adaptive clipping is not available yet (its norm estimates "
-            "are not accounted); use fixed"
-        )
     problems += privacy.mode_problems(dp.mode.value, dp.noise_multiplier, dp.epsilon, where)
+    problems += privacy.clipping_problems(
+        dp.clipping.value,
+        dp.mode.value,
+        dp.noise_multiplier,
+        dp.clipped_count_stddev,
+        dp.target_unclipped_quantile,
+        where,
+    )
     return problems
 
 

@@ -54,6 +54,7 @@ from hub_controller.api import (
     defaulted,
 )
 from ocmfl import constants
+from ocmfl.privacy import ADAPTIVE
 
 KIND: Final = constants.POLICY_KIND
 PLURAL: Final = constants.POLICY_PLURAL
@@ -413,6 +414,9 @@ def _privacy_violations(
         if rule.max_clipping_norm is not None and dp.clipping_norm > rule.max_clipping_norm:
             out.append(Violation(f"{field}.clippingNorm",
                                  f"{dp.clipping_norm:g} is too large {why}"))  # fmt: skip
+        if rule.max_clipping_norm is not None and dp.clipping.value == ADAPTIVE:
+            out.append(Violation(f"{field}.clipping", f"adaptive clipping is not allowed {why} "
+                                 "(its norm moves): use fixed"))  # fmt: skip
         noise = dp.noise_multiplier
         if (
             rule.min_noise_multiplier is not None
@@ -1427,6 +1431,12 @@ def _privacy_rules_of(rule: str, applies: str, shown: str) -> list[tuple[str, st
             f"double({dp}.clippingNorm) <= double({rule}.maxClippingNorm)",
             f"'spec.privacy.differentialPrivacy.clippingNorm: ' + string({dp}.clippingNorm) + "
             f"' is too large' + {why} + ': use at most ' + string({rule}.maxClippingNorm)",
+        ),
+        (
+            f"!({applies}) || !{has_dp} || !has({rule}.maxClippingNorm) || "
+            f"!has({dp}.clipping) || {dp}.clipping != 'adaptive'",
+            "'spec.privacy.differentialPrivacy.clipping: adaptive clipping is not allowed' + "
+            f"{why} + ' (its norm moves): use fixed'",
         ),
         (
             f"!({applies}) || !{has_dp} || !has({rule}.minNoiseMultiplier) || "

@@ -31,6 +31,12 @@ CENTRAL: Final = "central"
 LOCAL: Final = "local"
 DP_MODES: Final = (CENTRAL, LOCAL)
 DEFAULT_DELTA: Final = 1e-5
+FIXED: Final = "fixed"
+ADAPTIVE: Final = "adaptive"
+# Adaptive clipping's defaults (Andrew et al. 2021, "Differentially Private Learning with
+# Adaptive Clipping": the median, learning rate 0.2).
+DEFAULT_TARGET_UNCLIPPED: Final = 0.5
+DEFAULT_CLIP_LEARNING_RATE: Final = 0.2
 
 # The cluster requirement's modes (the claim value's first item).
 REQUIRE_CLIPPING: Final = "clipping"
@@ -85,6 +91,48 @@ def check_local_epsilon(epsilon: float, delta: float, field: str) -> None:
         raise PrivacySettingError(f"{field}: delta {delta:g} must be between 0 and 1")
 
 
+def adaptive_update_noise(noise_multiplier: float, count_stddev: float) -> float:
+    """The noise multiplier of the updates' sum under adaptive clipping, so that it and the
+    noised count of unclipped updates (std `count_stddev`) together are as private as one
+    Gaussian release with `noise_multiplier` (Andrew et al. 2021, Theorem 1):
+    (z**-2 - (2 sigma_b)**-2) ** -0.5."""
+    return float((noise_multiplier**-2 - (2 * count_stddev) ** -2) ** -0.5)
+
+
+def clipping_problems(
+    clipping: str,
+    mode: str,
+    noise_multiplier: float | None,
+    count_stddev: float | None,
+    target: float,
+    where: str,
+) -> list[str]:
+    """What adaptive clipping needs, each with the fix: mode central (the server adapts the
+    norm and its noise follows it) and a clippedCountStddev above noiseMultiplier / 2 (the
+    count's noise takes part of the privacy budget)."""
+    if clipping != ADAPTIVE:
+        return []
+    problems = []
+    if mode != CENTRAL:
+        problems.append(
+            f"{where}.clipping: adaptive needs mode central (the server adapts the norm to "
+            "the noised count of unclipped updates); use fixed with local"
+        )
+    if count_stddev is None:
+        problems.append(f"{where}.clippedCountStddev is required with adaptive clipping (the "
+                        "noise on the count of unclipped updates; about clients / 20 is usual, "
+                        "and it must be above noiseMultiplier / 2)")  # fmt: skip
+    elif noise_multiplier is not None and not count_stddev > noise_multiplier / 2:
+        problems.append(
+            f"{where}.clippedCountStddev ({count_stddev:g}) must be above noiseMultiplier / 2 "
+            f"({noise_multiplier / 2:g}): the count's noise cannot take more privacy than the "
+            "whole round has; raise it or lower noiseMultiplier"
+        )
+    if not 0 < target < 1:
+        problems.append(f"{where}.targetUnclippedQuantile must be between 0 and 1")
+    return problems
+
+
 def mode_problems(
     mode: str, noise_multiplier: float | None, epsilon: float | None, where: str
 ) -> list[str]:
@@ -118,10 +166,14 @@ class DpSettings:
     """``spec.privacy.differentialPrivacy`` as the server and the clients use it."""
 
     mode: str
-    clipping_norm: float
+    clipping_norm: float  # with adaptive clipping: the first round's
     noise_multiplier: float | None = None  # central
     epsilon: float | None = None  # local, per round
     delta: float = DEFAULT_DELTA
+    clipping: str = FIXED
+    target_unclipped_quantile: float = DEFAULT_TARGET_UNCLIPPED  # adaptive
+    clip_learning_rate: float = DEFAULT_CLIP_LEARNING_RATE  # adaptive
+    clipped_count_stddev: float | None = None  # adaptive
 
     @classmethod
     def from_spec(cls, data: Mapping[str, Any]) -> DpSettings:
@@ -135,14 +187,33 @@ class DpSettings:
                 noise_multiplier=_number_or_none(data.get("noiseMultiplier")),
                 epsilon=_number_or_none(data.get("epsilon")),
                 delta=float(data.get("delta", DEFAULT_DELTA)),
+                clipping=str(data.get("clipping", FIXED)),
+                target_unclipped_quantile=float(
+                    data.get("targetUnclippedQuantile", DEFAULT_TARGET_UNCLIPPED)
+                ),
+                clip_learning_rate=float(
+                    data.get("clippingNormLearningRate", DEFAULT_CLIP_LEARNING_RATE)
+                ),
+                clipped_count_stddev=_number_or_none(data.get("clippedCountStddev")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise PrivacySettingError(f"{where}: {exc!r} in {dict(data)!r}") from None
+        if settings.clipping not in (FIXED, ADAPTIVE):
+            raise PrivacySettingError(f"{where}.clipping {settings.clipping!r}: use fixed or "
+                                      "adaptive")  # fmt: skip
         if settings.mode not in DP_MODES:
             raise PrivacySettingError(f"{where}.mode {settings.mode!r}: use central or local")
         if not settings.clipping_norm > 0:
             raise PrivacySettingError(f"{where}.clippingNorm must be > 0")
         problems = mode_problems(settings.mode, settings.noise_multiplier, settings.epsilon, where)
+        problems += clipping_problems(
+            settings.clipping,
+            settings.mode,
+            settings.noise_multiplier,
+            settings.clipped_count_stddev,
+            settings.target_unclipped_quantile,
+            where,
+        )
         if problems:
             raise PrivacySettingError("; ".join(problems))
         if settings.noise_multiplier is not None and not settings.noise_multiplier > 0:
@@ -158,6 +229,13 @@ class DpSettings:
             out["noiseMultiplier"] = self.noise_multiplier
         if self.epsilon is not None:
             out["epsilon"] = self.epsilon
+        if self.clipping == ADAPTIVE:
+            out.update(
+                clipping=ADAPTIVE,
+                targetUnclippedQuantile=self.target_unclipped_quantile,
+                clippingNormLearningRate=self.clip_learning_rate,
+                clippedCountStddev=self.clipped_count_stddev,
+            )
         return out
 
     @property
@@ -383,20 +461,17 @@ class ClientPrivacy:
         must be refused on this cluster (None: it may be answered)."""
         if self.central_noise is None:
             return None
+        # A server norm above this cluster's is answered: the reply is clipped to this
+        # cluster's norm, and the server's noise, scaled to its own larger norm, covers it
+        # with room to spare (so adaptive clipping may grow past it).
         asked = f"asked for clipping {server_clip:g}" if server_clip else "asked for no clipping"
         noise = f"noise {server_noise:g}" if server_noise else "no server noise"
-        clip = f"{self.clip:g}" if self.clip is not None else "any"
-        if (
-            server_clip is None
-            or server_noise is None
-            or (self.clip is not None and server_clip > self.clip)
-            or server_noise < self.central_noise
-        ):
+        if server_clip is None or server_noise is None or server_noise < self.central_noise:
             return (
                 f"cluster {self.cluster} requires {self.requirement}; the server {asked} with "
-                f"{noise}: set spec.privacy.differentialPrivacy (mode central, clippingNorm <= "
-                f"{clip}, noiseMultiplier >= {self.central_noise:g}) and run the app "
-                "with workloads.sdk.run_strategy"
+                f"{noise}: set spec.privacy.differentialPrivacy (mode central, "
+                f"noiseMultiplier >= {self.central_noise:g}) and run the app with "
+                "workloads.sdk.run_strategy"
             )
         return None
 

@@ -448,6 +448,11 @@ PRIVACY_CASES: dict[str, tuple[dict[str, Any] | None, str, str]] = {
         "spec.privacy.differentialPrivacy.noiseMultiplier",
         "too small",
     ),
+    "adaptive clipping under a norm cap": (
+        {**GOOD_DP, "clipping": "adaptive", "clippedCountStddev": 1.0},
+        "spec.privacy.differentialPrivacy.clipping",
+        "adaptive clipping is not allowed",
+    ),
 }
 
 

@@ -89,15 +89,20 @@ def test_the_resources_settings_are_checked_at_admission_naming_the_field() -> N
     )
     assert f"{dp}.mode" in problems({"differentialPrivacy": {"mode": "both", "clippingNorm": 1}})
     assert "spec.privacy.secureAggregation" in problems({"secureAggregation": {"shares": 3}})
-    assert "adaptive clipping is not available" in problems(
-        {
-            "differentialPrivacy": {
-                "mode": "central",
-                "clippingNorm": 1,
-                "noiseMultiplier": 1,
-                "clipping": "adaptive",
-            }
-        }
+    adaptive = {"mode": "central", "clippingNorm": 1, "noiseMultiplier": 1, "clipping": "adaptive"}
+    assert f"{dp}.clippedCountStddev is required" in problems({"differentialPrivacy": adaptive})
+    assert f"{dp}.clippedCountStddev (0.4) must be above noiseMultiplier / 2" in problems(
+        {"differentialPrivacy": {**adaptive, "clippedCountStddev": 0.4}}
+    )
+    local = {**adaptive, "mode": "local", "epsilon": 0.5, "clippedCountStddev": 1}
+    del local["noiseMultiplier"]
+    assert f"{dp}.clipping: adaptive needs mode central" in problems({"differentialPrivacy": local})
+    good = parse_spec({**spec_dict(), "privacy": {"differentialPrivacy": {
+        **adaptive, "clippedCountStddev": 1}}}, "x")  # fmt: skip
+    assert good.privacy is not None and good.privacy.differential_privacy is not None
+    assert (
+        DpSettings.from_spec(good.privacy.differential_privacy.model_dump(by_alias=True)).clipping
+        == "adaptive"
     )
     ok = parse_spec(
         {**spec_dict(), "privacy": {"differentialPrivacy": {"mode": "central",
@@ -197,7 +202,7 @@ def test_a_cluster_requiring_central_dp_refuses_a_server_that_does_not_run_it() 
 
     start = {"w": np.zeros(4, np.float32)}
     for config in ({}, {KEY_CLIPPING_NORM: 1.0, "ocmfl.dp.noise-multiplier": 1.0},
-                   {KEY_CLIPPING_NORM: 5.0, "ocmfl.dp.noise-multiplier": 2.0}):  # fmt: skip
+                   {"ocmfl.dp.noise-multiplier": 2.0}):  # fmt: skip
         reply = mod(_train(start, config), _context(), app)
         assert reply.has_error()
         reason = str(reply.error.reason)
@@ -206,6 +211,12 @@ def test_a_cluster_requiring_central_dp_refuses_a_server_that_does_not_run_it() 
     ok = mod(_train(start, {KEY_CLIPPING_NORM: 1.0, "ocmfl.dp.noise-multiplier": 1.5}),
              _context(), app)  # fmt: skip
     assert not ok.has_error() and len(called) == 1
+    # A larger server norm is answered, clipped to the cluster's own: the server's noise,
+    # scaled to its larger norm, covers this cluster's smaller contribution.
+    wide = mod(_train(start, {KEY_CLIPPING_NORM: 5.0, "ocmfl.dp.noise-multiplier": 2.0}),
+               _context(), app)  # fmt: skip
+    update = to_numpy(wide.content.array_records["arrays"])["w"]
+    assert not wide.has_error() and np.linalg.norm(update) == pytest.approx(1.0, rel=1e-6)
 
 
 # --- the server side, through run_strategy ------------------------------------------------
@@ -272,3 +283,43 @@ def test_a_run_that_skips_a_clusters_required_privacy_fails_naming_the_cluster(
                        "requires central DP"):  # fmt: skip
         run_strategy(FedAvg(), grid, initial_arrays=to_record({"w": np.zeros(4, np.float32)}),
                      num_rounds=1, platform=platform)  # fmt: skip
+
+
+def test_adaptive_clipping_moves_the_norm_to_the_updates_and_noises_at_the_rounds_norm(
+    tmp_path: Path,
+) -> None:
+    """Three clusters whose updates have norms 1, 2 and 10; the norm starts at 0.1. Each
+    round's noise has std z_update x (that round's norm) / 3, with z_update from Andrew et al.;
+    over the rounds the norm climbs to the median of the update norms and stays near it."""
+    from workloads.sdk.privacy import KEY_UNCLIPPED, AdaptiveCentralDp
+
+    n, z, count_std = 60_000, 0.5, 0.5
+    direction = np.full(n, 1 / math.sqrt(n))
+    norms = {1: 1.0, 2: 2.0, 3: 10.0}
+    grid = LocalGrid({i: _client(f"c{i}", ClientPrivacy(f"c{i}"), norms[i] * direction)
+                      for i in norms})  # fmt: skip
+    dp = DpSettings("central", 0.1, noise_multiplier=z, clipping="adaptive",
+                    clipped_count_stddev=count_std, clip_learning_rate=1.0)  # fmt: skip
+    wrapped = AdaptiveCentralDp(FedAvg(), dp, rng=np.random.default_rng(3))
+    z_update = (z**-2 - (2 * count_std) ** -2) ** -0.5  # 0.577: more than z, as it must be
+    assert wrapped.noise_multiplier == pytest.approx(z_update)
+
+    # Round 1: every update clipped to 0.1 (all three bits 0), noise at norm 0.1.
+    start = to_record({"w": np.zeros(n, np.float32)})
+    replies = []
+    for msg in wrapped.configure_train(1, start, ConfigRecord(), grid):
+        msg.metadata.__dict__["_message_id"] = f"m{msg.metadata.dst_node_id}"
+        replies.append(grid.nodes[msg.metadata.dst_node_id](msg))
+    assert all(r.content["metrics"][KEY_UNCLIPPED] == 0 for r in replies)
+    arrays, _ = wrapped.aggregate_train(1, replies)
+    assert arrays is not None
+    residual = to_numpy(arrays)["w"].astype(np.float64) - 0.1 * direction
+    _std_matches(residual, z_update * 0.1 / 3)
+    assert wrapped.norms == [0.1] and wrapped.clipping_norm > 0.1
+
+    # Through run_strategy, twelve more rounds: the norm settles near the median norm, 2.
+    run_strategy(wrapped, grid, initial_arrays=start, num_rounds=12,
+                 platform=ServerPlatform(storage=str(tmp_path), resource_uid="uid-1",
+                                         min_results=3))  # fmt: skip
+    assert wrapped.norms[1:6] == sorted(wrapped.norms[1:6])  # climbing while all are clipped
+    assert 1.0 < wrapped.norms[-1] < 4.0, wrapped.norms

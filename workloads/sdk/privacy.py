@@ -50,7 +50,7 @@ from flwr.supercore.privacy_accounting import (
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from ocmfl.constants import ENV_PRIVACY
-from ocmfl.privacy import CENTRAL, ClientPrivacy, DpSettings
+from ocmfl.privacy import ADAPTIVE, CENTRAL, ClientPrivacy, DpSettings, adaptive_update_noise
 from workloads.sdk.platform import PlatformConfigError, ServerPlatform
 
 log = logging.getLogger(__name__)
@@ -58,6 +58,9 @@ log = logging.getLogger(__name__)
 # The noise multiplier the server adds (in every train config of a CentralDp run): a cluster
 # that requires central DP checks it before it answers.
 KEY_NOISE_MULTIPLIER = "ocmfl.dp.noise-multiplier"
+# Set with adaptive clipping: each client reports whether its update was within the norm.
+KEY_ADAPTIVE = "ocmfl.dp.adaptive"
+KEY_UNCLIPPED = "ocmfl.dp.unclipped"
 REFUSAL = "PrivacyRequirementError"
 REFUSAL_CODE = 1033  # Flower's Error codes below 1000 are its own
 
@@ -69,11 +72,13 @@ class CentralDp(DifferentialPrivacyClientSideFixedClipping):
     def __init__(self, strategy: Strategy, dp: DpSettings) -> None:
         assert dp.noise_multiplier is not None
         super().__init__(strategy, dp.noise_multiplier, dp.clipping_norm, num_sampled_clients=1)
+        # The round's privacy, which the clusters check (the updates' own noise may be more).
+        self.declared_noise = dp.noise_multiplier
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        config[KEY_NOISE_MULTIPLIER] = float(self.noise_multiplier)
+        config[KEY_NOISE_MULTIPLIER] = float(self.declared_noise)
         return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(
@@ -90,6 +95,62 @@ class CentralDp(DifferentialPrivacyClientSideFixedClipping):
                 if isinstance(weight_key, str) and weight_key in record:
                     record[weight_key] = 1
         return super().aggregate_train(server_round, results)
+
+
+class AdaptiveCentralDp(CentralDp):
+    """`CentralDp` with the clipping norm adapted each round (Andrew et al. 2021): every client
+    reports whether its update was within the norm; the server counts those bits with Gaussian
+    noise of std clippedCountStddev and moves the norm geometrically towards the target
+    quantile, C <- C exp(-lr (unclipped share - target)). The updates' noise multiplier grows to
+    `adaptive_update_noise` so the round stays as private as noiseMultiplier says (which the
+    accountant uses). Flower's own adaptive wrappers count the clipped updates in the same
+    rule, which moves the norm the wrong way, so this does not use them."""
+
+    def __init__(
+        self, strategy: Strategy, dp: DpSettings, rng: np.random.Generator | None = None
+    ) -> None:
+        super().__init__(strategy, dp)
+        assert dp.noise_multiplier is not None and dp.clipped_count_stddev is not None
+        self.count_stddev = dp.clipped_count_stddev
+        self.noise_multiplier = adaptive_update_noise(dp.noise_multiplier, self.count_stddev)
+        self.target = dp.target_unclipped_quantile
+        self.learning_rate = dp.clip_learning_rate
+        self.rng = rng if rng is not None else np.random.default_rng()
+        self.norms: list[float] = []  # the norm of each round so far
+
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        config[KEY_ADAPTIVE] = True
+        return super().configure_train(server_round, arrays, config, grid)
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        results = [r for r in replies if not r.has_error()]
+        bits = [_unclipped_bit(r) for r in results]
+        if any(b is None for b in bits):
+            raise ValueError(
+                f"adaptive clipping: a train reply has no {KEY_UNCLIPPED!r} metric (the "
+                "platform's ClientApp worker adds it; was the client started without it?)"
+            )
+        out = super().aggregate_train(server_round, results)  # noise at this round's norm
+        if results:
+            self.norms.append(self.clipping_norm)
+            noisy = sum(bool(b) for b in bits) + self.rng.normal(0.0, self.count_stddev)
+            share = noisy / len(results)
+            self.clipping_norm *= math.exp(-self.learning_rate * (share - self.target))
+            flwr_log(logging.INFO, "ocm-fl privacy: round %d clipping norm %.4g, next %.4g "
+                     "(noised unclipped share %.3g)", server_round, self.norms[-1],
+                     self.clipping_norm, share)  # fmt: skip
+        return out
+
+
+def _unclipped_bit(reply: Message) -> bool | None:
+    for record in reply.content.metric_records.values():
+        if KEY_UNCLIPPED in record:
+            return bool(record[KEY_UNCLIPPED])
+    return None
 
 
 def dp_settings(platform: ServerPlatform) -> DpSettings | None:
@@ -114,7 +175,9 @@ def wrap_strategy(strategy: Strategy, dp: DpSettings | None) -> Strategy:
             f"Flower DP wrapper ({type(strategy).__name__}): pass the plain strategy to "
             "run_strategy, which applies the resource's settings"
         )
-    return CentralDp(strategy, dp) if dp.mode == CENTRAL else strategy
+    if dp.mode != CENTRAL:
+        return strategy
+    return AdaptiveCentralDp(strategy, dp) if dp.clipping == ADAPTIVE else CentralDp(strategy, dp)
 
 
 def spent(dp: DpSettings, rounds: int) -> dict[str, Any]:
@@ -195,6 +258,14 @@ def privacy_mod(privacy: ClientPrivacy, rng: np.random.Generator | None = None) 
         if list(got.keys()) != list(sent.keys()):
             return refuse(msg, f"cluster {privacy.cluster}: the app's reply names other "
                            "arrays than the model it got, so it cannot be clipped")  # fmt: skip
+        if server_clip is not None and _config_flag(msg, KEY_ADAPTIVE):
+            # Adaptive clipping: whether the update was within the server's norm.
+            within = update_norm(sent, got) <= server_clip
+            for record in reply.content.metric_records.values():
+                record[KEY_UNCLIPPED] = int(within)
+                break
+            else:
+                reply.content["ocmfl.dp"] = MetricRecord({KEY_UNCLIPPED: int(within)})
         reply.content[key] = protect(sent, got, clip, privacy.noise_std, generator)
         noise = f", noise std {privacy.noise_std:.4g} added" if privacy.noise_std else ""
         shown = f"{clip:g}" if clip is not None else "(none)"
@@ -203,6 +274,20 @@ def privacy_mod(privacy: ClientPrivacy, rng: np.random.Generator | None = None) 
         return reply
 
     return mod
+
+
+def _config_flag(msg: Message, key: str) -> bool:
+    return any(record.get(key) is True for record in msg.content.config_records.values())
+
+
+def update_norm(sent: ArrayRecord, got: ArrayRecord) -> float:
+    """The L2 norm of the update (got - sent) over the floating-point arrays."""
+    total = 0.0
+    for name in got:
+        value = got[name].numpy()
+        if np.issubdtype(value.dtype, np.floating):
+            total += float(np.sum(np.square(_update(value, sent[name].numpy()))))
+    return math.sqrt(total)
 
 
 def protect(
