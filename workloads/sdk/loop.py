@@ -551,6 +551,9 @@ def run_strategy(
         metrics.update(wrapped.metrics_of_round(global_round))
         if dp is not None:
             metrics["privacy"] = spent(dp, global_round)
+            norms = getattr(strategy, "norms", None)  # AdaptiveCentralDp: each round's norm
+            if norms:
+                metrics["privacy"]["clipping-norm"] = norms[-1]
             log.info("round %d: privacy spent epsilon %.4g at delta %g", global_round,
                      metrics["privacy"]["epsilon"], dp.delta)  # fmt: skip
         entry = store.save_checkpoint(global_round, arrays, metrics)
