@@ -259,7 +259,7 @@ class PlatformGrid(Grid):
         so the ServerApp holds one reply's model at a time, not every client's."""
         if self.fold_by is None or not sent:
             return None
-        if str(sent[0].metadata.message_type).split(".")[0] != MessageType.TRAIN:
+        if _phase(sent[0]) != MessageType.TRAIN:
             return None
         running = RunningSum(self.fold_by)
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ocmfl import constants
 
@@ -34,6 +34,20 @@ class PlatformConfigError(ValueError):
 
 
 _Number = TypeVar("_Number", int, float)
+_Settings = TypeVar("_Settings")
+
+
+def exported(
+    text: str, env: str, parse: Callable[[Mapping[str, Any]], _Settings]
+) -> _Settings | None:
+    """Settings the launcher exported as JSON in ``$env`` (`text`; None when empty), read by
+    `parse`; bad JSON or settings raise PlatformConfigError naming the variable."""
+    if not text:
+        return None
+    try:
+        return parse(json.loads(text))
+    except ValueError as exc:
+        raise PlatformConfigError(f"${env}: {exc}") from None
 
 
 def env_number(

@@ -26,7 +26,6 @@ so they may not carry anything back.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Iterable
@@ -51,7 +50,7 @@ from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from ocmfl.constants import ENV_PRIVACY
 from ocmfl.privacy import ADAPTIVE, CENTRAL, ClientPrivacy, DpSettings, adaptive_update_noise
-from workloads.sdk.platform import PlatformConfigError, ServerPlatform
+from workloads.sdk.platform import ServerPlatform, exported
 
 log = logging.getLogger(__name__)
 
@@ -155,12 +154,7 @@ def _unclipped_bit(reply: Message) -> bool | None:
 
 def dp_settings(platform: ServerPlatform) -> DpSettings | None:
     """The resource's DP settings the launcher exported ($OCMFL_PRIVACY), if any."""
-    if not platform.privacy:
-        return None
-    try:
-        return DpSettings.from_spec(json.loads(platform.privacy))
-    except ValueError as exc:
-        raise PlatformConfigError(f"${ENV_PRIVACY}: {exc}") from None
+    return exported(platform.privacy, ENV_PRIVACY, DpSettings.from_spec)
 
 
 def wrap_strategy(strategy: Strategy, dp: DpSettings | None) -> Strategy:

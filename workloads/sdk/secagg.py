@@ -29,7 +29,6 @@ overflowing.
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -71,7 +70,7 @@ from flwr.supercore.primitives.asymmetric import bytes_to_private_key, bytes_to_
 
 from ocmfl.constants import ENV_SECURE_AGGREGATION
 from ocmfl.privacy import ClientPrivacy, SecAggSettings
-from workloads.sdk.platform import PlatformConfigError, ServerPlatform
+from workloads.sdk.platform import ServerPlatform, exported
 from workloads.sdk.privacy import refuse
 
 log = logging.getLogger("flwr")  # the ServerApp's and ClientApp's log
@@ -104,16 +103,17 @@ class SecAggHalted(Exception):
 @dataclass
 class _Round:
     send: Send
-    settings: SecAggSettings
     timeout: float | None
     group_id: str
     config: ConfigRecord | None
     names: Callable[[int], str]
     sampled: list[int]
+    threshold: int
     active: set[int] = field(default_factory=set)
     failed: dict[int, str] = field(default_factory=dict)
     neighbours: dict[int, set[int]] = field(default_factory=dict)
-    threshold: int = 0
+    # The setup stage's message to each client: the round's replies answer these.
+    setup_sent: dict[int, Message] = field(default_factory=dict)
 
     def stage(self, stage: str, make: Callable[[int], RecordDict]) -> dict[int, Message]:
         """Send one stage's message to every active client; the replies of those that
@@ -136,6 +136,8 @@ class _Round:
         replies = self.send(messages, self.timeout)
         for msg in messages:
             out[msg.metadata.message_id] = msg.metadata.dst_node_id
+        if stage == Stage.SETUP:
+            self.setup_sent = {m.metadata.dst_node_id: m for m in messages}
         got: dict[int, Message] = {}
         for reply in replies:
             nid = out.get(reply.metadata.reply_to_message_id, reply.metadata.src_node_id)
@@ -194,8 +196,9 @@ def secure_round(
     by_node = {m.metadata.dst_node_id: m for m in messages}
     config = first.content.config_records.get("config")
     state = _Round(
-        send, settings, timeout, first.metadata.group_id, config, names, sampled, set(sampled)
-    )
+        send, timeout, first.metadata.group_id, config, names, sampled, settings.threshold,
+        set(sampled),
+    )  # fmt: skip
     n = len(sampled)
     if n < 2 or settings.threshold > n:
         raise SecAggHalted(
@@ -204,7 +207,6 @@ def secure_round(
             "(spec.server.minAvailableClients)"
         )
     shares = settings.round_shares(n)
-    state.threshold = settings.threshold
     order = list(sampled)
     (rng or random.SystemRandom()).shuffle(order)
     half = shares >> 1
@@ -224,18 +226,10 @@ def secure_round(
             Key.MAX_WEIGHT: float(settings.max_weight),
         }
     )
-    setup_sent: dict[int, Message] = {}
 
     def make_setup(nid: int) -> RecordDict:
         return RecordDict({RECORD_KEY_CONFIGS: ConfigRecord(dict(setup))})
 
-    # The setup messages are what the replies answer (PlatformGrid checks them).
-    def send_setup(msgs: list[Message], t: float | None) -> list[Message]:
-        got = send(msgs, t)
-        setup_sent.update({m.metadata.dst_node_id: m for m in msgs})
-        return got
-
-    state.send = send_setup
     halted: str | None = None
     summed: dict[int, Message] = {}
     aggregate: list[npt.NDArray[Any]] | None = None
@@ -244,7 +238,6 @@ def secure_round(
             nid: _public_keys(r.content.config_records[RECORD_KEY_CONFIGS])
             for nid, r in state.stage(Stage.SETUP, make_setup).items()
         }
-        state.send = send
         state.check(Stage.SETUP)
 
         def make_share(nid: int) -> RecordDict:
@@ -333,24 +326,29 @@ def secure_round(
                  len(summed), ", ".join(names(n) for n in sorted(summed)), missing)  # fmt: skip
     replies: list[Message] = []
     for nid in sampled:
-        sent = setup_sent.get(nid)
+        sent = state.setup_sent.get(nid)
         if sent is None:
             continue
         if halted is None and nid in summed and aggregate is not None:
-            content = RecordDict()
-            for key, record in summed[nid].content.config_records.items():
-                if key != RECORD_KEY_CONFIGS:
-                    content[key] = record
-            for key, metrics in summed[nid].content.metric_records.items():
-                content[key] = metrics
+            content = _without_model(summed[nid].content)
             content[model_key] = _model_plus(model, floats, aggregate)
             replies.append(Message(content, reply_to=sent))
         else:
             why = state.failed.get(nid) or halted or "secure aggregation failed"
-            if halted is not None and nid not in state.failed:
-                why = halted
             replies.append(Message(Error(code=ERROR_CODE, reason=why), reply_to=sent))
-    return list(setup_sent.values()), replies
+    return list(state.setup_sent.values()), replies
+
+
+def _without_model(content: RecordDict) -> RecordDict:
+    """A reply's metric and config records (what the strategy reads besides the model),
+    without its SecAgg+ record."""
+    out = RecordDict()
+    for key, record in content.config_records.items():
+        if key != RECORD_KEY_CONFIGS:
+            out[key] = record
+    for key, metrics in content.metric_records.items():
+        out[key] = metrics
+    return out
 
 
 def _public_keys(record: ConfigRecord) -> tuple[bytes, bytes]:
@@ -515,21 +513,11 @@ def _collect(
         return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=inner_msg)
 
     out = secaggplus_mod(msg, context, legacy_app)
-    reply = replied[0]
-    content = RecordDict()
-    for key, record in reply.content.config_records.items():
-        content[key] = record
-    for key, metrics in reply.content.metric_records.items():
-        content[key] = metrics
+    content = _without_model(replied[0].content)
     content[RECORD_KEY_CONFIGS] = out.content.config_records[RECORD_KEY_CONFIGS]
     return Message(content, reply_to=msg)
 
 
 def secagg_settings(platform: ServerPlatform) -> SecAggSettings | None:
     """The resource's SecAgg+ settings the launcher exported ($OCMFL_SECURE_AGGREGATION)."""
-    if not platform.secure_aggregation:
-        return None
-    try:
-        return SecAggSettings.from_spec(json.loads(platform.secure_aggregation))
-    except ValueError as exc:
-        raise PlatformConfigError(f"${ENV_SECURE_AGGREGATION}: {exc}") from None
+    return exported(platform.secure_aggregation, ENV_SECURE_AGGREGATION, SecAggSettings.from_spec)
